@@ -1,0 +1,50 @@
+# Every target does its own set-up on a fresh machine: the venv with the
+# package and its dev extra, and the Kubernetes binaries built from Go modules.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+KUBE_BUILD := tests/cluster/build.sh
+
+.PHONY: venv kube lint unit test demo cluster bench proto clean-venv
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $@
+
+venv: $(VENV)/.installed
+
+# Cached under ~/.cache/draplugin-kube/<version>; a no-op when inputs are unchanged.
+kube:
+	$(KUBE_BUILD) >/dev/null
+
+proto: venv
+	$(PY) -m draplugin.kubelet.protogen
+
+lint: venv
+	$(PY) -m ruff check .
+	$(PY) -m mypy
+
+unit: venv
+	$(PY) -m pytest tests/unit
+
+# The test command: lint, type check, then every test (unit, integration
+# against the real control plane, end-to-end with a real kubelet).
+test: venv kube
+	$(MAKE) --no-print-directory lint
+	DRA_KUBE_BIN_DIR="$$($(KUBE_BUILD))" $(PY) -m pytest
+
+# The main job on the embedded default: a local cluster with fake GPUs.
+demo: venv kube
+	DRA_KUBE_BIN_DIR="$$($(KUBE_BUILD))" $(PY) -m draplugin.demo
+
+# A local control plane (and kubelet) for humans; stays up until Ctrl-C.
+cluster: venv kube
+	DRA_KUBE_BIN_DIR="$$($(KUBE_BUILD))" $(PY) -m tests.kube.localcluster
+
+bench: venv kube
+	DRA_KUBE_BIN_DIR="$$($(KUBE_BUILD))" $(PY) -m bench
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,1 @@
+"""The cluster side of the GPU DRA driver: CEL, allocation, explain, lint."""

@@ -1,0 +1,1 @@
+"""The node side of the GPU DRA driver: the kubelet plugin."""

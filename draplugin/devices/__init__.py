@@ -1,0 +1,1 @@
+"""GPU discovery behind one interface: NVML on real hardware, fake GPUs elsewhere."""

@@ -1,0 +1,1 @@
+"""The kubelet protocol layer: registration, DRA gRPC services, sockets. No device logic."""

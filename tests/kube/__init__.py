@@ -1,0 +1,1 @@
+"""Real Kubernetes components for tests and the demo: process control, cluster, kubelet."""
