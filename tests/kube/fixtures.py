@@ -1,0 +1,1 @@
+"""Pytest fixtures that run real Kubernetes components (filled in by the real-cluster work)."""
