@@ -1,1 +1,78 @@
 """GPU discovery behind one interface: NVML on real hardware, fake GPUs elsewhere."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from draplugin.devices.model import (
+    AttributeValue,
+    CounterConsumption,
+    CounterSet,
+    Device,
+    DeviceBackend,
+    DeviceTaint,
+    DeviceValidationError,
+    Version,
+)
+
+__all__ = [
+    "AttributeValue",
+    "CounterConsumption",
+    "CounterSet",
+    "Device",
+    "DeviceBackend",
+    "DeviceTaint",
+    "DeviceValidationError",
+    "Version",
+    "load_backend",
+]
+
+BACKENDS = ("fake", "nvml")
+
+
+def load_backend(kind: str, node_name: str, **options: Any) -> DeviceBackend:
+    """Build the named backend.
+
+    fake: `config_file` (YAML path) or `gpus` + `model` (+ `partitionable`), `dev_root`.
+    nvml: `lib_path` (libnvidia-ml.so.1 or a driver root), `partitionable`, `sysfs_root`, `proc_root`.
+    Raises ValueError (a subclass naming the problem) for bad options or a missing NVML library.
+    """
+    if kind == "fake":
+        from draplugin.devices import fake
+
+        config_file = options.pop("config_file", None)
+        dev_root = options.pop("dev_root", None)
+        if config_file is not None:
+            config = fake.load_config(config_file)
+            if options.pop("partitionable", False):
+                from dataclasses import replace
+
+                config = replace(config, partitionable=True)
+            options.pop("gpus", None)
+            options.pop("model", None)
+        else:
+            config = fake.config_from_flags(
+                int(options.pop("gpus", 1)),
+                str(options.pop("model", fake.DEFAULT_MODEL)),
+                partitionable=bool(options.pop("partitionable", False)),
+            )
+        _reject_unknown(kind, options)
+        return fake.FakeBackend(node_name, config, dev_root=dev_root)
+    if kind == "nvml":
+        from draplugin.devices import nvml
+
+        backend = nvml.NvmlBackend(
+            node_name,
+            lib_path=options.pop("lib_path", None),
+            partitionable=bool(options.pop("partitionable", False)),
+            sysfs_root=options.pop("sysfs_root", "/sys"),
+            proc_root=options.pop("proc_root", "/proc"),
+        )
+        _reject_unknown(kind, options)
+        return backend
+    raise ValueError(f"unknown device backend {kind!r}; choose one of: {', '.join(BACKENDS)}")
+
+
+def _reject_unknown(kind: str, options: dict[str, Any]) -> None:
+    if options:
+        raise ValueError(f"{kind} backend: unknown options: {', '.join(sorted(options))}")

@@ -1,0 +1,269 @@
+"""The published attribute schema, shared by every backend.
+
+Backends only describe hardware (`GpuInfo`, `MigProfile`, `MigInstance`);
+this module turns that description into `Device`s. One schema for NVML and
+the fake backend means a DeviceClass or selector written against fake GPUs
+works unchanged on real ones. Attribute names follow NVIDIA's own DRA driver
+(`type`, `uuid`, `productName`, `brand`, `architecture`, `cudaComputeCapability`,
+`driverVersion`, `cudaDriverVersion`, MIG: `parentUUID`, `profile`), so selectors
+carry over, plus the standard `resource.kubernetes.io/pciBusID` and `pcieRoot`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from draplugin.devices.model import (
+    STANDARD_DOMAIN,
+    AttributeValue,
+    CounterConsumption,
+    CounterSet,
+    Device,
+    Version,
+    dns_label_from,
+    format_bytes,
+)
+
+KIND_GPU = "gpu"
+KIND_MIG = "mig"
+
+PCI_BUS_ID = f"{STANDARD_DOMAIN}/pciBusID"
+PCIE_ROOT = f"{STANDARD_DOMAIN}/pcieRoot"
+
+# Control nodes every CUDA container needs next to its /dev/nvidiaN.
+NVIDIA_CONTROL_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
+
+# Counter names are DNS labels, hence not the camelCase capacity names.
+_COUNTER_FOR_CAPACITY = {
+    "multiprocessors": "multiprocessors",
+    "copyEngines": "copy-engines",
+    "decoders": "decoders",
+    "encoders": "encoders",
+    "jpegEngines": "jpeg-engines",
+    "ofaEngines": "ofa-engines",
+    "memory": "memory",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class MigProfile:
+    """A GPU instance profile of one GPU model ("1g.10gb"), with where it may be placed.
+
+    `placements` are start positions in memory-slice units; each occupies
+    `memory_slices` consecutive slices.
+    """
+
+    name: str
+    memory_slices: int
+    memory_bytes: int
+    multiprocessors: int
+    copy_engines: int
+    decoders: int
+    encoders: int
+    jpeg_engines: int
+    ofa_engines: int
+    placements: tuple[int, ...]
+
+    def capacity(self) -> dict[str, int]:
+        return {
+            "multiprocessors": self.multiprocessors,
+            "copyEngines": self.copy_engines,
+            "decoders": self.decoders,
+            "encoders": self.encoders,
+            "jpegEngines": self.jpeg_engines,
+            "ofaEngines": self.ofa_engines,
+            "memory": self.memory_bytes,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class MigInstance:
+    """A MIG device that exists now (static MIG)."""
+
+    profile: MigProfile
+    placement_start: int
+    uuid: str
+    gpu_instance_id: int = 0
+    compute_instance_id: int = 0
+    # Extra nodes (the nvidia-caps access files) on top of the parent's.
+    device_nodes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class GpuInfo:
+    """What discovery learned about one physical GPU."""
+
+    index: int
+    minor: int
+    uuid: str
+    product_name: str
+    brand: str
+    architecture: str
+    cuda_compute_capability: tuple[int, int]
+    memory_bytes: int
+    pci_bus_id: str
+    pcie_root: str | None
+    device_nodes: tuple[str, ...]
+    mig_enabled: bool = False
+    mig_profiles: tuple[MigProfile, ...] = ()
+    mig_instances: tuple[MigInstance, ...] = ()
+    # Totals of the whole GPU, used as counter-set sizes in partitionable mode.
+    multiprocessors: int = 0
+    memory_slice_count: int = 8
+    engines: dict[str, int] = field(default_factory=dict, hash=False)
+
+
+@dataclass(frozen=True, slots=True)
+class SystemInfo:
+    driver_version: str
+    cuda_driver_version: str
+
+
+def gpu_device_name(index: int) -> str:
+    return f"gpu-{index}"
+
+
+def mig_device_name(gpu_index: int, profile: str, placement_start: int) -> str:
+    """`gpu-0-mig-1g10gb-0`: parent index, profile without dots, placement start (stable across reboots)."""
+    return f"gpu-{gpu_index}-mig-{dns_label_from(profile.replace('.', ''))}-{placement_start}"
+
+
+def counter_set_name(gpu_index: int) -> str:
+    return f"gpu-{gpu_index}-counters"
+
+
+def build_devices(
+    system: SystemInfo, gpus: Sequence[GpuInfo], *, partitionable: bool = False
+) -> tuple[list[Device], list[CounterSet]]:
+    """All devices of the node in a stable order (GPU index, then MIG placement), plus counter sets.
+
+    - MIG disabled: the GPU itself.
+    - Static MIG (MIG enabled, not partitionable): each existing MIG device; the
+      parent GPU is not allocatable as a whole.
+    - Partitionable (MIG-capable GPUs): the whole GPU and every possible
+      profile placement, all drawing from one counter set per GPU, so the
+      scheduler never hands out overlapping pieces.
+    """
+    devices: list[Device] = []
+    counter_sets: list[CounterSet] = []
+    for gpu in sorted(gpus, key=lambda g: g.index):
+        common = _common_attributes(system, gpu)
+        if partitionable and gpu.mig_profiles:
+            counters = _gpu_counters(gpu)
+            counter_sets.append(CounterSet(counter_set_name(gpu.index), counters))
+            devices.append(_gpu_device(gpu, common, consumes=dict(counters)))
+            for profile in gpu.mig_profiles:
+                for start in profile.placements:
+                    devices.append(_abstract_mig_device(gpu, common, profile, start))
+        elif gpu.mig_enabled:
+            for instance in sorted(gpu.mig_instances, key=lambda m: (m.placement_start, m.profile.name)):
+                devices.append(_mig_device(gpu, common, instance))
+        else:
+            devices.append(_gpu_device(gpu, common, consumes=None))
+    return devices, counter_sets
+
+
+def _common_attributes(system: SystemInfo, gpu: GpuInfo) -> dict[str, AttributeValue]:
+    major, minor = gpu.cuda_compute_capability
+    attrs: dict[str, AttributeValue] = {
+        "productName": gpu.product_name,
+        "brand": gpu.brand,
+        "architecture": gpu.architecture,
+        "cudaComputeCapability": Version.coerce(f"{major}.{minor}"),
+        "driverVersion": Version.coerce(system.driver_version),
+        "cudaDriverVersion": Version.coerce(system.cuda_driver_version),
+        "index": gpu.index,
+        "minor": gpu.minor,
+        PCI_BUS_ID: gpu.pci_bus_id,
+    }
+    if gpu.pcie_root:
+        attrs[PCIE_ROOT] = gpu.pcie_root
+    return attrs
+
+
+def _gpu_device(gpu: GpuInfo, common: dict[str, AttributeValue], consumes: dict[str, str] | None) -> Device:
+    attrs: dict[str, AttributeValue] = {"type": KIND_GPU, "uuid": gpu.uuid, **common}
+    return Device(
+        name=gpu_device_name(gpu.index),
+        kind=KIND_GPU,
+        uuid=gpu.uuid,
+        index=gpu.index,
+        minor=gpu.minor,
+        attributes=attrs,
+        capacity={"memory": format_bytes(gpu.memory_bytes)},
+        device_nodes=gpu.device_nodes,
+        consumes_counters=(
+            (CounterConsumption(counter_set_name(gpu.index), consumes),) if consumes is not None else ()
+        ),
+    )
+
+
+def _mig_attributes(
+    gpu: GpuInfo, common: dict[str, AttributeValue], profile: MigProfile, uuid: str
+) -> dict[str, AttributeValue]:
+    attrs: dict[str, AttributeValue] = {"type": KIND_MIG, "parentUUID": gpu.uuid, "profile": profile.name}
+    if uuid:
+        attrs["uuid"] = uuid
+    attrs.update(common)
+    return attrs
+
+
+def _mig_capacity(profile: MigProfile) -> dict[str, str]:
+    return {
+        key: (format_bytes(value) if key == "memory" else str(value))
+        for key, value in profile.capacity().items()
+    }
+
+
+def _mig_device(gpu: GpuInfo, common: dict[str, AttributeValue], instance: MigInstance) -> Device:
+    profile = instance.profile
+    return Device(
+        name=mig_device_name(gpu.index, profile.name, instance.placement_start),
+        kind=KIND_MIG,
+        uuid=instance.uuid,
+        index=gpu.index,
+        minor=gpu.minor,
+        parent_uuid=gpu.uuid,
+        attributes=_mig_attributes(gpu, common, profile, instance.uuid),
+        capacity=_mig_capacity(profile),
+        device_nodes=gpu.device_nodes + instance.device_nodes,
+    )
+
+
+def _abstract_mig_device(
+    gpu: GpuInfo, common: dict[str, AttributeValue], profile: MigProfile, start: int
+) -> Device:
+    """A MIG device that would be created at prepare time; it has no UUID yet."""
+    consumes = {_COUNTER_FOR_CAPACITY[k]: c for k, c in _mig_capacity(profile).items()}
+    for slot in range(start, start + profile.memory_slices):
+        consumes[f"memory-slice-{slot}"] = "1"
+    return Device(
+        name=mig_device_name(gpu.index, profile.name, start),
+        kind=KIND_MIG,
+        uuid="",
+        index=gpu.index,
+        minor=gpu.minor,
+        parent_uuid=gpu.uuid,
+        attributes=_mig_attributes(gpu, common, profile, ""),
+        capacity=_mig_capacity(profile),
+        device_nodes=gpu.device_nodes,
+        consumes_counters=(CounterConsumption(counter_set_name(gpu.index), consumes),),
+    )
+
+
+def _gpu_counters(gpu: GpuInfo) -> dict[str, str]:
+    """The whole GPU as counters: every engine kind, memory, and one counter per memory slice."""
+    largest = max(gpu.mig_profiles, key=lambda p: p.memory_slices)
+    counters = {
+        "multiprocessors": str(gpu.multiprocessors or largest.multiprocessors),
+        "copy-engines": str(gpu.engines.get("copyEngines", largest.copy_engines)),
+        "decoders": str(gpu.engines.get("decoders", largest.decoders)),
+        "encoders": str(gpu.engines.get("encoders", largest.encoders)),
+        "jpeg-engines": str(gpu.engines.get("jpegEngines", largest.jpeg_engines)),
+        "ofa-engines": str(gpu.engines.get("ofaEngines", largest.ofa_engines)),
+        "memory": format_bytes(gpu.memory_bytes),
+    }
+    for slot in range(gpu.memory_slice_count):
+        counters[f"memory-slice-{slot}"] = "1"
+    return counters
