@@ -1,0 +1,297 @@
+"""The DRA node service (v1 and v1beta1) on top of one version-neutral `ClaimRunner`.
+
+The kubelet sends a batch of claim references and expects one answer per claim
+UID. A bad reference, a duplicate, or a driver failure becomes that claim's
+`error`; the RPC itself only fails when the request cannot be answered at all.
+Claims of one batch run concurrently, bounded so thousands of claims do not
+flood the driver.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter as Tally
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Final, Protocol
+
+import grpc
+from prometheus_client import Counter, Histogram
+
+from draplugin.kubelet._proto.dra.v1 import api_pb2 as v1
+from draplugin.kubelet._proto.dra.v1 import api_pb2_grpc as v1_grpc
+from draplugin.kubelet._proto.dra.v1beta1 import api_pb2 as v1beta1
+from draplugin.kubelet._proto.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
+from draplugin.kubelet.interface import ClaimError, ClaimRef, Driver, PreparedDevice
+
+DEFAULT_MAX_CONCURRENT_CLAIMS: Final = 32
+
+log = logging.getLogger(__name__)
+
+CLAIM_OPERATIONS = Counter(
+    "draplugin_claim_operations",
+    "Per-claim prepare/unprepare outcomes as reported to the kubelet.",
+    ["operation", "result"],
+)
+REQUEST_SECONDS = Histogram(
+    "draplugin_kubelet_request_seconds",
+    "Duration of NodePrepareResources/NodeUnprepareResources calls.",
+    ["operation", "api_version"],
+)
+
+
+class ClaimMessage(Protocol):
+    """The `Claim` message of either API version."""
+
+    @property
+    def namespace(self) -> str: ...
+    @property
+    def uid(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimOutcome:
+    """One claim's answer: devices on success, or a non-empty error."""
+
+    devices: tuple[PreparedDevice, ...] = ()
+    error: str = ""
+
+
+def _validate_batch(claims: Sequence[ClaimMessage]) -> tuple[list[ClaimRef], dict[str, str]]:
+    """Split a request into claims to run and per-UID errors for the ones that cannot run."""
+    errors: dict[str, list[str]] = {}
+    seen = Tally(c.uid for c in claims)
+    runnable: list[ClaimRef] = []
+    for claim in claims:
+        missing = [f for f in ("namespace", "uid", "name") if not getattr(claim, f)]
+        where = f"{claim.namespace or '<no namespace>'}/{claim.name or '<no name>'}"
+        if not claim.uid:
+            # A map cannot hold an entry without a key: report under "" so the
+            # kubelet (which counts entries) still sees an answer for it.
+            errors.setdefault("", []).append(
+                f"claim {where} has no uid (reported under the empty key); missing: {', '.join(missing)}"
+            )
+        elif seen[claim.uid] > 1:
+            msg = (
+                f"claim uid {claim.uid} appears {seen[claim.uid]} times in one request; "
+                "each claim must be listed once"
+            )
+            if msg not in errors.get(claim.uid, []):
+                errors.setdefault(claim.uid, []).append(msg)
+        elif missing:
+            errors[claim.uid] = [f"claim {where} (uid {claim.uid}) is missing {', '.join(missing)}"]
+        else:
+            runnable.append(ClaimRef(namespace=claim.namespace, uid=claim.uid, name=claim.name))
+    return runnable, {uid: "; ".join(msgs) for uid, msgs in errors.items()}
+
+
+def _error_text(exc: Exception) -> str:
+    if isinstance(exc, ClaimError):
+        return str(exc) or "claim failed"
+    # Unexpected failures carry their type: "KeyError: 'x'" says more than "'x'".
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def _check_devices(devices: object) -> tuple[PreparedDevice, ...]:
+    """The driver's result, validated before it goes on the wire."""
+    if not isinstance(devices, Iterable) or isinstance(devices, str | bytes):
+        raise ClaimError(f"driver returned {type(devices).__name__}, not a sequence of devices")
+    checked = tuple(devices)
+    for device in checked:
+        if not isinstance(device, PreparedDevice):
+            raise ClaimError(f"driver returned {type(device).__name__}, not a PreparedDevice")
+        if not device.pool_name or not device.device_name:
+            raise ClaimError(f"driver returned a device without pool or device name: {device!r}")
+    return checked
+
+
+class ClaimRunner:
+    """Runs a batch of per-claim driver calls concurrently and collects one outcome per UID.
+
+    A batch that has started runs to completion even if the kubelet gives up on
+    the call (timeout, disconnect): stopping a prepare half-way helps nobody,
+    and the kubelet's retry then finds the work done (drivers are idempotent).
+    """
+
+    def __init__(self, driver: Driver, max_concurrent_claims: int = DEFAULT_MAX_CONCURRENT_CLAIMS) -> None:
+        if max_concurrent_claims < 1:
+            raise ValueError("max_concurrent_claims must be at least 1")
+        self._driver = driver
+        self._limit = asyncio.Semaphore(max_concurrent_claims)
+        self._batches: set[asyncio.Future[list[tuple[str, ClaimOutcome]]]] = set()
+
+    async def prepare(self, claims: Sequence[ClaimMessage]) -> dict[str, ClaimOutcome]:
+        async def one(claim: ClaimRef) -> ClaimOutcome:
+            return ClaimOutcome(devices=_check_devices(await self._driver.prepare_claim(claim)))
+
+        return await self._run("prepare", claims, one)
+
+    async def unprepare(self, claims: Sequence[ClaimMessage]) -> dict[str, ClaimOutcome]:
+        async def one(claim: ClaimRef) -> ClaimOutcome:
+            await self._driver.unprepare_claim(claim)
+            return ClaimOutcome()
+
+        return await self._run("unprepare", claims, one)
+
+    async def _run(
+        self,
+        operation: str,
+        claims: Sequence[ClaimMessage],
+        action: Callable[[ClaimRef], Awaitable[ClaimOutcome]],
+    ) -> dict[str, ClaimOutcome]:
+        runnable, invalid = _validate_batch(claims)
+        outcomes = {uid: ClaimOutcome(error=msg) for uid, msg in invalid.items()}
+        for uid, msg in invalid.items():
+            log.warning("rejected claim in request", extra={"operation": operation, "uid": uid, "error": msg})
+
+        async def guarded(claim: ClaimRef) -> tuple[str, ClaimOutcome]:
+            async with self._limit:
+                try:
+                    return claim.uid, await action(claim)
+                except Exception as exc:
+                    if not isinstance(exc, ClaimError):
+                        log.exception("driver raised", extra={"operation": operation, "claim": str(claim)})
+                    return claim.uid, ClaimOutcome(error=_error_text(exc))
+
+        batch = asyncio.gather(*(guarded(c) for c in runnable))
+        self._batches.add(batch)
+        batch.add_done_callback(self._batches.discard)
+        try:
+            results = await asyncio.shield(batch)
+        except asyncio.CancelledError:
+            if not batch.done():
+                log.warning(
+                    "kubelet call ended early; in-flight claims will finish in the background",
+                    extra={"operation": operation, "claims": len(runnable)},
+                )
+            raise
+        outcomes.update(results)
+        for outcome in outcomes.values():
+            CLAIM_OPERATIONS.labels(operation=operation, result="error" if outcome.error else "ok").inc()
+        return outcomes
+
+    async def aclose(self, grace: float) -> None:
+        """Give in-flight batches `grace` seconds to finish, then cancel the rest."""
+        pending = list(self._batches)
+        if not pending:
+            return
+        _, still_running = await asyncio.wait(pending, timeout=grace)
+        for batch in still_running:
+            batch.cancel()
+        if still_running:
+            log.warning(
+                "cancelled unfinished claim operations at shutdown", extra={"batches": len(still_running)}
+            )
+            await asyncio.gather(*still_running, return_exceptions=True)
+
+
+def _summarize(operation: str, version: str, outcomes: dict[str, ClaimOutcome], started: float) -> None:
+    failed = sum(1 for o in outcomes.values() if o.error)
+    elapsed = time.monotonic() - started
+    REQUEST_SECONDS.labels(operation=operation, api_version=version).observe(elapsed)
+    log.info(
+        "kubelet request done",
+        extra={
+            "operation": operation,
+            "api_version": version,
+            "claims": len(outcomes),
+            "failed": failed,
+            "seconds": round(elapsed, 4),
+        },
+    )
+
+
+class DRAPluginV1(v1_grpc.DRAPluginServicer):
+    def __init__(self, runner: ClaimRunner) -> None:
+        self._runner = runner
+
+    async def NodePrepareResources(
+        self,
+        request: v1.NodePrepareResourcesRequest,
+        context: grpc.aio.ServicerContext[v1.NodePrepareResourcesRequest, v1.NodePrepareResourcesResponse],
+    ) -> v1.NodePrepareResourcesResponse:
+        started = time.monotonic()
+        outcomes = await self._runner.prepare(request.claims)
+        response = v1.NodePrepareResourcesResponse()
+        for uid, outcome in outcomes.items():
+            entry = response.claims[uid]
+            if outcome.error:
+                entry.error = outcome.error
+                continue
+            for device in outcome.devices:
+                wire = entry.devices.add(
+                    request_names=device.request_names,
+                    pool_name=device.pool_name,
+                    device_name=device.device_name,
+                    cdi_device_ids=device.cdi_device_ids,
+                )
+                if device.share_id is not None:
+                    wire.share_id = device.share_id
+        _summarize("prepare", "v1", outcomes, started)
+        return response
+
+    async def NodeUnprepareResources(
+        self,
+        request: v1.NodeUnprepareResourcesRequest,
+        context: grpc.aio.ServicerContext[
+            v1.NodeUnprepareResourcesRequest, v1.NodeUnprepareResourcesResponse
+        ],
+    ) -> v1.NodeUnprepareResourcesResponse:
+        started = time.monotonic()
+        outcomes = await self._runner.unprepare(request.claims)
+        response = v1.NodeUnprepareResourcesResponse()
+        for uid, outcome in outcomes.items():
+            response.claims[uid].error = outcome.error
+        _summarize("unprepare", "v1", outcomes, started)
+        return response
+
+
+class DRAPluginV1Beta1(v1beta1_grpc.DRAPluginServicer):
+    """The same service for kubelets that only speak v1beta1; it has no share_id."""
+
+    def __init__(self, runner: ClaimRunner) -> None:
+        self._runner = runner
+
+    async def NodePrepareResources(
+        self,
+        request: v1beta1.NodePrepareResourcesRequest,
+        context: grpc.aio.ServicerContext[
+            v1beta1.NodePrepareResourcesRequest, v1beta1.NodePrepareResourcesResponse
+        ],
+    ) -> v1beta1.NodePrepareResourcesResponse:
+        started = time.monotonic()
+        outcomes = await self._runner.prepare(request.claims)
+        response = v1beta1.NodePrepareResourcesResponse()
+        for uid, outcome in outcomes.items():
+            entry = response.claims[uid]
+            if outcome.error:
+                entry.error = outcome.error
+                continue
+            for device in outcome.devices:
+                entry.devices.add(
+                    request_names=device.request_names,
+                    pool_name=device.pool_name,
+                    device_name=device.device_name,
+                    cdi_device_ids=device.cdi_device_ids,
+                )
+        _summarize("prepare", "v1beta1", outcomes, started)
+        return response
+
+    async def NodeUnprepareResources(
+        self,
+        request: v1beta1.NodeUnprepareResourcesRequest,
+        context: grpc.aio.ServicerContext[
+            v1beta1.NodeUnprepareResourcesRequest, v1beta1.NodeUnprepareResourcesResponse
+        ],
+    ) -> v1beta1.NodeUnprepareResourcesResponse:
+        started = time.monotonic()
+        outcomes = await self._runner.unprepare(request.claims)
+        response = v1beta1.NodeUnprepareResourcesResponse()
+        for uid, outcome in outcomes.items():
+            response.claims[uid].error = outcome.error
+        _summarize("unprepare", "v1beta1", outcomes, started)
+        return response

@@ -1,0 +1,97 @@
+"""Health over gRPC: device health for the kubelet, and process liveness for probes.
+
+Two unrelated services share the DRA socket:
+
+* `v1alpha1.DRAResourceHealth` streams the driver's device health to the kubelet
+  (only when the driver implements `HealthSource`).
+* the standard `grpc.health.v1.Health` answers liveness probes. It reports
+  NOT_SERVING until the kubelet has accepted our registration, and again after
+  the kubelet rejects it: a plugin the kubelet cannot use is not alive.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Sequence
+from typing import Final
+
+import grpc
+from grpc_health.v1 import health as grpc_health
+from grpc_health.v1 import health_pb2
+
+from draplugin.kubelet._proto.dra_health.v1alpha1 import api_pb2 as health_pb
+from draplugin.kubelet._proto.dra_health.v1alpha1 import api_pb2_grpc as health_grpc
+from draplugin.kubelet.interface import DeviceHealth, HealthSource
+from draplugin.kubelet.registration import RegistrationStatus
+
+# The kubelet cuts messages longer than this; cutting here keeps our log and its view identical.
+MAX_HEALTH_MESSAGE: Final = 1024
+# Health-service name probes use for the plugin as a whole (the empty name is the server).
+OVERALL_SERVICE: Final = ""
+
+log = logging.getLogger(__name__)
+
+
+def _truncate(message: str) -> str:
+    if len(message) <= MAX_HEALTH_MESSAGE:
+        return message
+    return message[: MAX_HEALTH_MESSAGE - 3] + "..."
+
+
+def to_wire(devices: Sequence[DeviceHealth]) -> health_pb.NodeWatchResourcesResponse:
+    response = health_pb.NodeWatchResourcesResponse()
+    for device in devices:
+        response.devices.add(
+            device=health_pb.DeviceIdentifier(pool_name=device.pool_name, device_name=device.device_name),
+            health=health_pb.HealthStatus.ValueType(int(device.health)),
+            last_updated_time=device.last_updated_unix,
+            health_check_timeout_seconds=device.health_check_timeout_seconds,
+            message=_truncate(device.message),
+        )
+    return response
+
+
+class DeviceHealthServicer(health_grpc.DRAResourceHealthServicer):
+    """Relays the driver's health snapshots to the kubelet, one message per snapshot."""
+
+    def __init__(self, source: HealthSource) -> None:
+        self._source = source
+
+    async def NodeWatchResources(
+        self,
+        request: health_pb.NodeWatchResourcesRequest,
+        context: grpc.aio.ServicerContext[
+            health_pb.NodeWatchResourcesRequest, health_pb.NodeWatchResourcesResponse
+        ],
+    ) -> AsyncIterator[health_pb.NodeWatchResourcesResponse]:
+        log.info("kubelet opened the device health stream")
+        try:
+            async for snapshot in self._source.watch_health():
+                yield to_wire(snapshot)
+        except Exception as exc:
+            # The kubelet reopens the stream after a pause; tell it why this one ended.
+            log.exception("device health source failed")
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"device health source failed: {exc}")
+        log.info("device health stream ended")
+
+
+class LivenessHealth:
+    """The standard gRPC health service, driven by the registration outcome."""
+
+    def __init__(self) -> None:
+        self.servicer = grpc_health.aio.HealthServicer()
+        self._initialized = False
+
+    async def start(self) -> None:
+        # The servicer starts out SERVING; we are not, until the kubelet says so.
+        await self.servicer.set(OVERALL_SERVICE, health_pb2.HealthCheckResponse.NOT_SERVING)
+        self._initialized = True
+
+    async def on_registration(self, status: RegistrationStatus) -> None:
+        serving = health_pb2.HealthCheckResponse.SERVING if status.registered else (
+            health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        await self.servicer.set(OVERALL_SERVICE, serving)
+
+    async def shutting_down(self) -> None:
+        await self.servicer.enter_graceful_shutdown()

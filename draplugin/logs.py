@@ -1,0 +1,93 @@
+"""Structured logging for the daemons: `key=value` text or one JSON object per line.
+
+Callers use the standard `logging` module and pass structured fields through
+`extra`, e.g. `log.info("claim prepared", extra={"claim": uid, "devices": 2})`.
+Both formatters render every such field, so the same call site serves humans
+(text) and log pipelines (json).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import sys
+from typing import Any, Final, TextIO
+
+LOG_FORMATS: Final = ("text", "json")
+LOG_LEVELS: Final = ("debug", "info", "warning", "error")
+
+# Attributes every LogRecord has; anything else on a record came from `extra`.
+_RESERVED: Final = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
+
+
+def record_fields(record: logging.LogRecord) -> dict[str, Any]:
+    """The structured fields a caller attached to `record` through `extra`."""
+    return {key: value for key, value in vars(record).items() if key not in _RESERVED}
+
+
+def _timestamp(record: logging.LogRecord) -> str:
+    moment = datetime.datetime.fromtimestamp(record.created, tz=datetime.UTC)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _text_value(value: Any) -> str:
+    text = str(value)
+    # Quote only when needed so the common case stays readable and the line stays parseable.
+    if text == "" or any(c.isspace() or c in '"=' for c in text):
+        return json.dumps(text, ensure_ascii=False)
+    return text
+
+
+class KeyValueFormatter(logging.Formatter):
+    """`time=... level=INFO logger=... msg="..." key=value ...` on one line."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        parts = {
+            "time": _timestamp(record),
+            "level": record.levelname,
+            "logger": record.name,
+            "msg": record.getMessage(),
+            **record_fields(record),
+        }
+        line = " ".join(f"{key}={_text_value(value)}" for key, value in parts.items())
+        if record.exc_info:
+            line += " exc=" + json.dumps(self.formatException(record.exc_info), ensure_ascii=False)
+        return line
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line; values that JSON cannot encode are rendered with str()."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        payload: dict[str, Any] = {
+            "time": _timestamp(record),
+            "level": record.levelname,
+            "logger": record.name,
+            "msg": record.getMessage(),
+            **record_fields(record),
+        }
+        if record.exc_info:
+            payload["exc"] = self.formatException(record.exc_info)
+        return json.dumps(payload, default=str, ensure_ascii=False)
+
+
+def make_formatter(log_format: str) -> logging.Formatter:
+    if log_format == "text":
+        return KeyValueFormatter()
+    if log_format == "json":
+        return JsonFormatter()
+    raise ValueError(f"unknown log format {log_format!r}; expected one of {', '.join(LOG_FORMATS)}")
+
+
+def setup_logging(log_format: str = "text", level: str = "info", stream: TextIO | None = None) -> None:
+    """Route all logging to one handler on `stream` (stderr by default) in the chosen format."""
+    if level not in LOG_LEVELS:
+        raise ValueError(f"unknown log level {level!r}; expected one of {', '.join(LOG_LEVELS)}")
+    handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
+    handler.setFormatter(make_formatter(log_format))
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level.upper())
