@@ -1,0 +1,261 @@
+"""The cel-expr-python engine (Google's cel-cpp): full CEL syntax, type checking, fast.
+
+Quantity and Semver cross into cel-cpp as tiny protobuf messages (`kubernetes.Quantity`,
+`kubernetes.Semver`) holding a canonical text, so the type checker can tell them apart and
+`==` is semantic (1Gi == 1024Mi). Library functions run in Python (controller.cel.library).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from functools import lru_cache
+from typing import Any
+
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+from controller.cel.device import DeviceShapeError, build_view
+from controller.cel.engine import EvalFailure, not_bool_error
+from controller.cel.errors import CompileError, LibraryError
+from controller.cel.library import FUNCTIONS, SCALAR_KINDS, Function, Kind, Overload
+from controller.cel.quantity import Quantity
+from controller.cel.semver import Semver
+
+from cel_expr_python import cel  # isort: skip  (optional dependency, imported last on purpose)
+from cel_expr_python.ext import ext_bindings, ext_math, ext_optional  # isort: skip
+
+NAME = "cel-expr-python"
+_QUANTITY_TYPE = "kubernetes.Quantity"
+_SEMVER_TYPE = "kubernetes.Semver"
+
+
+def _message_classes() -> tuple[Any, Any, Any]:
+    proto = descriptor_pb2.FileDescriptorProto(name="controller/cel/kubernetes.proto", package="kubernetes")
+    proto.syntax = "proto3"
+    for name in ("Quantity", "Semver"):
+        message = proto.message_type.add(name=name)
+        message.field.add(
+            name="canonical",
+            number=1,
+            type=descriptor_pb2.FieldDescriptorProto.TYPE_STRING,
+            label=descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL,
+        )
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(proto)
+    quantity = message_factory.GetMessageClass(pool.FindMessageTypeByName(_QUANTITY_TYPE))
+    semver = message_factory.GetMessageClass(pool.FindMessageTypeByName(_SEMVER_TYPE))
+    return pool, quantity, semver
+
+
+_POOL, _QuantityMsg, _SemverMsg = _message_classes()
+
+
+@lru_cache(maxsize=4096)
+def _quantity_msg(value: Quantity) -> Any:
+    return _QuantityMsg(canonical=value.canonical())
+
+
+@lru_cache(maxsize=4096)
+def _semver_msg(value: Semver) -> Any:
+    return _SemverMsg(canonical=value.canonical())
+
+
+def to_python(value: Any) -> Any:
+    """cel-cpp argument → library value."""
+    if isinstance(value, _QuantityMsg):
+        return Quantity.from_canonical(value.canonical)
+    if isinstance(value, _SemverMsg):
+        return Semver.from_canonical(value.canonical)
+    if isinstance(value, list):
+        return [to_python(item) for item in value]
+    return value
+
+
+def to_cel(value: Any) -> Any:
+    """Library value → cel-cpp value."""
+    if isinstance(value, Quantity):
+        return _quantity_msg(value)
+    if isinstance(value, Semver):
+        return _semver_msg(value)
+    if isinstance(value, list):
+        return [to_cel(item) for item in value]
+    return value
+
+
+def _cel_type(kind: Kind) -> Any:
+    return {
+        Kind.STRING: cel.Type.STRING,
+        Kind.INT: cel.Type.INT,
+        Kind.UINT: cel.Type.UINT,
+        Kind.DOUBLE: cel.Type.DOUBLE,
+        Kind.BOOL: cel.Type.BOOL,
+        Kind.BYTES: cel.Type.BYTES,
+        Kind.QUANTITY: cel.Type(_QUANTITY_TYPE),
+        Kind.SEMVER: cel.Type(_SEMVER_TYPE),
+        Kind.LIST: cel.Type.List(cel.Type.DYN),
+        Kind.LIST_STRING: cel.Type.List(cel.Type.STRING),
+        Kind.ANY: cel.Type.DYN,
+    }[kind]
+
+
+def _matches_kind(kind: Kind, value: Any) -> bool:
+    checks: dict[Kind, Callable[[Any], bool]] = {
+        Kind.STRING: lambda v: isinstance(v, str),
+        Kind.INT: lambda v: isinstance(v, int) and not isinstance(v, bool),
+        Kind.UINT: lambda v: isinstance(v, int) and not isinstance(v, bool),
+        Kind.DOUBLE: lambda v: isinstance(v, float),
+        Kind.BOOL: lambda v: isinstance(v, bool),
+        Kind.BYTES: lambda v: isinstance(v, bytes),
+        Kind.QUANTITY: lambda v: isinstance(v, Quantity),
+        Kind.SEMVER: lambda v: isinstance(v, Semver),
+        Kind.LIST: lambda v: isinstance(v, list),
+        Kind.LIST_STRING: lambda v: isinstance(v, list),
+        Kind.ANY: lambda v: True,
+    }
+    return checks[kind](value)
+
+
+def _dispatcher(function: Function) -> Callable[..., Any]:
+    """One runtime implementation per function: cel-cpp dispatches all messages alike."""
+    overloads = function.overloads
+
+    def call(*raw: Any) -> Any:
+        args = [to_python(arg) for arg in raw]
+        for overload in overloads:
+            if len(overload.params) == len(args) and all(
+                _matches_kind(kind, arg) for kind, arg in zip(overload.params, args, strict=True)
+            ):
+                try:
+                    return to_cel(overload.impl(*args))
+                except LibraryError:
+                    raise
+                except (ValueError, TypeError, ArithmeticError, RecursionError) as err:
+                    raise LibraryError(f"{function.name}: {err}") from None
+        raise LibraryError(f"no such overload: {function.name}")
+
+    return call
+
+
+def _expand(overload: Overload) -> list[tuple[str, tuple[Kind, ...]]]:
+    """Concrete parameter lists: cel-cpp does not dispatch a `dyn` parameter at run time."""
+    variants: list[tuple[Kind, ...]] = [()]
+    for kind in overload.params:
+        choices = SCALAR_KINDS if kind is Kind.ANY else (kind,)
+        variants = [(*prefix, choice) for prefix in variants for choice in choices]
+    if len(variants) == 1:
+        return [(overload.overload_id, variants[0])]
+    return [(f"{overload.overload_id}_{'_'.join(k.name.lower() for k in v)}", v) for v in variants]
+
+
+def _runtime_key(params: tuple[Kind, ...], member: bool) -> tuple[object, ...]:
+    message_kinds = (Kind.QUANTITY, Kind.SEMVER)
+    return (member, tuple("message" if k in message_kinds else k for k in params))
+
+
+def _declarations() -> tuple[list[Any], dict[str, Callable[..., Any]]]:
+    declarations: list[Any] = []
+    impls: dict[str, Callable[..., Any]] = {}
+    for function in FUNCTIONS:
+        dispatcher = _dispatcher(function)
+        registered: set[tuple[object, ...]] = set()
+        overloads = []
+        for overload in function.overloads:
+            for overload_id, params in _expand(overload):
+                overloads.append(
+                    cel.Overload(
+                        overload_id,
+                        _cel_type(overload.result),
+                        [_cel_type(k) for k in params],
+                        is_member=overload.member,
+                    )
+                )
+                key = _runtime_key(params, overload.member)
+                if key not in registered:
+                    registered.add(key)
+                    impls[overload_id] = dispatcher
+        declarations.append(cel.FunctionDecl(function.name, overloads))
+    return declarations, impls
+
+
+@lru_cache(maxsize=1)
+def _environment() -> Any:
+    declarations, impls = _declarations()
+    return cel.NewEnv(
+        _POOL,
+        variables={"device": cel.Type.Map(cel.Type.STRING, cel.Type.DYN)},
+        extensions=[ext_optional.ExtOptional(), ext_bindings.ExtBindings(), ext_math.ExtMath()],
+        functions=declarations,
+        function_impls=impls,
+    )
+
+
+_POSITION = re.compile(r"ERROR: <input>:(\d+):(\d+): (.*)")
+_STATUS = re.compile(r"^[A-Z_]+: ")
+
+
+def compile_error(raw: str) -> CompileError:
+    match = _POSITION.search(raw)
+    if match is None:
+        return CompileError(_STATUS.sub("", raw.strip()))
+    return CompileError(match.group(3).strip(), line=int(match.group(1)), column=int(match.group(2)))
+
+
+def runtime_message(raw: str) -> str:
+    """cel-cpp status text → the wording cel-go (and so the scheduler) uses."""
+    text = _STATUS.sub("", raw.strip())
+    key = re.match(r'Key not found in map : "?(.*?)"?$', text)
+    if key:
+        return f"no such key: {key.group(1)}"
+    if text.startswith("No matching overloads found"):
+        return "no such overload: " + text.partition(":")[2].strip()
+    if "Iteration budget exceeded" in text:
+        return "operation cancelled: actual cost limit exceeded"
+    return text
+
+
+class CppProgram:
+    def __init__(self, expression: Any, domains: frozenset[str], check_bool: bool) -> None:
+        self._expression = expression
+        self._domains = domains
+        self._check_bool = check_bool
+
+    def evaluate(self, driver: str, device: Mapping[str, Any]) -> bool:
+        try:
+            view = build_view(driver, device, semver=_semver_msg, quantity=_quantity_msg)
+        except DeviceShapeError as err:
+            raise EvalFailure(f"invalid device: {err}") from None
+        # Unknown domains read as empty maps upstream; cel-cpp maps are eager, so add the
+        # domains the expression names (and the driver's own) before evaluating.
+        for field in ("attributes", "capacity"):
+            table = view[field]
+            for domain in self._domains:
+                table.setdefault(domain, {})
+            table.setdefault(driver, {})
+        value = self._expression.eval(data={"device": view})
+        kind = value.type()
+        if kind == cel.Type.BOOL:
+            return bool(value.value())
+        if kind == cel.Type.ERROR:
+            raise EvalFailure(runtime_message(str(value.value())))
+        raise not_bool_error(_type_name(kind))
+
+
+def _type_name(kind: Any) -> str:
+    name = str(kind.name())
+    return {"INT": "int", "UINT": "uint", "DOUBLE": "double", "STRING": "string", "BYTES": "bytes"}.get(
+        name, name.lower() if name.isupper() else name
+    )
+
+
+class CppEngine:
+    name = NAME
+
+    def compile(self, expression: str, domains: frozenset[str]) -> CppProgram:
+        try:
+            compiled = _environment().compile(expression)
+        except RuntimeError as err:
+            raise compile_error(str(err)) from None
+        result = compiled.return_type()
+        if result not in (cel.Type.BOOL, cel.Type.DYN):
+            raise CompileError(f"must evaluate to bool, not {_type_name(result)}")
+        return CppProgram(compiled, domains, result != cel.Type.BOOL)

@@ -1,0 +1,133 @@
+"""compile_selector / Selector: the public face of the DRA CEL environment."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Hashable, Mapping
+from functools import lru_cache
+from typing import Any
+
+from controller.cel import analysis
+from controller.cel.device import device_name
+from controller.cel.engine import Engine, EvalFailure, Program
+from controller.cel.errors import CompileError, EngineUnavailable, EvaluationError
+
+log = logging.getLogger(__name__)
+
+# Upstream limits for a CEL device selector (resource.k8s.io/v1 validation).
+MAX_EXPRESSION_LENGTH = 10 * 1024
+MAX_COST = 1_000_000
+
+ENGINE_ENV = "DRA_CEL_ENGINE"
+CPP_ENGINE = "cel-expr-python"
+CELPY_ENGINE = "cel-python"
+ENGINES = (CPP_ENGINE, CELPY_ENGINE)
+
+_COMPILE_CACHE_SIZE = 256
+_MEMO_SIZE = 4096
+
+
+def default_engine() -> str:
+    chosen = os.environ.get(ENGINE_ENV, "").strip()
+    if chosen:
+        return chosen
+    try:
+        _load_engine(CPP_ENGINE)
+    except EngineUnavailable:
+        return CELPY_ENGINE
+    return CPP_ENGINE
+
+
+@lru_cache(maxsize=None)
+def _load_engine(name: str) -> Engine:
+    try:
+        if name == CPP_ENGINE:
+            from controller.cel.engine_cpp import CppEngine
+
+            return CppEngine()
+        if name == CELPY_ENGINE:
+            from controller.cel.engine_celpy import CelpyEngine
+
+            return CelpyEngine()
+    except ImportError as err:
+        raise EngineUnavailable(f"CEL engine {name} cannot be loaded: {err}") from err
+    raise EngineUnavailable(f"unknown CEL engine {name!r}; choose one of {', '.join(ENGINES)}")
+
+
+class Selector:
+    """A compiled device selector. Thread-safe; results are memoized per device content."""
+
+    def __init__(self, expression: str, engine: str, program: Program, info: analysis.Analysis) -> None:
+        self.expression = expression
+        self.engine = engine
+        self._program = program
+        self._info = info
+        self._memo: OrderedDict[Hashable, bool | str] = OrderedDict()
+        self._lock = threading.Lock()
+
+    @property
+    def estimated_cost(self) -> int:
+        return self._info.cost
+
+    def matches(self, driver: str, device: Mapping[str, Any]) -> bool:
+        """True if the device is selected; EvaluationError on any runtime error or non-bool result."""
+        key = analysis.memo_key(self._info, driver, device)
+        if key is not None:
+            with self._lock:
+                cached = self._memo.get(key)
+                if cached is not None:
+                    self._memo.move_to_end(key)
+            if cached is not None:
+                if isinstance(cached, str):
+                    raise EvaluationError(device_name(device), cached)
+                return cached
+        outcome: bool | str
+        try:
+            outcome = self._program.evaluate(driver, device)
+        except EvalFailure as err:
+            outcome = str(err)
+        if key is not None:
+            with self._lock:
+                self._memo[key] = outcome
+                if len(self._memo) > _MEMO_SIZE:
+                    self._memo.popitem(last=False)
+        if isinstance(outcome, str):
+            raise EvaluationError(device_name(device), outcome)
+        return outcome
+
+    def __repr__(self) -> str:
+        return f"Selector({self.expression!r}, engine={self.engine!r})"
+
+
+def compile_selector(expression: str, *, engine: str | None = None) -> Selector:
+    """Compile a DRA device selector (a CEL expression over `device`). Raises CompileError."""
+    if not isinstance(expression, str):
+        raise CompileError("expression must be a string")
+    chosen = engine or default_engine()
+    return _compile_cached(expression, chosen)
+
+
+@lru_cache(maxsize=_COMPILE_CACHE_SIZE)
+def _compile_cached(expression: str, engine_name: str) -> Selector:
+    if len(expression.encode()) > MAX_EXPRESSION_LENGTH:
+        raise CompileError(f"expression too long: may not be more than {MAX_EXPRESSION_LENGTH} bytes")
+    try:
+        engine = _load_engine(engine_name)
+    except EngineUnavailable as err:
+        raise CompileError(str(err)) from None
+    info = analysis.analyze(expression, engine_name)
+    program = engine.compile(expression, info.domains)
+    if info.cost > MAX_COST:
+        raise CompileError(
+            f"estimated cost {info.cost} exceeds the cost limit {MAX_COST}: expression too complex"
+        )
+    log.debug("compiled selector engine=%s cost=%d memo=%s", engine_name, info.cost, info.reads is not None)
+    return Selector(expression, engine_name, program, info)
+
+
+def clear_caches() -> None:
+    """Forget compiled selectors (for tests and long-running processes that reload config)."""
+    _compile_cached.cache_clear()
