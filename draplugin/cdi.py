@@ -1,0 +1,286 @@
+"""Container Device Interface: a typed spec model and an atomic, per-claim spec store.
+
+There is no Python CDI library, so this is ours. The model covers the fields
+we emit (device nodes, env, mounts) and computes the lowest `cdiVersion`
+that covers them: runtimes bundle a CDI library of some age and refuse
+versions newer than they know, so asking for more than needed only breaks
+older nodes.
+
+Each prepared claim gets one transient spec file named after the claim UID,
+and every device in it is named `<claim uid>-<device>`: runtimes cache specs,
+so a name must never come back meaning something else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import re
+import tempfile
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CDI_ROOT = Path("/var/run/cdi")
+VENDOR = "gpu.draplugin.dev"
+CLASS = "gpu"
+KIND = f"{VENDOR}/{CLASS}"
+
+# Versions in order; the minimum for each feature follows the CDI spec's version table.
+BASE_VERSION = "0.3.0"
+_VERSION_ORDER = ("0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0", "0.8.0", "1.0.0", "1.1.0")
+
+_VENDOR_OR_CLASS = re.compile(r"^[A-Za-z]([A-Za-z0-9_.-]*[A-Za-z0-9])?$")
+_DEVICE_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_UID = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.-]*[A-Za-z0-9])?$")
+
+
+class CdiError(ValueError):
+    """A spec or name that a CDI consumer would reject."""
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceNode:
+    path: str
+    host_path: str | None = None
+    permissions: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"path": self.path}
+        if self.host_path is not None:
+            out["hostPath"] = self.host_path
+        if self.permissions is not None:
+            out["permissions"] = self.permissions
+        return out
+
+    def min_version(self) -> str:
+        return "0.5.0" if self.host_path is not None else BASE_VERSION
+
+
+@dataclass(frozen=True, slots=True)
+class Mount:
+    host_path: str
+    container_path: str
+    options: tuple[str, ...] = ()
+    type: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"hostPath": self.host_path, "containerPath": self.container_path}
+        if self.options:
+            out["options"] = list(self.options)
+        if self.type is not None:
+            out["type"] = self.type
+        return out
+
+    def min_version(self) -> str:
+        return "0.4.0" if self.type is not None else BASE_VERSION
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerEdits:
+    env: tuple[str, ...] = ()
+    device_nodes: tuple[DeviceNode, ...] = ()
+    mounts: tuple[Mount, ...] = ()
+
+    def is_empty(self) -> bool:
+        return not (self.env or self.device_nodes or self.mounts)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.env:
+            out["env"] = list(self.env)
+        if self.device_nodes:
+            out["deviceNodes"] = [node.to_json() for node in self.device_nodes]
+        if self.mounts:
+            out["mounts"] = [mount.to_json() for mount in self.mounts]
+        return out
+
+    def min_version(self) -> str:
+        versions = [BASE_VERSION]
+        versions += [node.min_version() for node in self.device_nodes]
+        versions += [mount.min_version() for mount in self.mounts]
+        return _highest(versions)
+
+    def validate(self, where: str) -> None:
+        for entry in self.env:
+            name, sep, _ = entry.partition("=")
+            if not sep or not _ENV_NAME.match(name):
+                raise CdiError(f"{where}: env entry {entry!r} is not NAME=value")
+        for node in self.device_nodes:
+            if not node.path.startswith("/"):
+                raise CdiError(f"{where}: device node path {node.path!r} must be absolute")
+            if node.permissions is not None and not re.fullmatch(r"[rwm]{1,3}", node.permissions):
+                raise CdiError(
+                    f"{where}: device node permissions {node.permissions!r} must be a subset of 'rwm'"
+                )
+        for mount in self.mounts:
+            if not mount.container_path.startswith("/"):
+                raise CdiError(f"{where}: mount containerPath {mount.container_path!r} must be absolute")
+
+
+@dataclass(frozen=True, slots=True)
+class CdiDevice:
+    name: str
+    edits: ContainerEdits
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "containerEdits": self.edits.to_json()}
+
+    def min_version(self) -> str:
+        # A name that starts with a digit needs 0.5.0 (claim UIDs often do).
+        by_name = "0.5.0" if self.name[:1].isdigit() else BASE_VERSION
+        return _highest([by_name, self.edits.min_version()])
+
+
+@dataclass(frozen=True, slots=True)
+class Spec:
+    """One CDI spec file. `cdi_version` is derived from the content, never chosen by hand."""
+
+    kind: str
+    devices: tuple[CdiDevice, ...]
+    edits: ContainerEdits = field(default_factory=ContainerEdits)
+
+    @property
+    def cdi_version(self) -> str:
+        versions = [self.edits.min_version()] + [device.min_version() for device in self.devices]
+        # A '.' in the class part of the kind needs 0.6.0.
+        if "." in self.kind.partition("/")[2]:
+            versions.append("0.6.0")
+        return _highest(versions)
+
+    def validate(self) -> None:
+        vendor, sep, cls = self.kind.partition("/")
+        if not sep or not _VENDOR_OR_CLASS.match(vendor) or not _VENDOR_OR_CLASS.match(cls):
+            raise CdiError(f"kind {self.kind!r} is not <vendor>/<class>")
+        if not self.devices:
+            raise CdiError("a spec needs at least one device")
+        seen: set[str] = set()
+        for device in self.devices:
+            if not _DEVICE_NAME.match(device.name):
+                raise CdiError(f"device name {device.name!r} is not a valid CDI device name")
+            if device.name in seen:
+                raise CdiError(f"device name {device.name!r} appears twice")
+            seen.add(device.name)
+            device.edits.validate(f"device {device.name}")
+        self.edits.validate("spec")
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "cdiVersion": self.cdi_version,
+            "kind": self.kind,
+            "devices": [device.to_json() for device in self.devices],
+        }
+        if not self.edits.is_empty():
+            out["containerEdits"] = self.edits.to_json()
+        return out
+
+    def render(self) -> bytes:
+        """The file content: stable key order so an unchanged spec is byte-identical."""
+        self.validate()
+        return (json.dumps(self.to_json(), indent=2) + "\n").encode()
+
+
+def qualified_name(name: str, kind: str = KIND) -> str:
+    """The fully-qualified device ID the kubelet hands the runtime: `vendor/class=name`."""
+    if not _DEVICE_NAME.match(name):
+        raise CdiError(f"device name {name!r} is not a valid CDI device name")
+    return f"{kind}={name}"
+
+
+def claim_device_name(claim_uid: str, device: str) -> str:
+    """`<claim uid>-<device>`: unique for the life of the claim, never reused afterwards."""
+    return f"{claim_uid}-{device}"
+
+
+def _highest(versions: Sequence[str]) -> str:
+    return max(versions, key=_VERSION_ORDER.index)
+
+
+# --- the on-disk store ---------------------------------------------------------------------------------
+
+
+class SpecStore:
+    """Per-claim spec files in one CDI directory, written so a runtime never sees a partial file.
+
+    The runtime watches the directory and only reads `*.json`/`*.yaml`, so the
+    temporary file is a dot-file ending in `.tmp` that it ignores.
+    """
+
+    def __init__(self, root: Path, vendor: str = VENDOR) -> None:
+        self.root = root
+        self._prefix = f"{vendor}-claim_"
+
+    def path_for(self, claim_uid: str) -> Path:
+        if not _UID.match(claim_uid):
+            # The UID becomes part of a file name: refuse anything that could escape the directory.
+            raise CdiError(f"claim UID {claim_uid!r} cannot be used in a file name")
+        return self.root / f"{self._prefix}{claim_uid}.json"
+
+    def write(self, claim_uid: str, spec: Spec) -> bool:
+        """Write the claim's spec unless an identical file is already there. Returns True if written."""
+        content = spec.render()
+        path = self.path_for(claim_uid)
+        with contextlib.suppress(FileNotFoundError):
+            if path.read_bytes() == content:
+                return False
+        atomic_write(path, content)
+        return True
+
+    def read(self, claim_uid: str) -> bytes | None:
+        try:
+            return self.path_for(claim_uid).read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def remove(self, claim_uid: str) -> bool:
+        """Delete the claim's spec; a missing file is fine. Returns True if a file was removed."""
+        path = self.path_for(claim_uid)
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            return False
+        _fsync_dir(self.root)
+        return True
+
+    def claim_uids(self) -> Iterator[str]:
+        """UIDs of every claim that has a spec of ours in the directory."""
+        try:
+            entries = list(self.root.iterdir())
+        except FileNotFoundError:
+            return
+        for entry in entries:
+            if entry.name.startswith(self._prefix) and entry.name.endswith(".json"):
+                yield entry.name[len(self._prefix) : -len(".json")]
+
+
+def atomic_write(path: Path, content: bytes, mode: int = 0o644) -> None:
+    """Replace `path` with `content` all at once, durably: temp file, fsync, rename, fsync directory."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as tmp:
+            tmp.write(content)
+            tmp.flush()
+            os.fchmod(tmp.fileno(), mode)
+            os.fsync(tmp.fileno())
+        os.replace(tmp_name, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp_name)
+        raise
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(directory: Path) -> None:
+    # The rename or unlink is only durable once the directory entry is on disk.
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,358 @@
+"""The prepared-claim checkpoint: a small, versioned, atomically written JSON marker.
+
+It records, per claim, what the kubelet cannot tell us again and what we
+cannot recompute: which devices we handed out (so unprepare works after the
+claim is deleted, and so a second claim cannot take a device that is in use)
+and the validated config applied to each device (so CDI specs can be
+re-created at start-up without asking the API server).
+
+A claim is written as `PrepareStarted` before anything is changed on the node
+and as `PrepareCompleted` once its CDI spec exists, so a crash at any point
+leaves a record that the next prepare or unprepare finishes.
+
+Formats:
+  v1 (older releases): `preparedClaims` keyed by UID, every claim completed,
+     no per-device config. Read as "needs a fresh prepare".
+  v2 (current): `claims` list with state, devices and per-device config.
+  v3+ (newer releases): read as v2 when the v2 core is present, with a warning.
+
+The boot ID ties the record to one boot of the node: after a reboot the
+devices' runtime state (and `/var/run/cdi`, a tmpfs) is gone, so completed
+claims are demoted to `PrepareStarted` and redone on the next prepare, while
+still being known so that unprepare succeeds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import json
+import logging
+import os
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from draplugin.cdi import atomic_write
+
+log = logging.getLogger(__name__)
+
+CURRENT_VERSION = 2
+DEFAULT_BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
+
+
+class ClaimState(enum.StrEnum):
+    PREPARE_STARTED = "PrepareStarted"
+    PREPARE_COMPLETED = "PrepareCompleted"
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceRecord:
+    """One allocation result as we prepared it."""
+
+    request_names: tuple[str, ...]
+    pool: str
+    device: str
+    cdi_ids: tuple[str, ...]
+    share_id: str | None = None
+    admin_access: bool = False
+    # The validated GpuConfig document applied to this device; None when unknown (v1 records).
+    config: Mapping[str, Any] | None = field(default=None, hash=False)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "requestNames": list(self.request_names),
+            "pool": self.pool,
+            "device": self.device,
+            "cdiIds": list(self.cdi_ids),
+        }
+        if self.share_id is not None:
+            out["shareId"] = self.share_id
+        if self.admin_access:
+            out["adminAccess"] = True
+        if self.config is not None:
+            out["config"] = dict(self.config)
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRecord:
+    uid: str
+    namespace: str
+    name: str
+    state: ClaimState
+    devices: tuple[DeviceRecord, ...] = ()
+
+    @property
+    def completed(self) -> bool:
+        return self.state is ClaimState.PREPARE_COMPLETED
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "uid": self.uid,
+            "namespace": self.namespace,
+            "name": self.name,
+            "state": self.state.value,
+            "devices": [device.to_json() for device in self.devices],
+        }
+
+
+class CheckpointFormatError(ValueError):
+    """The file exists but cannot be understood."""
+
+
+@dataclass(frozen=True, slots=True)
+class LoadResult:
+    """What `CheckpointStore.load` found, for the caller to log and report."""
+
+    version: int | None = None
+    claims: int = 0
+    new_boot: bool = False
+    corrupt_reason: str | None = None
+    moved_to: Path | None = None
+    newer_version: bool = False
+
+
+def read_boot_id(path: Path = DEFAULT_BOOT_ID_PATH) -> str:
+    """This boot's ID; '' when the kernel does not expose one (then reboots cannot be detected)."""
+    try:
+        return path.read_text().strip()
+    except OSError as err:
+        log.warning("event=boot_id_unreadable path=%s error=%r", path, str(err))
+        return ""
+
+
+class CheckpointStore:
+    """In-memory view of the prepared claims, persisted to one file.
+
+    Mutations are synchronous (callers on the event loop can check and claim a
+    device with no await in between); `commit()` persists them. Concurrent
+    commits are grouped: a caller whose change was written by someone else's
+    write does not write again, which keeps 64 parallel prepares from queueing
+    64 fsyncs each.
+    """
+
+    def __init__(self, path: Path, boot_id: str) -> None:
+        self.path = path
+        self.boot_id = boot_id
+        self._claims: dict[str, ClaimRecord] = {}
+        self._version = 0
+        self._written = 0
+        self._write_lock = asyncio.Lock()
+
+    # --- queries and mutations --------------------------------------------------------------------
+
+    def get(self, uid: str) -> ClaimRecord | None:
+        return self._claims.get(uid)
+
+    def records(self) -> Iterator[ClaimRecord]:
+        return iter(list(self._claims.values()))
+
+    def __len__(self) -> int:
+        return len(self._claims)
+
+    def put(self, record: ClaimRecord) -> None:
+        self._claims[record.uid] = record
+        self._version += 1
+
+    def forget(self, uid: str) -> bool:
+        if self._claims.pop(uid, None) is None:
+            return False
+        self._version += 1
+        return True
+
+    # --- persistence ------------------------------------------------------------------------------
+
+    async def commit(self) -> None:
+        """Make every change made so far durable."""
+        target = self._version
+        async with self._write_lock:
+            if self._written >= target:
+                return  # another caller's write already covered our change
+            version = self._version
+            content = self._render()
+            await asyncio.to_thread(atomic_write, self.path, content, 0o600)
+            self._written = version
+
+    def save(self) -> None:
+        """Synchronous commit, for start-up before the event loop serves requests."""
+        atomic_write(self.path, self._render(), 0o600)
+        self._written = self._version
+
+    def _render(self) -> bytes:
+        doc = {
+            "version": CURRENT_VERSION,
+            "bootId": self.boot_id,
+            "claims": [record.to_json() for record in sorted(self._claims.values(), key=lambda r: r.uid)],
+        }
+        return (json.dumps(doc, indent=1, sort_keys=False) + "\n").encode()
+
+    def load(self) -> LoadResult:
+        """Read the file. A missing file is an empty checkpoint; a corrupt one is moved aside."""
+        try:
+            raw = self.path.read_bytes()
+        except FileNotFoundError:
+            return LoadResult()
+        except OSError as err:
+            return self._set_aside(f"cannot read: {err}")
+        try:
+            version, boot_id, records = parse(raw)
+        except CheckpointFormatError as err:
+            return self._set_aside(str(err))
+        newer = version > CURRENT_VERSION
+        if newer:
+            log.warning(
+                "event=checkpoint_newer_version path=%s version=%d understood=%d "
+                "detail='fields added by the newer release are dropped on the next write'",
+                self.path,
+                version,
+                CURRENT_VERSION,
+            )
+        new_boot = bool(boot_id) and bool(self.boot_id) and boot_id != self.boot_id
+        self._claims = {}
+        for record in records:
+            if new_boot or version == 1:
+                # After a reboot nothing we did survives; v1 lacks the config to redo it offline.
+                record = replace(record, state=ClaimState.PREPARE_STARTED)
+            self._claims[record.uid] = record
+        self._version += 1
+        return LoadResult(version=version, claims=len(records), new_boot=new_boot, newer_version=newer)
+
+    def _set_aside(self, reason: str) -> LoadResult:
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        target = self.path.with_name(f"{self.path.name}.corrupt-{stamp}-{os.getpid()}")
+        moved: Path | None = target
+        try:
+            os.replace(self.path, target)
+        except OSError as err:
+            log.error("event=checkpoint_move_failed path=%s error=%r", self.path, str(err))
+            moved = None
+        self._claims = {}
+        self._version += 1
+        return LoadResult(corrupt_reason=reason, moved_to=moved)
+
+
+# --- parsing (pure) -----------------------------------------------------------------------------------
+
+
+def parse(raw: bytes) -> tuple[int, str, list[ClaimRecord]]:
+    """Decode any known checkpoint format into (version, boot ID, records)."""
+    try:
+        doc = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise CheckpointFormatError(f"not JSON: {err}") from None
+    if not isinstance(doc, dict):
+        raise CheckpointFormatError("top level is not an object")
+    version = doc.get("version")
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise CheckpointFormatError(f"missing or invalid version {version!r}")
+    boot_id = doc.get("bootId", "")
+    if not isinstance(boot_id, str):
+        raise CheckpointFormatError("bootId is not a string")
+    if version == 1:
+        return version, boot_id, _parse_v1(doc)
+    return version, boot_id, _parse_v2(doc)
+
+
+def _parse_v1(doc: Mapping[str, Any]) -> list[ClaimRecord]:
+    claims = doc.get("preparedClaims", {})
+    if not isinstance(claims, dict):
+        raise CheckpointFormatError("v1 preparedClaims is not an object")
+    records = []
+    for uid, entry in claims.items():
+        where = f"preparedClaims[{uid}]"
+        entry = _obj(entry, where)
+        devices = []
+        for i, dev in enumerate(_list(entry.get("devices", []), f"{where}.devices")):
+            dev = _obj(dev, f"{where}.devices[{i}]")
+            devices.append(
+                DeviceRecord(
+                    request_names=_strings(dev.get("requestNames", []), f"{where}.devices[{i}].requestNames"),
+                    pool=_str(dev.get("poolName"), f"{where}.devices[{i}].poolName"),
+                    device=_str(dev.get("deviceName"), f"{where}.devices[{i}].deviceName"),
+                    cdi_ids=_strings(dev.get("cdiDeviceIds", []), f"{where}.devices[{i}].cdiDeviceIds"),
+                )
+            )
+        records.append(
+            ClaimRecord(
+                uid=uid,
+                namespace=_str(entry.get("namespace"), f"{where}.namespace"),
+                name=_str(entry.get("name"), f"{where}.name"),
+                state=ClaimState.PREPARE_COMPLETED,
+                devices=tuple(devices),
+            )
+        )
+    return records
+
+
+def _parse_v2(doc: Mapping[str, Any]) -> list[ClaimRecord]:
+    # Unknown keys are ignored on purpose: a newer release may add fields around the v2 core.
+    records = []
+    for i, entry in enumerate(_list(doc.get("claims"), "claims")):
+        where = f"claims[{i}]"
+        entry = _obj(entry, where)
+        state_text = _str(entry.get("state"), f"{where}.state")
+        try:
+            state = ClaimState(state_text)
+        except ValueError:
+            raise CheckpointFormatError(f"{where}.state: unknown state {state_text!r}") from None
+        devices = []
+        for j, dev in enumerate(_list(entry.get("devices", []), f"{where}.devices")):
+            at = f"{where}.devices[{j}]"
+            dev = _obj(dev, at)
+            share_id = dev.get("shareId")
+            config = dev.get("config")
+            admin = dev.get("adminAccess", False)
+            if share_id is not None and not isinstance(share_id, str):
+                raise CheckpointFormatError(f"{at}.shareId is not a string")
+            if config is not None and not isinstance(config, dict):
+                raise CheckpointFormatError(f"{at}.config is not an object")
+            if not isinstance(admin, bool):
+                raise CheckpointFormatError(f"{at}.adminAccess is not a boolean")
+            devices.append(
+                DeviceRecord(
+                    request_names=_strings(dev.get("requestNames", []), f"{at}.requestNames"),
+                    pool=_str(dev.get("pool"), f"{at}.pool"),
+                    device=_str(dev.get("device"), f"{at}.device"),
+                    cdi_ids=_strings(dev.get("cdiIds", []), f"{at}.cdiIds"),
+                    share_id=share_id,
+                    admin_access=admin,
+                    config=config,
+                )
+            )
+        records.append(
+            ClaimRecord(
+                uid=_str(entry.get("uid"), f"{where}.uid"),
+                namespace=_str(entry.get("namespace"), f"{where}.namespace"),
+                name=_str(entry.get("name"), f"{where}.name"),
+                state=state,
+                devices=tuple(devices),
+            )
+        )
+    return records
+
+
+def _obj(value: Any, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise CheckpointFormatError(f"{where} is not an object")
+    return value
+
+
+def _list(value: Any, where: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise CheckpointFormatError(f"{where} is not a list")
+    return value
+
+
+def _str(value: Any, where: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise CheckpointFormatError(f"{where} is missing or not a string")
+    return value
+
+
+def _strings(value: Any, where: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise CheckpointFormatError(f"{where} is not a list of strings")
+    return tuple(value)

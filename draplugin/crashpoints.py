@@ -1,0 +1,41 @@
+"""Named points where the plugin can be made to die, for crash-safety tests.
+
+With `DRAPLUGIN_CRASH_AT=<point>` in the environment the process sends itself
+SIGKILL when it reaches that point: no cleanup, no flushed buffers, exactly
+what a node-level kill or OOM does. Unset, `reach()` is a dictionary lookup.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+
+log = logging.getLogger(__name__)
+
+ENV_VAR = "DRAPLUGIN_CRASH_AT"
+
+AFTER_CHECKPOINT_STARTED = "after-checkpoint-started"
+AFTER_CDI_WRITE = "after-cdi-write"
+AFTER_CHECKPOINT_COMPLETED = "after-checkpoint-completed"
+BEFORE_RETURN = "before-return"
+UNPREPARE_AFTER_CDI_REMOVE = "unprepare-after-cdi-remove"
+UNPREPARE_AFTER_RELEASE = "unprepare-after-release"
+
+POINTS: tuple[str, ...] = (
+    AFTER_CHECKPOINT_STARTED,
+    AFTER_CDI_WRITE,
+    AFTER_CHECKPOINT_COMPLETED,
+    BEFORE_RETURN,
+    UNPREPARE_AFTER_CDI_REMOVE,
+    UNPREPARE_AFTER_RELEASE,
+)
+
+
+def reach(point: str) -> None:
+    """Die here if the environment asks for it."""
+    if point not in POINTS:
+        raise ValueError(f"unknown crash point {point!r}")
+    if os.environ.get(ENV_VAR) == point:
+        log.warning("event=crash_point point=%s pid=%d", point, os.getpid())
+        os.kill(os.getpid(), signal.SIGKILL)

@@ -1,0 +1,130 @@
+"""Kubernetes Events about claims and the node, posted without ever blocking or failing the caller.
+
+A failed prepare shows up as the kubelet's `FailedPrepareDynamicResources`
+on the pod; our Event on the ResourceClaim adds the specific reason
+(`ClaimReplaced`, `InvalidConfig`, `DeviceInUse`, ...). Events are best
+effort: posting happens on a worker thread, errors are logged, and repeats of
+the same message within a window are dropped so kubelet retries do not flood
+the API server.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from draplugin.kubelet.interface import ClaimRef
+from draplugin.prepare_api import RawApi
+
+log = logging.getLogger(__name__)
+
+NOTE_LIMIT = 1024  # events.k8s.io/v1 rejects longer notes
+REPEAT_WINDOW_S = 300.0
+
+
+class EventSink(Protocol):
+    def claim_event(self, claim: ClaimRef, reason: str, note: str, *, warning: bool = True) -> None: ...
+
+    def node_event(self, reason: str, note: str, *, warning: bool = True) -> None: ...
+
+
+class NullEvents:
+    """For runs without an API server: events go to the log only."""
+
+    def claim_event(self, claim: ClaimRef, reason: str, note: str, *, warning: bool = True) -> None:
+        log.info("event=k8s_event_skipped object=claim claim=%s reason=%s", claim, reason)
+
+    def node_event(self, reason: str, note: str, *, warning: bool = True) -> None:
+        log.info("event=k8s_event_skipped object=node reason=%s", reason)
+
+
+class KubeEvents:
+    """Posts `events.k8s.io/v1` Events as `reportingController=<driver>`, `reportingInstance=<node>`."""
+
+    def __init__(
+        self,
+        api: RawApi,
+        driver_name: str,
+        node_name: str,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._api = api
+        self._driver = driver_name
+        self._node = node_name
+        self._clock = clock
+        self._recent: dict[tuple[str, str, str], float] = {}
+        self._lock = threading.Lock()
+        # One worker keeps events in order and bounds what a flood of failures can cost.
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="k8s-events")
+
+    def claim_event(self, claim: ClaimRef, reason: str, note: str, *, warning: bool = True) -> None:
+        regarding = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "namespace": claim.namespace,
+            "name": claim.name,
+            "uid": claim.uid,
+        }
+        self._submit(claim.namespace, claim.name, regarding, reason, note, "PrepareResources", warning)
+
+    def node_event(self, reason: str, note: str, *, warning: bool = True) -> None:
+        # Nodes are cluster-scoped; their events live in "default", as the kubelet's do.
+        regarding = {"apiVersion": "v1", "kind": "Node", "name": self._node, "uid": self._node}
+        self._submit("default", self._node, regarding, reason, note, "Startup", warning)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+    def _submit(
+        self,
+        namespace: str,
+        object_name: str,
+        regarding: dict[str, Any],
+        reason: str,
+        note: str,
+        action: str,
+        warning: bool,
+    ) -> None:
+        key = (str(regarding.get("uid", object_name)), reason, note)
+        now = self._clock()
+        with self._lock:
+            last = self._recent.get(key)
+            if last is not None and now - last < REPEAT_WINDOW_S:
+                return
+            self._recent[key] = now
+            if len(self._recent) > 4096:
+                self._recent = {k: t for k, t in self._recent.items() if now - t < REPEAT_WINDOW_S}
+        body = {
+            "apiVersion": "events.k8s.io/v1",
+            "kind": "Event",
+            "metadata": {"name": f"{object_name}.{secrets.token_hex(8)}", "namespace": namespace},
+            "eventTime": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+            "reportingController": self._driver,
+            "reportingInstance": self._node,
+            "action": action,
+            "reason": reason,
+            "type": "Warning" if warning else "Normal",
+            "regarding": regarding,
+            "note": note if len(note) <= NOTE_LIMIT else note[: NOTE_LIMIT - 3] + "...",
+        }
+        try:
+            self._pool.submit(self._post, namespace, body)
+        except RuntimeError:
+            log.warning("event=k8s_event_dropped reason=%s detail='event sender stopped'", reason)
+
+    def _post(self, namespace: str, body: dict[str, Any]) -> None:
+        try:
+            path = f"/apis/events.k8s.io/v1/namespaces/{namespace}/events"
+            status, data = self._api.request("POST", path, body)
+        except Exception as err:  # an event must never take anything down with it
+            log.warning("event=k8s_event_failed reason=%s error=%r", body["reason"], str(err))
+            return
+        if not 200 <= status < 300:
+            detail = data[:200].decode(errors="replace")
+            log.warning("event=k8s_event_failed reason=%s status=%d body=%r", body["reason"], status, detail)
