@@ -1,0 +1,1 @@
+"""Structured allocation internals: pools, requests, constraints, capacity, search, results."""

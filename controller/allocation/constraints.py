@@ -1,0 +1,131 @@
+"""Claim constraints: `matchAttribute` and `distinctAttribute`.
+
+Both are monotonic (once a device breaks one, adding more devices cannot
+repair it), so the search checks them device by device and backtracks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+from controller.allocation.pools import DeviceID
+
+JSON = Mapping[str, Any]
+
+# A comparable attribute value: (type, value). List-typed attributes compare
+# unequal to everything, as upstream only compares scalar values.
+AttributeValue = tuple[str, object]
+_SCALAR_TYPES = ("string", "int", "bool", "version")
+
+
+def lookup_attribute(device: JSON, device_id: DeviceID, name: str) -> AttributeValue | None:
+    """A fully qualified attribute, also found under its short name in the driver's domain."""
+    attributes = device.get("attributes") or {}
+    value = attributes.get(name)
+    if value is None and "/" in name:
+        domain, short = name.split("/", 1)
+        if domain == device_id.driver:
+            value = attributes.get(short)
+    if value is None:
+        return None
+    for kind in _SCALAR_TYPES:
+        if kind in value and value[kind] is not None:
+            return (kind, value[kind])
+    return ("other", object())
+
+
+def _applies(names: frozenset[str], request: str, subrequest: str) -> bool:
+    if not names:
+        return True
+    return request in names or (bool(subrequest) and f"{request}/{subrequest}" in names)
+
+
+class Constraint(Protocol):
+    def add(self, request: str, subrequest: str, device: JSON, device_id: DeviceID) -> bool: ...
+
+    def remove(self, request: str, subrequest: str, device: JSON, device_id: DeviceID) -> None: ...
+
+    def describe(self) -> str: ...
+
+
+class MatchAttribute:
+    """All devices of the named requests have the same value of one attribute."""
+
+    def __init__(self, attribute: str, requests: Sequence[str]) -> None:
+        self.attribute = attribute
+        self.requests = frozenset(requests)
+        self._value: AttributeValue | None = None
+        self._count = 0
+
+    def describe(self) -> str:
+        return f"matchAttribute {self.attribute}"
+
+    def add(self, request: str, subrequest: str, device: JSON, device_id: DeviceID) -> bool:
+        if not _applies(self.requests, request, subrequest):
+            return True
+        value = lookup_attribute(device, device_id, self.attribute)
+        if value is None:
+            return False
+        if self._count == 0:
+            self._value = value
+        elif self._value is None or value[0] not in _SCALAR_TYPES or value != self._value:
+            return False
+        self._count += 1
+        return True
+
+    def remove(self, request: str, subrequest: str, device: JSON, device_id: DeviceID) -> None:
+        if _applies(self.requests, request, subrequest):
+            self._count -= 1
+
+
+class DistinctAttribute:
+    """Devices of the named requests have pairwise different values of one attribute.
+
+    Values are remembered per main request name, like kube-scheduler does: a
+    second device of the same request replaces the first one's entry.
+    """
+
+    def __init__(self, attribute: str, requests: Sequence[str]) -> None:
+        self.attribute = attribute
+        self.requests = frozenset(requests)
+        self._values: dict[str, AttributeValue] = {}
+        self._count = 0
+
+    def describe(self) -> str:
+        return f"distinctAttribute {self.attribute}"
+
+    def add(self, request: str, subrequest: str, device: JSON, device_id: DeviceID) -> bool:
+        if not _applies(self.requests, request, subrequest):
+            return True
+        value = lookup_attribute(device, device_id, self.attribute)
+        if value is None:
+            return False
+        if self._count > 0:
+            if value[0] not in _SCALAR_TYPES:
+                return False
+            if any(existing == value for existing in self._values.values()):
+                return False
+        self._values[request] = value
+        self._count += 1
+        return True
+
+    def remove(self, request: str, subrequest: str, device: JSON, device_id: DeviceID) -> None:
+        if _applies(self.requests, request, subrequest):
+            self._values.pop(request, None)
+            self._count -= 1
+
+
+def build_constraints(claim: JSON) -> list[Constraint]:
+    """The claim's constraints; raises ValueError for one that names no known kind."""
+    result: list[Constraint] = []
+    devices = (claim.get("spec") or {}).get("devices") or {}
+    for index, constraint in enumerate(devices.get("constraints") or []):
+        requests = list(constraint.get("requests") or [])
+        if constraint.get("matchAttribute"):
+            result.append(MatchAttribute(str(constraint["matchAttribute"]), requests))
+        elif constraint.get("distinctAttribute"):
+            result.append(DistinctAttribute(str(constraint["distinctAttribute"]), requests))
+        else:
+            raise ValueError(f"constraint #{index}: empty constraint (unsupported constraint type?)")
+    return result

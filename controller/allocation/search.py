@@ -1,0 +1,472 @@
+"""The structured allocator's depth-first search with backtracking.
+
+Claims are allocated together on one node: claim by claim, request by
+request, device by device, trying candidates in pool → slice → device order
+and taking the first complete solution, exactly like kube-scheduler. Devices
+chosen for one request are searched in increasing position, so the same set
+is never tried twice in another order.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from controller.allocation.capacity import CapacityRequestError, consumed_capacity, request_fits
+from controller.allocation.constraints import Constraint, build_constraints
+from controller.allocation.features import Features
+from controller.allocation.nodes import Node, node_matches
+from controller.allocation.pools import DeviceID, Pool
+from controller.allocation.quantity import Quantity, parse_quantity
+from controller.allocation.requests import ALL, EXACT_COUNT, Request, alternatives, blocking_taint, claim_ref
+from controller.allocation.result import ChosenDevice
+from controller.allocation.selectors import SelectorCache
+from controller.allocation.state import AllocatedState
+
+JSON = Mapping[str, Any]
+
+MAX_RESULTS = 32  # AllocationResultsMaxSize
+
+
+class AllocationError(Exception):
+    """Allocation cannot proceed: the scheduler reports an error (and retries) instead
+    of "unschedulable". Examples: CEL errors, All-mode on an incomplete pool."""
+
+
+class _MaxResultsExceeded(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class Candidate:
+    device_id: DeviceID
+    device: JSON
+    slice: JSON
+    pool: Pool
+
+
+@dataclass
+class RequestPlan:
+    request: Request
+    device_class: JSON
+    num_devices: int
+    all_devices: list[Candidate] | None = None  # only for allocationMode All
+
+
+@dataclass
+class ClaimPlan:
+    claim: JSON
+    # per main request: its alternatives (one, or the firstAvailable subrequests)
+    requests: list[list[RequestPlan]]
+    constraints: list[Constraint]
+    chosen: list[ChosenDevice] = field(default_factory=list)
+    selected: dict[int, int] = field(default_factory=dict)  # request index -> alternative index
+
+
+def pool_candidates(pool: Pool) -> list[Candidate]:
+    return [
+        Candidate(DeviceID(pool.driver, pool.name, str(d.get("name", ""))), d, s, pool)
+        for s in pool.slices_on_node
+        for d in (s.get("spec") or {}).get("devices") or []
+    ]
+
+
+class Search:
+    """One allocation attempt for a set of claims on one node."""
+
+    def __init__(
+        self,
+        *,
+        claims: Sequence[JSON],
+        node: Node | None,
+        pools: list[Pool],
+        classes: Mapping[str, JSON],
+        state: AllocatedState,
+        features: Features,
+        selectors: SelectorCache,
+        new_share_id: Callable[[], str] = lambda: str(uuid.uuid4()),
+    ) -> None:
+        self.claims = list(claims)
+        self.node = node
+        self.pools = pools
+        self.classes = classes
+        self.state = state
+        self.features = features
+        self.selectors = selectors
+        self.new_share_id = new_share_id
+        self.candidates = [pool_candidates(p) for p in pools]
+        self._matches: dict[tuple[DeviceID, int, int, int], bool] = {}
+        # device -> indexes of claims of this search that hold it
+        self._allocating: dict[DeviceID, set[int]] = {}
+        self._allocating_capacity: dict[DeviceID, dict[str, Quantity]] = {}
+        self._available_counters: dict[str, dict[str, dict[str, Quantity]]] = {}
+        self._consumed_counters: dict[str, dict[str, dict[str, Quantity]]] = {}
+        self.plans: list[ClaimPlan] = []
+
+    # ----- preparation -------------------------------------------------------------
+
+    def prepare(self) -> None:
+        """Check every request and size it; raises AllocationError as the scheduler would."""
+        for claim_index, claim in enumerate(self.claims):
+            ref = claim_ref(claim)
+            plans: list[list[RequestPlan]] = []
+            minimum = 0
+            for request_index, request in enumerate(
+                ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []
+            ):
+                options = alternatives(request)
+                if options[0].parent and not self.features.prioritized_list:
+                    raise AllocationError(
+                        f"claim {ref}, request {request.get('name')}: has subrequests, "
+                        "but the DRAPrioritizedList feature is disabled"
+                    )
+                if not self.features.consumable_capacity:
+                    for option in options:
+                        if option.capacity_requests is not None:
+                            raise AllocationError(
+                                f"claim {ref}, request {option.result_name}: has capacity requests, "
+                                "but the DRAConsumableCapacity feature is disabled"
+                            )
+                request_plans = [
+                    self._plan_request(claim_index, request_index, alt_index, option)
+                    for alt_index, option in enumerate(options)
+                ]
+                plans.append(request_plans)
+                minimum += min(p.num_devices for p in request_plans)
+            if minimum > MAX_RESULTS:
+                raise AllocationError(
+                    f"claim {ref}: number of requested devices {minimum} exceeds the claim limit "
+                    f"of {MAX_RESULTS}"
+                )
+            try:
+                constraints = build_constraints(claim)
+            except ValueError as err:
+                raise AllocationError(f"claim {ref}, {err}") from err
+            self.plans.append(ClaimPlan(claim=claim, requests=plans, constraints=constraints))
+
+    def _plan_request(
+        self, claim_index: int, request_index: int, alt_index: int, request: Request
+    ) -> RequestPlan:
+        ref = claim_ref(self.claims[claim_index])
+        for i, selector in enumerate(request.selectors):
+            if not (selector.get("cel") or {}).get("expression"):
+                raise AllocationError(
+                    f"claim {ref}, request {request.name}, selector #{i}: CEL expression empty "
+                    "(unsupported selector type?)"
+                )
+        if request.has_admin_access_field and not self.features.admin_access:
+            raise AllocationError(
+                f"claim {ref}, request {request.name}: admin access is requested, but the feature is disabled"
+            )
+        if not request.device_class_name:
+            raise AllocationError(
+                f"claim {ref}, request {request.name}: missing device class name (unsupported request type?)"
+            )
+        device_class = self.classes.get(request.device_class_name)
+        if device_class is None:
+            raise AllocationError(
+                f"claim {ref}, request {request.name}: could not retrieve device class "
+                f"{request.device_class_name}: not found"
+            )
+        plan = RequestPlan(request=request, device_class=device_class, num_devices=request.count)
+        if request.allocation_mode == EXACT_COUNT:
+            return plan
+        if request.allocation_mode != ALL:
+            raise AllocationError(
+                f"claim {ref}, request {request.name}: unsupported count mode {request.allocation_mode}"
+            )
+        devices: list[Candidate] = []
+        for pool_index, pool in enumerate(self.pools):
+            if pool.incomplete:
+                raise AllocationError(
+                    f"claim {ref}, request {request.name}: asks for all devices, "
+                    f"but resource pool {pool.id} is currently being updated"
+                )
+            if pool.invalid:
+                raise AllocationError(
+                    f"claim {ref}, request {request.name}: asks for all devices, "
+                    f"but resource pool {pool.id} is currently invalid"
+                )
+            for candidate in self.candidates[pool_index]:
+                key = (claim_index, request_index, alt_index)
+                if not self.selectable(key, plan, candidate):
+                    continue
+                if self.features.consumable_capacity and not self._capacity_fits(plan.request, candidate):
+                    continue
+                devices.append(candidate)
+        plan.all_devices = devices
+        plan.num_devices = len(devices)
+        return plan
+
+    # ----- per-device checks (also used by explain) -------------------------------
+
+    def selectable(self, key: tuple[int, int, int], plan: RequestPlan, candidate: Candidate) -> bool:
+        """Class selectors, request selectors and per-device node selection (cached)."""
+        device = candidate.device
+        if not self.features.binding_conditions and device.get("bindingConditions"):
+            return False
+        cache_key = (candidate.device_id, *key)
+        cached = self._matches.get(cache_key)
+        if cached is not None:
+            return cached
+        driver = candidate.device_id.driver
+        class_name = str((plan.device_class.get("metadata") or {}).get("name", ""))
+        result = True
+        for i, selector in enumerate((plan.device_class.get("spec") or {}).get("selectors") or []):
+            expression = str((selector.get("cel") or {}).get("expression", ""))
+            if not self.selectors.matches(expression, driver, device, f"class {class_name}: selector #{i}"):
+                result = False
+                break
+        if result:
+            ref = claim_ref(self.claims[key[0]])
+            for i, selector in enumerate(plan.request.selectors):
+                expression = str((selector.get("cel") or {}).get("expression", ""))
+                if not self.selectors.matches(expression, driver, device, f"claim {ref}: selector #{i}"):
+                    result = False
+                    break
+        if result and (candidate.slice.get("spec") or {}).get("perDeviceNodeSelection"):
+            result = node_matches(
+                self.node,
+                str(device.get("nodeName") or ""),
+                bool(device.get("allNodes")),
+                device.get("nodeSelector"),
+            )
+        self._matches[cache_key] = result
+        return result
+
+    def in_use(self, device_id: DeviceID) -> bool:
+        return device_id in self.state.devices or bool(self._allocating.get(device_id))
+
+    def _capacity_fits(self, request: Request, candidate: Candidate) -> bool:
+        try:
+            return request_fits(
+                request.capacity_requests,
+                candidate.device,
+                self.state.capacity.get(candidate.device_id, {}),
+                self._allocating_capacity.get(candidate.device_id, {}),
+            )
+        except CapacityRequestError:
+            return False
+
+    def _allow_multiple(self, candidate: Candidate) -> bool:
+        return self.features.consumable_capacity and bool(candidate.device.get("allowMultipleAllocations"))
+
+    # ----- shared counters -----------------------------------------------------------
+
+    def _available(self, pool: Pool) -> dict[str, dict[str, Quantity]]:
+        available = self._available_counters.get(pool.id)
+        if available is None:
+            available = {name: dict(counters) for name, counters in pool.counter_sets.items()}
+            for slice_obj in [*pool.slices_on_node, *pool.slices_elsewhere]:
+                for device in (slice_obj.get("spec") or {}).get("devices") or []:
+                    if not self.state.is_allocated(
+                        DeviceID(pool.driver, pool.name, str(device.get("name", "")))
+                    ):
+                        continue
+                    self._add_consumption(available, device, sign=-1)
+            self._available_counters[pool.id] = available
+        return available
+
+    @staticmethod
+    def _add_consumption(target: dict[str, dict[str, Quantity]], device: JSON, sign: int) -> None:
+        for consumption in device.get("consumesCounters") or []:
+            counters = target.setdefault(str(consumption.get("counterSet", "")), {})
+            for name, value in (consumption.get("counters") or {}).items():
+                amount = parse_quantity((value or {}).get("value", "0"))
+                if sign < 0:
+                    if name in counters:  # counters missing from the set are ignored
+                        counters[name] = counters[name] - amount
+                else:
+                    counters[name] = counters[name] + amount if name in counters else amount
+
+    def _take_counters(self, candidate: Candidate) -> bool:
+        available = self._available(candidate.pool)
+        consumed = self._consumed_counters.setdefault(candidate.pool.id, {})
+        self._add_consumption(consumed, candidate.device, sign=1)
+        for set_name, counters in available.items():
+            used = consumed.get(set_name, {})
+            for name, value in counters.items():
+                if name in used and value.value < used[name].value:
+                    self._release_counters(candidate)
+                    return False
+        return True
+
+    def _release_counters(self, candidate: Candidate) -> None:
+        consumed = self._consumed_counters.setdefault(candidate.pool.id, {})
+        for consumption in candidate.device.get("consumesCounters") or []:
+            counters = consumed.setdefault(str(consumption.get("counterSet", "")), {})
+            for name, value in (consumption.get("counters") or {}).items():
+                if name in counters:
+                    counters[name] = counters[name] - parse_quantity((value or {}).get("value", "0"))
+
+    # ----- the search ----------------------------------------------------------------
+
+    def run(self) -> bool:
+        """True when all claims got devices (results are in self.plans)."""
+        return self._claim(0)
+
+    def _claim(self, claim_index: int) -> bool:
+        if claim_index >= len(self.plans):
+            return True
+        try:
+            return self._request(claim_index, 0)
+        except _MaxResultsExceeded:
+            return False
+
+    def _request(self, claim_index: int, request_index: int) -> bool:
+        plan = self.plans[claim_index]
+        if request_index >= len(plan.requests):
+            return self._claim_next(claim_index)
+        options = plan.requests[request_index]
+        if not options[0].request.parent:
+            return self._device(claim_index, request_index, 0, 0, (0, 0))
+        # firstAvailable: the first subrequest that leads to a full solution wins.
+        all_exceeded = True
+        for alt_index in range(len(options)):
+            try:
+                success = self._device(claim_index, request_index, alt_index, 0, (0, 0))
+            except _MaxResultsExceeded:
+                continue
+            all_exceeded = False
+            if success:
+                plan.selected[request_index] = alt_index
+                return True
+        if all_exceeded:
+            raise _MaxResultsExceeded()
+        return False
+
+    def _claim_next(self, claim_index: int) -> bool:
+        try:
+            return self._claim(claim_index + 1)
+        except _MaxResultsExceeded:
+            return False
+
+    def _device(
+        self, claim_index: int, request_index: int, alt_index: int, device_index: int, start: tuple[int, int]
+    ) -> bool:
+        plan = self.plans[claim_index]
+        request_plan = plan.requests[request_index][alt_index]
+        request = request_plan.request
+        if request.allocation_mode == ALL and not request_plan.all_devices:
+            return False
+        if device_index >= request_plan.num_devices:
+            plan.selected[request_index] = alt_index
+            return self._request(claim_index, request_index + 1)
+        if len(plan.chosen) + request_plan.num_devices - device_index > MAX_RESULTS:
+            raise _MaxResultsExceeded()
+
+        if request_plan.all_devices is not None:
+            candidate = request_plan.all_devices[device_index]
+            undo = self._take(claim_index, request_plan, candidate, must=True)
+            if undo is None:
+                return False
+            if self._device(claim_index, request_index, alt_index, device_index + 1, start):
+                return True
+            undo()
+            return False
+
+        key = (claim_index, request_index, alt_index)
+        start_pool, start_offset = start
+        for pool_index in range(start_pool, len(self.pools)):
+            pool = self.pools[pool_index]
+            if pool.incomplete and self.features.skip_unusable_pools:
+                continue
+            if pool.invalid:
+                if self.features.skip_unusable_pools:
+                    continue
+                raise AllocationError(f"resource pool {pool.id} is invalid: {pool.invalid_reason}")
+            candidates = self.candidates[pool_index]
+            first = start_offset if pool_index == start_pool else 0
+            for offset in range(first, len(candidates)):
+                candidate = candidates[offset]
+                if request.admin_access:
+                    if claim_index in self._allocating.get(candidate.device_id, ()):
+                        continue
+                elif self.in_use(candidate.device_id):
+                    continue
+                if not self.selectable(key, request_plan, candidate):
+                    continue
+                if self.features.consumable_capacity and not self._capacity_fits(request, candidate):
+                    continue
+                undo = self._take(claim_index, request_plan, candidate, must=False)
+                if undo is None:
+                    continue
+                if self._device(
+                    claim_index, request_index, alt_index, device_index + 1, (pool_index, offset + 1)
+                ):
+                    return True
+                undo()
+        return False
+
+    def _take(
+        self, claim_index: int, request_plan: RequestPlan, candidate: Candidate, must: bool
+    ) -> Callable[[], None] | None:
+        """Try to add one device to the claim's result; returns how to undo it, or None."""
+        plan = self.plans[claim_index]
+        request = request_plan.request
+        device_id = candidate.device_id
+        multiple = self._allow_multiple(candidate)
+        if not multiple and request.admin_access and claim_index in self._allocating.get(device_id, ()):
+            return None
+        if not request.admin_access and self.in_use(device_id):
+            return None
+        if not self.features.partitionable_devices and candidate.device.get("consumesCounters"):
+            return None
+        capacity_in_use = device_id in self.state.capacity or device_id in self._allocating_capacity
+        counters_taken = False
+        if not (multiple and capacity_in_use) and candidate.device.get("consumesCounters"):
+            if not self._take_counters(candidate):
+                return None
+            counters_taken = True
+        # Like kube-scheduler, counters taken above are not given back when a taint
+        # or a constraint rejects the device afterwards.
+        if self.features.device_taints and blocking_taint(candidate.device, request) is not None:
+            return None
+        for i, constraint in enumerate(plan.constraints):
+            if not constraint.add(request.base_name, request.sub_name, candidate.device, device_id):
+                if must:
+                    raise AllocationError(
+                        f"claim {claim_ref(plan.claim)}, request {request.name}: cannot add device "
+                        f"{device_id} because a claim constraint would not be satisfied"
+                    )
+                for previous in plan.constraints[:i]:
+                    previous.remove(request.base_name, request.sub_name, candidate.device, device_id)
+                return None
+        if self.features.consumable_capacity and not self._capacity_fits(request, candidate):
+            for constraint in plan.constraints:
+                constraint.remove(request.base_name, request.sub_name, candidate.device, device_id)
+            return None
+
+        holders = self._allocating.setdefault(device_id, set())
+        if not multiple:
+            holders.add(claim_index)
+        chosen = ChosenDevice(
+            request=request, device_id=device_id, device=candidate.device, slice=candidate.slice
+        )
+        if self.features.consumable_capacity and multiple:
+            chosen.consumed = consumed_capacity(request.capacity_requests, candidate.device)
+            chosen.share_id = self.new_share_id()
+            totals = self._allocating_capacity.setdefault(device_id, {})
+            for name, amount in chosen.consumed.items():
+                totals[name] = totals[name] + amount if name in totals else amount
+        plan.chosen.append(chosen)
+        position = len(plan.chosen) - 1
+
+        def undo() -> None:
+            for constraint in plan.constraints:
+                constraint.remove(request.base_name, request.sub_name, candidate.device, device_id)
+            self._allocating.get(device_id, set()).discard(claim_index)
+            if multiple:
+                totals = self._allocating_capacity.get(device_id)
+                if totals is not None:
+                    for name, amount in chosen.consumed.items():
+                        totals[name] = totals[name] - amount
+                    if all(q.value == 0 for q in totals.values()):
+                        del self._allocating_capacity[device_id]
+            elif counters_taken and self.features.partitionable_devices:
+                self._release_counters(candidate)
+            del plan.chosen[position:]
+
+        return undo
