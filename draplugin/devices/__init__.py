@@ -38,7 +38,7 @@ def load_backend(kind: str, node_name: str, **options: Any) -> DeviceBackend:
     Raises ValueError (a subclass naming the problem) for bad options or a missing NVML library.
     """
     if kind == "fake":
-        from draplugin.devices import fake
+        import draplugin.devices.fake as fake
 
         config_file = options.pop("config_file", None)
         dev_root = options.pop("dev_root", None)
@@ -59,9 +59,9 @@ def load_backend(kind: str, node_name: str, **options: Any) -> DeviceBackend:
         _reject_unknown(kind, options)
         return fake.FakeBackend(node_name, config, dev_root=dev_root)
     if kind == "nvml":
-        from draplugin.devices import nvml
+        from draplugin.devices.nvml import NvmlBackend
 
-        backend = nvml.NvmlBackend(
+        backend = NvmlBackend(
             node_name,
             lib_path=options.pop("lib_path", None),
             partitionable=bool(options.pop("partitionable", False)),

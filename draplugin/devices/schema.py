@@ -64,6 +64,8 @@ class MigProfile:
     jpeg_engines: int
     ofa_engines: int
     placements: tuple[int, ...]
+    # NVML's GPU instance profile id (0 for fake profiles); links MIG devices to their profile.
+    profile_id: int = 0
 
     def capacity(self) -> dict[str, int]:
         return {

@@ -1,0 +1,434 @@
+"""Real GPUs through NVML (`pynvml` from nvidia-ml-py). The only module that talks to NVML.
+
+Discovery reads every GPU, its MIG profiles with their placements and (with
+MIG on) the MIG devices that exist, into the backend-neutral `GpuInfo`
+description; `draplugin.devices.schema` turns that into devices. The NVML
+module is injectable so unit tests run the same code against a fake
+(`tests/unit/fakenvml.py`) that reuses pynvml's real constants, ctypes
+structures and error classes.
+
+A missing or broken `libnvidia-ml.so.1` becomes one `NvmlUnavailableError`
+that says which library was wanted, where it was looked for, and how to point
+us at it (`--nvml-lib-path`: the library file or the driver root).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+from draplugin.devices.health import HealthTracker, effect_for_xid
+from draplugin.devices.model import CounterSet, Device
+from draplugin.devices.schema import (
+    NVIDIA_CONTROL_NODES,
+    GpuInfo,
+    MigInstance,
+    MigProfile,
+    SystemInfo,
+    build_devices,
+)
+
+log = logging.getLogger(__name__)
+
+LIBRARY_NAME = "libnvidia-ml.so.1"
+# Where a driver root (host "/" mounted somewhere, or /run/nvidia/driver, GKE's
+# /home/kubernetes/bin/nvidia) keeps the library, most common first.
+DRIVER_ROOT_LIBRARY_DIRS = (
+    "usr/lib/x86_64-linux-gnu",
+    "usr/lib/aarch64-linux-gnu",
+    "usr/lib64",
+    "lib64",
+    "usr/lib",
+    "lib/x86_64-linux-gnu",
+    "lib/aarch64-linux-gnu",
+    "lib",
+    "",
+)
+# The dynamic loader's own search order, for the error message when no path was given.
+LOADER_SEARCH = "LD_LIBRARY_PATH, /etc/ld.so.cache, /lib, /usr/lib"
+
+_ARCHITECTURES = {
+    2: "Kepler",
+    3: "Maxwell",
+    4: "Pascal",
+    5: "Volta",
+    6: "Turing",
+    7: "Ampere",
+    8: "Ada Lovelace",
+    9: "Hopper",
+    10: "Blackwell",
+    13: "Rubin",
+}
+_BRANDS = {
+    1: "Quadro",
+    2: "Tesla",
+    3: "NVS",
+    5: "GeForce",
+    6: "Titan",
+    12: "QuadroRTX",
+    13: "NvidiaRTX",
+    14: "Nvidia",
+    15: "GeForceRTX",
+    16: "TitanRTX",
+}
+_ALL_GPU_INSTANCES = 0xFFFFFFFF
+
+
+class NvmlUnavailableError(RuntimeError):
+    """NVML cannot be used on this node; the message says why and what to do."""
+
+
+def find_library(lib_path: str | None) -> str | None:
+    """The library file to load, or None to let the dynamic loader search.
+
+    `lib_path` may name the library file or a driver root directory. A
+    directory named like the library (a broken host mount) is reported, not loaded.
+    """
+    if lib_path is None:
+        return None
+    path = Path(lib_path)
+    if path.is_file():
+        return str(path)
+    if not path.exists():
+        raise NvmlUnavailableError(f"NVML library path {lib_path} does not exist (--nvml-lib-path)")
+    if path.name.startswith("libnvidia-ml"):
+        raise NvmlUnavailableError(
+            f"NVML library path {lib_path} is a directory, not the library file; "
+            "the host path mounted into the container is probably missing on the host"
+        )
+    looked = [path / sub / LIBRARY_NAME for sub in DRIVER_ROOT_LIBRARY_DIRS]
+    for candidate in looked:
+        if candidate.is_file():
+            return str(candidate)
+    raise NvmlUnavailableError(
+        f"NVML library {LIBRARY_NAME} not found under driver root {lib_path}; looked in: "
+        + ", ".join(str(c.parent) for c in looked)
+    )
+
+
+def _import_pynvml() -> Any:
+    import pynvml
+
+    return pynvml
+
+
+def normalize_bus_id(bus_id: str) -> str:
+    """NVML's '00000000:18:00.0' → sysfs's '0000:18:00.0' (4-digit domain, lower case)."""
+    domain, _, rest = bus_id.strip().lower().partition(":")
+    return f"{int(domain, 16):04x}:{rest}" if rest else bus_id.lower()
+
+
+def pcie_root(sysfs_root: str, bus_id: str) -> str | None:
+    """The PCIe root complex ('pci0000:00') of a device, from its sysfs path; None if unknown."""
+    link = Path(sysfs_root) / "bus" / "pci" / "devices" / bus_id
+    try:
+        resolved = Path(os.path.realpath(link))
+    except OSError:
+        return None
+    for part in resolved.parts:
+        if part.startswith("pci") and ":" in part:
+            return part
+    return None
+
+
+class NvmlBackend:
+    """Devices from NVML. Discovery runs at construction and on `refresh()`."""
+
+    def __init__(
+        self,
+        node_name: str,
+        *,
+        lib_path: str | None = None,
+        partitionable: bool = False,
+        sysfs_root: str = "/sys",
+        proc_root: str = "/proc",
+        nvml: Any = None,
+    ) -> None:
+        self._node_name = node_name
+        self._partitionable = partitionable
+        self._sysfs_root = sysfs_root
+        self._proc_root = proc_root
+        self._nvml = nvml if nvml is not None else _import_pynvml()
+        self._init(lib_path)
+        self._lock = threading.Lock()
+        self._devices: list[Device] = []
+        self._counter_sets: list[CounterSet] = []
+        # (parent UUID, GPU instance id) → device name, for routing health events.
+        self._by_instance: dict[tuple[str, int], str] = {}
+        self._by_parent: dict[str, list[str]] = {}
+        self.refresh()
+
+    @property
+    def name(self) -> str:
+        return "nvml"
+
+    def discover(self) -> list[Device]:
+        with self._lock:
+            return list(self._devices)
+
+    def shared_counters(self) -> list[CounterSet]:
+        with self._lock:
+            return list(self._counter_sets)
+
+    def refresh(self) -> None:
+        """Re-read the hardware (e.g. after a MIG layout change)."""
+        system, gpus = self._read_all()
+        devices, counter_sets = build_devices(system, gpus, partitionable=self._partitionable)
+        by_parent: dict[str, list[str]] = {}
+        by_instance: dict[tuple[str, int], str] = {}
+        for gpu in gpus:
+            names = [d.name for d in devices if d.uuid == gpu.uuid or d.parent_uuid == gpu.uuid]
+            by_parent[gpu.uuid] = names
+        for device in devices:
+            gi = _gi_of(device, gpus)
+            if device.parent_uuid is not None and gi is not None:
+                by_instance[(device.parent_uuid, gi)] = device.name
+        with self._lock:
+            self._devices, self._counter_sets = devices, counter_sets
+            self._by_parent, self._by_instance = by_parent, by_instance
+        log.info("nvml discovery done gpus=%d devices=%d", len(gpus), len(devices))
+
+    def close(self) -> None:
+        try:
+            self._nvml.nvmlShutdown()
+        except self._nvml.NVMLError as err:
+            log.debug("nvml shutdown failed error=%s", err)
+
+    # --- library ----------------------------------------------------------------------------------------
+
+    def _init(self, lib_path: str | None) -> None:
+        nvml = self._nvml
+        library = find_library(lib_path)
+        if library is not None:
+            try:
+                # pynvml loads libnvidia-ml.so.1 by soname unless a library is already set.
+                nvml.nvmlLib = ctypes.CDLL(library)
+            except OSError as err:
+                raise NvmlUnavailableError(f"cannot load NVML library {library}: {err}") from err
+        try:
+            nvml.nvmlInit()
+        except nvml.NVMLError_LibraryNotFound as err:
+            where = library if library is not None else f"the dynamic loader's search path ({LOADER_SEARCH})"
+            raise NvmlUnavailableError(
+                f"NVML library {LIBRARY_NAME} not found: looked in {where}. On a GPU node, mount the NVIDIA "
+                "driver root into the plugin and pass --nvml-lib-path=<driver root or library file>; "
+                "without GPUs use --backend fake"
+            ) from err
+        except nvml.NVMLError as err:
+            raise NvmlUnavailableError(f"NVML initialisation failed ({LIBRARY_NAME}): {err}") from err
+
+    # --- discovery --------------------------------------------------------------------------------------
+
+    def _read_all(self) -> tuple[SystemInfo, list[GpuInfo]]:
+        nvml = self._nvml
+        cuda = int(nvml.nvmlSystemGetCudaDriverVersion())
+        system = SystemInfo(
+            driver_version=str(nvml.nvmlSystemGetDriverVersion()),
+            cuda_driver_version=f"{cuda // 1000}.{(cuda % 1000) // 10}",
+        )
+        gpus: list[GpuInfo] = []
+        for index in range(int(nvml.nvmlDeviceGetCount())):
+            try:
+                gpus.append(self._read_gpu(index))
+            except nvml.NVMLError as err:
+                # One broken GPU must not hide the healthy ones; it is simply not published.
+                log.error("skipping GPU that NVML cannot read index=%d error=%s", index, err)
+        return system, gpus
+
+    def _read_gpu(self, index: int) -> GpuInfo:
+        nvml = self._nvml
+        handle = nvml.nvmlDeviceGetHandleByIndex(index)
+        minor = int(nvml.nvmlDeviceGetMinorNumber(handle))
+        bus_id = normalize_bus_id(_text(nvml.nvmlDeviceGetPciInfo(handle).busId))
+        major_cc, minor_cc = nvml.nvmlDeviceGetCudaComputeCapability(handle)
+        mig_capable, mig_enabled = self._mig_mode(handle)
+        profiles = self._read_profiles(handle) if mig_capable else ()
+        instances = self._read_instances(handle, minor, profiles) if mig_enabled else ()
+        return GpuInfo(
+            index=int(nvml.nvmlDeviceGetIndex(handle)),
+            minor=minor,
+            uuid=_text(nvml.nvmlDeviceGetUUID(handle)),
+            product_name=_text(nvml.nvmlDeviceGetName(handle)),
+            brand=_BRANDS.get(int(nvml.nvmlDeviceGetBrand(handle)), "Unknown"),
+            architecture=_ARCHITECTURES.get(int(nvml.nvmlDeviceGetArchitecture(handle)), "Unknown"),
+            cuda_compute_capability=(int(major_cc), int(minor_cc)),
+            memory_bytes=int(nvml.nvmlDeviceGetMemoryInfo(handle).total),
+            pci_bus_id=bus_id,
+            pcie_root=pcie_root(self._sysfs_root, bus_id),
+            device_nodes=(f"/dev/nvidia{minor}", *NVIDIA_CONTROL_NODES),
+            mig_enabled=mig_enabled,
+            mig_profiles=profiles,
+            mig_instances=instances,
+            memory_slice_count=max((s + p.memory_slices for p in profiles for s in p.placements), default=8),
+        )
+
+    def _mig_mode(self, handle: Any) -> tuple[bool, bool]:
+        nvml = self._nvml
+        try:
+            current, _pending = nvml.nvmlDeviceGetMigMode(handle)
+        except nvml.NVMLError_NotSupported:
+            return False, False
+        return True, int(current) == nvml.NVML_DEVICE_MIG_ENABLE
+
+    def _read_profiles(self, handle: Any) -> tuple[MigProfile, ...]:
+        nvml = self._nvml
+        profiles: dict[int, MigProfile] = {}
+        for profile_index in range(nvml.NVML_GPU_INSTANCE_PROFILE_COUNT):
+            try:
+                info = nvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, profile_index)
+            except (nvml.NVMLError_NotSupported, nvml.NVMLError_InvalidArgument):
+                continue
+            placements = self._placements(handle, int(info.id), int(info.instanceCount))
+            if not placements:
+                continue
+            name = _text(info.name).removeprefix("MIG ").strip()
+            profiles[int(info.id)] = MigProfile(
+                name=name,
+                memory_slices=placements[0][1],
+                memory_bytes=int(info.memorySizeMB) << 20,
+                multiprocessors=int(info.multiprocessorCount),
+                copy_engines=int(info.copyEngineCount),
+                decoders=int(info.decoderCount),
+                encoders=int(info.encoderCount),
+                jpeg_engines=int(info.jpegCount),
+                ofa_engines=int(info.ofaCount),
+                placements=tuple(start for start, _ in placements),
+                profile_id=int(info.id),
+            )
+        return tuple(profiles[k] for k in sorted(profiles))
+
+    def _placements(self, handle: Any, profile_id: int, max_count: int) -> list[tuple[int, int]]:
+        nvml = self._nvml
+        size = max(max_count, 8)
+        array = (nvml.c_nvmlGpuInstancePlacement_t * size)()
+        count = ctypes.c_uint(size)
+        try:
+            nvml.nvmlDeviceGetGpuInstancePossiblePlacements(handle, profile_id, array, ctypes.byref(count))
+        except nvml.NVMLError as err:
+            log.debug("no placements profile=%d error=%s", profile_id, err)
+            return []
+        return sorted((int(array[i].start), int(array[i].size)) for i in range(count.value))
+
+    def _read_instances(
+        self, handle: Any, minor: int, profiles: tuple[MigProfile, ...]
+    ) -> tuple[MigInstance, ...]:
+        nvml = self._nvml
+        by_id = {p.profile_id: p for p in profiles}
+        instances: list[MigInstance] = []
+        for k in range(int(nvml.nvmlDeviceGetMaxMigDeviceCount(handle))):
+            try:
+                mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, k)
+            except nvml.NVMLError_NotFound:
+                continue  # holes are normal: not every slot holds a MIG device
+            gi = int(nvml.nvmlDeviceGetGpuInstanceId(mig))
+            ci = int(nvml.nvmlDeviceGetComputeInstanceId(mig))
+            info = nvml.nvmlGpuInstanceGetInfo(nvml.nvmlDeviceGetGpuInstanceById(handle, gi))
+            profile = by_id.get(int(info.profileId))
+            if profile is None:
+                log.error("MIG device with unknown profile skipped gpu_minor=%d gi=%d", minor, gi)
+                continue
+            instances.append(
+                MigInstance(
+                    profile=profile,
+                    placement_start=int(info.placement.start),
+                    uuid=_text(nvml.nvmlDeviceGetUUID(mig)),
+                    gpu_instance_id=gi,
+                    compute_instance_id=ci,
+                    device_nodes=self._mig_caps(minor, gi, ci),
+                )
+            )
+        return tuple(instances)
+
+    def _mig_caps(self, minor: int, gi: int, ci: int) -> tuple[str, ...]:
+        """The nvidia-caps device nodes that grant access to one MIG device, from /proc."""
+        base = (
+            Path(self._proc_root) / "driver" / "nvidia" / "capabilities" / f"gpu{minor}" / "mig" / f"gi{gi}"
+        )
+        nodes: list[str] = []
+        for access in (base / "access", base / f"ci{ci}" / "access"):
+            try:
+                text = access.read_text(encoding="ascii")
+            except OSError:
+                continue
+            for line in text.splitlines():
+                key, _, value = line.partition(":")
+                if key.strip() == "DeviceFileMinor" and value.strip().isdigit():
+                    nodes.append(f"/dev/nvidia-caps/nvidia-cap{int(value)}")
+        return tuple(nodes)
+
+    # --- health -----------------------------------------------------------------------------------------
+
+    def monitor_health(self, tracker: HealthTracker, stop: threading.Event, wait_ms: int = 1000) -> None:
+        """Block until `stop`, turning NVML XID and double-bit ECC events into tracker reports."""
+        nvml = self._nvml
+        wanted = nvml.nvmlEventTypeXidCriticalError | nvml.nvmlEventTypeDoubleBitEccError
+        event_set = nvml.nvmlEventSetCreate()
+        try:
+            for index in range(int(nvml.nvmlDeviceGetCount())):
+                handle = nvml.nvmlDeviceGetHandleByIndex(index)
+                try:
+                    supported = int(nvml.nvmlDeviceGetSupportedEventTypes(handle))
+                    nvml.nvmlDeviceRegisterEvents(handle, wanted & supported, event_set)
+                except nvml.NVMLError as err:
+                    log.warning("GPU health not monitored index=%d error=%s", index, err)
+            while not stop.is_set():
+                try:
+                    data = nvml.nvmlEventSetWait_v2(event_set, wait_ms)
+                except nvml.NVMLError_Timeout:
+                    continue
+                except nvml.NVMLError as err:
+                    log.error("waiting for NVML events failed error=%s", err)
+                    stop.wait(5)
+                    continue
+                self.handle_event(tracker, data)
+        finally:
+            try:
+                nvml.nvmlEventSetFree(event_set)
+            except nvml.NVMLError as err:
+                log.debug("freeing NVML event set failed error=%s", err)
+
+    def handle_event(self, tracker: HealthTracker, data: Any) -> None:
+        """Route one NVML event (c_nvmlEventData_t) to the affected devices."""
+        nvml = self._nvml
+        try:
+            uuid = _text(nvml.nvmlDeviceGetUUID(data.device))
+        except nvml.NVMLError as err:
+            log.error("NVML event for an unreadable device error=%s", err)
+            return
+        names = self._devices_for(uuid, int(data.gpuInstanceId))
+        if not names:
+            return
+        event_type = int(data.eventType)
+        if event_type & nvml.nvmlEventTypeXidCriticalError:
+            xid = int(data.eventData)
+            effect = effect_for_xid(xid)
+            if effect is None:
+                log.info("ignoring application XID gpu=%s xid=%d", uuid, xid)
+                return
+            tracker.report_unhealthy(names, effect, f"xid-{xid}", f"XID {xid} on {uuid}")
+        elif event_type & nvml.nvmlEventTypeDoubleBitEccError:
+            tracker.report_unhealthy(names, "NoExecute", "ecc-double-bit", f"double-bit ECC error on {uuid}")
+
+    def _devices_for(self, uuid: str, gpu_instance_id: int) -> list[str]:
+        with self._lock:
+            if gpu_instance_id not in (_ALL_GPU_INSTANCES, 0):
+                name = self._by_instance.get((uuid, gpu_instance_id))
+                if name is not None:
+                    return [name]
+            return list(self._by_parent.get(uuid, []))
+
+
+def _gi_of(device: Device, gpus: list[GpuInfo]) -> int | None:
+    for gpu in gpus:
+        for instance in gpu.mig_instances:
+            if instance.uuid and instance.uuid == device.uuid:
+                return instance.gpu_instance_id
+    return None
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

@@ -1,0 +1,294 @@
+"""A fake NVML module for unit tests of `draplugin.devices.nvml`.
+
+It offers the `pynvml` functions the adapter calls, driven by plain data
+(GPUs, MIG profiles with placements, MIG devices, queued events, injected
+errors). Constants, ctypes structures and `NVMLError_*` classes are pynvml's
+own (attribute fall-through), so the adapter's ctypes out-array code and its
+error handling run for real.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pynvml
+
+
+@dataclass
+class FakeProfile:
+    """A GPU instance profile: `index` is NVML's profile enum (0 = 1 slice), `id` its profile id."""
+
+    index: int
+    id: int
+    name: str  # as NVML reports it: "MIG 1g.10gb"
+    slice_count: int
+    memory_mib: int
+    multiprocessors: int
+    copy_engines: int = 1
+    decoders: int = 0
+    encoders: int = 0
+    jpegs: int = 0
+    ofas: int = 0
+    placements: tuple[tuple[int, int], ...] = ()  # (start, size)
+
+
+@dataclass
+class FakeMig:
+    uuid: str
+    gpu_instance_id: int
+    compute_instance_id: int
+    profile_id: int
+    start: int
+    size: int
+
+
+@dataclass
+class FakeGpu:
+    uuid: str
+    name: str
+    minor: int
+    bus_id: str  # NVML form, 8-digit domain
+    memory_bytes: int
+    architecture: int = pynvml.NVML_DEVICE_ARCH_HOPPER
+    brand: int = pynvml.NVML_BRAND_NVIDIA
+    compute_capability: tuple[int, int] = (9, 0)
+    mig_mode: tuple[int, int] | None = None  # None: MIG not supported
+    profiles: list[FakeProfile] = field(default_factory=list)
+    migs: list[FakeMig | None] = field(default_factory=list)  # None = hole at that MIG index
+    supported_events: int = pynvml.nvmlEventTypeXidCriticalError | pynvml.nvmlEventTypeDoubleBitEccError
+
+
+@dataclass
+class FakeEvent:
+    gpu: FakeGpu
+    event_type: int
+    data: int = 0
+    gpu_instance_id: int = 0xFFFFFFFF
+
+
+class FakeNvml:
+    """Stands in for the `pynvml` module."""
+
+    def __init__(
+        self,
+        gpus: list[FakeGpu],
+        *,
+        driver_version: str = "580.65.06",
+        cuda_version: int = 13000,
+        init_error: int | None = None,
+    ) -> None:
+        self.gpus = gpus
+        self.driver_version = driver_version
+        self.cuda_version = cuda_version
+        self.init_error = init_error
+        self.events: list[FakeEvent] = []
+        self.registered: dict[str, int] = {}
+        self.failing: dict[str, int] = {}  # function name → NVML error code to raise
+        self.initialized = False
+        self.nvmlLib: Any = None
+        self.on_wait_empty: Callable[[], None] | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        # Constants, structures and error classes come from the real binding.
+        return getattr(pynvml, name)
+
+    def _check(self, fn: str) -> None:
+        code = self.failing.get(fn)
+        if code is not None:
+            raise pynvml.NVMLError(code)
+
+    # --- system ---
+    def nvmlInit(self) -> None:
+        if self.init_error is not None:
+            raise pynvml.NVMLError(self.init_error)
+        self.initialized = True
+
+    def nvmlShutdown(self) -> None:
+        self.initialized = False
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        return self.driver_version
+
+    def nvmlSystemGetCudaDriverVersion(self) -> int:
+        return self.cuda_version
+
+    # --- devices ---
+    def nvmlDeviceGetCount(self) -> int:
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> FakeGpu:
+        self._check("nvmlDeviceGetHandleByIndex")
+        if not 0 <= index < len(self.gpus):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return self.gpus[index]
+
+    def nvmlDeviceGetIndex(self, gpu: FakeGpu) -> int:
+        return self.gpus.index(gpu)
+
+    def nvmlDeviceGetUUID(self, handle: FakeGpu | FakeMig) -> str:
+        self._check("nvmlDeviceGetUUID")
+        return handle.uuid
+
+    def nvmlDeviceGetName(self, gpu: FakeGpu) -> str:
+        return gpu.name
+
+    def nvmlDeviceGetBrand(self, gpu: FakeGpu) -> int:
+        return gpu.brand
+
+    def nvmlDeviceGetArchitecture(self, gpu: FakeGpu) -> int:
+        return gpu.architecture
+
+    def nvmlDeviceGetCudaComputeCapability(self, gpu: FakeGpu) -> tuple[int, int]:
+        return gpu.compute_capability
+
+    def nvmlDeviceGetMinorNumber(self, gpu: FakeGpu) -> int:
+        self._check("nvmlDeviceGetMinorNumber")
+        return gpu.minor
+
+    def nvmlDeviceGetMemoryInfo(self, gpu: FakeGpu) -> Any:
+        info = pynvml.c_nvmlMemory_t()
+        info.total = gpu.memory_bytes
+        return info
+
+    def nvmlDeviceGetPciInfo(self, gpu: FakeGpu) -> Any:
+        info = pynvml.nvmlPciInfo_t()
+        info.busId = gpu.bus_id.encode()
+        return info
+
+    # --- MIG ---
+    def nvmlDeviceGetMigMode(self, gpu: FakeGpu) -> list[int]:
+        if gpu.mig_mode is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return list(gpu.mig_mode)
+
+    def nvmlDeviceGetGpuInstanceProfileInfo(self, gpu: FakeGpu, index: int, version: int = 2) -> Any:
+        for p in gpu.profiles:
+            if p.index == index:
+                info = pynvml.c_nvmlGpuInstanceProfileInfo_v2_t()
+                info.id = p.id
+                info.sliceCount = p.slice_count
+                info.instanceCount = len(p.placements)
+                info.multiprocessorCount = p.multiprocessors
+                info.copyEngineCount = p.copy_engines
+                info.decoderCount = p.decoders
+                info.encoderCount = p.encoders
+                info.jpegCount = p.jpegs
+                info.ofaCount = p.ofas
+                info.memorySizeMB = p.memory_mib
+                info.name = p.name.encode()
+                return info
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    def nvmlDeviceGetGpuInstancePossiblePlacements(
+        self, gpu: FakeGpu, profile_id: int, placements: Any, count_ref: Any
+    ) -> int:
+        count = count_ref._obj
+        profile = next(p for p in gpu.profiles if p.id == profile_id)
+        if len(profile.placements) > count.value:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INSUFFICIENT_SIZE)
+        for i, (start, size) in enumerate(profile.placements):
+            placements[i].start = start
+            placements[i].size = size
+        count.value = len(profile.placements)
+        return int(pynvml.NVML_SUCCESS)
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, gpu: FakeGpu) -> int:
+        return 7 if gpu.mig_mode is not None else 0
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, gpu: FakeGpu, index: int) -> FakeMig:
+        mig = gpu.migs[index] if index < len(gpu.migs) else None
+        if mig is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+        return mig
+
+    def nvmlDeviceGetGpuInstanceId(self, mig: FakeMig) -> int:
+        return mig.gpu_instance_id
+
+    def nvmlDeviceGetComputeInstanceId(self, mig: FakeMig) -> int:
+        return mig.compute_instance_id
+
+    def nvmlDeviceGetGpuInstanceById(self, gpu: FakeGpu, gi: int) -> FakeMig:
+        for mig in gpu.migs:
+            if mig is not None and mig.gpu_instance_id == gi:
+                return mig
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+
+    def nvmlGpuInstanceGetInfo(self, mig: FakeMig) -> Any:
+        info = pynvml.c_nvmlGpuInstanceInfo_t()
+        info.id = mig.gpu_instance_id
+        info.profileId = mig.profile_id
+        info.placement.start = mig.start
+        info.placement.size = mig.size
+        return info
+
+    # --- events ---
+    def nvmlEventSetCreate(self) -> str:
+        return "event-set"
+
+    def nvmlDeviceGetSupportedEventTypes(self, gpu: FakeGpu) -> int:
+        return gpu.supported_events
+
+    def nvmlDeviceRegisterEvents(self, gpu: FakeGpu, types: int, event_set: str) -> None:
+        self.registered[gpu.uuid] = types
+
+    def nvmlEventSetWait_v2(self, event_set: str, timeout_ms: int) -> Any:
+        if not self.events:
+            if self.on_wait_empty is not None:
+                self.on_wait_empty()
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT)
+        event = self.events.pop(0)
+        data = FakeEventData(event.gpu, event.event_type, event.data, event.gpu_instance_id, 0)
+        return data
+
+    def nvmlEventSetFree(self, event_set: str) -> None:
+        return None
+
+
+@dataclass
+class FakeEventData:
+    """Same fields as pynvml's c_nvmlEventData_t, holding a fake device handle."""
+
+    device: FakeGpu
+    eventType: int
+    eventData: int
+    gpuInstanceId: int
+    computeInstanceId: int
+
+
+def h100_with_mig(uuid: str = "GPU-11111111-2222-3333-4444-555555555555", minor: int = 0) -> FakeGpu:
+    """An H100 in MIG mode with 1g.10gb, 3g.40gb and 7g.80gb profiles and two MIG devices, a hole between."""
+    profiles = [
+        FakeProfile(0, 19, "MIG 1g.10gb", 1, 9984, 16, 1, 1, 0, 1, 0, tuple((s, 1) for s in range(7))),
+        FakeProfile(2, 9, "MIG 3g.40gb", 3, 40192, 60, 3, 3, 0, 3, 0, ((0, 4), (4, 4))),
+        FakeProfile(4, 0, "MIG 7g.80gb", 7, 80896, 132, 8, 7, 0, 7, 1, ((0, 8),)),
+    ]
+    migs: list[FakeMig | None] = [
+        FakeMig("MIG-aaaaaaaa-0000-0000-0000-000000000001", 2, 0, 9, 0, 4),
+        None,
+        FakeMig("MIG-aaaaaaaa-0000-0000-0000-000000000002", 9, 0, 19, 6, 1),
+    ]
+    return FakeGpu(
+        uuid=uuid,
+        name="NVIDIA H100 80GB HBM3",
+        minor=minor,
+        bus_id="00000000:18:00.0",
+        memory_bytes=81559 << 20,
+        mig_mode=(pynvml.NVML_DEVICE_MIG_ENABLE, pynvml.NVML_DEVICE_MIG_ENABLE),
+        profiles=profiles,
+        migs=migs,
+    )
+
+
+def a10g(uuid: str = "GPU-99999999-0000-0000-0000-000000000000", minor: int = 1) -> FakeGpu:
+    """An A10G: no MIG support at all."""
+    return FakeGpu(
+        uuid=uuid,
+        name="NVIDIA A10G",
+        minor=minor,
+        bus_id="00000000:3B:00.0",
+        memory_bytes=23028 << 20,
+        architecture=pynvml.NVML_DEVICE_ARCH_AMPERE,
+        compute_capability=(8, 6),
+    )
