@@ -1,0 +1,436 @@
+"""The kubelet plugin server over real gRPC on Unix sockets, driven by a kubelet-faithful client."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import socket
+import tempfile
+from collections.abc import AsyncIterator, Iterator, Sequence
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from draplugin.kubelet._proto.dra.v1 import api_pb2 as v1
+from draplugin.kubelet._proto.dra.v1 import api_pb2_grpc as v1_grpc
+from draplugin.kubelet._proto.dra_health.v1alpha1 import api_pb2 as health_pb
+from draplugin.kubelet.interface import (
+    ClaimError,
+    ClaimRef,
+    DeviceHealth,
+    HealthStatus,
+    PreparedDevice,
+)
+from draplugin.kubelet.server import KubeletPluginServer, PluginServerOptions
+from draplugin.kubelet.sockets import SocketPathError
+from tests.kubelet_client import FakeKubelet, KubeletError, RegisteredPlugin
+
+DRIVER = "gpu.draplugin.dev"
+WAIT = 10.0
+
+
+class FakeDriver:
+    """Records calls; fails or blocks claims on request; tracks concurrency."""
+
+    def __init__(self) -> None:
+        self.prepared: dict[str, ClaimRef] = {}
+        self.prepare_calls: list[ClaimRef] = []
+        self.unprepare_calls: list[ClaimRef] = []
+        self.failures: dict[str, BaseException] = {}
+        self.gate: asyncio.Event | None = None
+        self.entered = asyncio.Event()
+        self.completed = asyncio.Event()
+        self.in_flight = 0
+        self.max_in_flight = 0
+
+    def devices_for(self, claim: ClaimRef) -> list[PreparedDevice]:
+        return [
+            PreparedDevice(
+                request_names=("gpu",),
+                pool_name="node-a",
+                device_name=f"gpu-{claim.name}",
+                cdi_device_ids=(f"{DRIVER}/gpu={claim.uid}-0",),
+                share_id=f"share-{claim.uid}",
+            )
+        ]
+
+    async def prepare_claim(self, claim: ClaimRef) -> Sequence[PreparedDevice]:
+        self.prepare_calls.append(claim)
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            self.entered.set()
+            if self.gate is not None:
+                await self.gate.wait()
+            await asyncio.sleep(0)  # let other claims in, so concurrency is observable
+            if claim.uid in self.failures:
+                raise self.failures[claim.uid]
+            self.prepared[claim.uid] = claim
+            self.completed.set()
+            return self.devices_for(claim)
+        finally:
+            self.in_flight -= 1
+
+    async def unprepare_claim(self, claim: ClaimRef) -> None:
+        self.unprepare_calls.append(claim)
+        if claim.uid in self.failures:
+            raise self.failures[claim.uid]
+        self.prepared.pop(claim.uid, None)
+
+
+class HealthyDriver(FakeDriver):
+    """A driver that also reports device health."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.snapshots: asyncio.Queue[list[DeviceHealth]] = asyncio.Queue()
+
+    async def watch_health(self) -> AsyncIterator[Sequence[DeviceHealth]]:
+        while True:
+            yield await self.snapshots.get()
+
+
+def claim(n: int, ns: str = "default") -> ClaimRef:
+    return ClaimRef(namespace=ns, uid=f"uid-{n}", name=f"claim-{n}")
+
+
+@pytest.fixture
+def kubelet_root() -> Iterator[Path]:
+    # pytest's tmp_path is long enough to push socket paths past the AF_UNIX limit.
+    root = Path(tempfile.mkdtemp(prefix="kl-", dir="/tmp"))
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def options(root: Path, **overrides: object) -> PluginServerOptions:
+    base: dict[str, object] = {"driver_name": DRIVER, "kubelet_root_dir": root, "grace_seconds": 1.0}
+    base.update(overrides)
+    return PluginServerOptions(**base)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+async def driver() -> FakeDriver:
+    return FakeDriver()
+
+
+@pytest.fixture
+async def server(kubelet_root: Path, driver: FakeDriver) -> AsyncIterator[KubeletPluginServer]:
+    async with KubeletPluginServer(driver, options(kubelet_root)) as srv:
+        yield srv
+
+
+@pytest.fixture
+async def plugin(kubelet_root: Path, server: KubeletPluginServer) -> AsyncIterator[RegisteredPlugin]:
+    async with FakeKubelet(kubelet_root / "plugins_registry") as kubelet:
+        async with asyncio.timeout(WAIT):
+            registered = await kubelet.register_plugin()
+        yield registered
+
+
+async def liveness(path: Path) -> int:
+    async with grpc.aio.insecure_channel(f"unix://{path}") as channel:
+        reply = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=WAIT)
+        status: int = reply.status
+        return status
+
+
+# --- registration -----------------------------------------------------------------------------
+
+
+async def test_registers_as_v1_and_serves_prepare_and_unprepare(
+    server: KubeletPluginServer, plugin: RegisteredPlugin, driver: FakeDriver
+) -> None:
+    assert plugin.info.type == "DRAPlugin"
+    assert plugin.name == DRIVER
+    assert plugin.endpoint == str(server.paths.dra)
+    assert list(plugin.info.supported_versions) == ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+    assert plugin.version == "v1.DRAPlugin"
+    assert server.registration.registered
+
+    devices = await plugin.prepare([claim(1), claim(2)])
+    assert devices == {
+        "uid-1": tuple(driver.devices_for(claim(1))),
+        "uid-2": tuple(driver.devices_for(claim(2))),
+    }
+    assert devices["uid-1"][0].share_id == "share-uid-1"
+    await plugin.unprepare([claim(1), claim(2)])
+    assert driver.prepared == {}
+
+
+async def test_kubelet_limited_to_v1beta1_gets_the_v1beta1_service(
+    kubelet_root: Path, server: KubeletPluginServer, driver: FakeDriver
+) -> None:
+    async with FakeKubelet(kubelet_root / "plugins_registry", supported=["v1beta1.DRAPlugin"]) as kubelet:
+        async with asyncio.timeout(WAIT):
+            plugin = await kubelet.register_plugin()
+        assert plugin.version == "v1beta1.DRAPlugin"
+        devices = await plugin.prepare([claim(1)])
+        (device,) = devices["uid-1"]
+        # v1beta1 has no share_id on the wire; everything else arrives intact.
+        assert device.share_id is None
+        assert device.cdi_device_ids == (f"{DRIVER}/gpu=uid-1-0",)
+        assert device.request_names == ("gpu",)
+        await plugin.unprepare([claim(1)])
+        assert driver.unprepare_calls == [claim(1)]
+
+
+async def test_v1beta1_can_be_switched_off(kubelet_root: Path, driver: FakeDriver) -> None:
+    async with KubeletPluginServer(driver, options(kubelet_root, serve_v1beta1=False)) as server:
+        assert server.advertised_versions == ["v1.DRAPlugin"]
+        async with FakeKubelet(kubelet_root / "plugins_registry", supported=["v1beta1.DRAPlugin"]) as kubelet:
+            async with asyncio.timeout(WAIT):
+                attempt = await kubelet.register_next()
+        assert not attempt.accepted
+
+
+async def test_rejection_by_the_kubelet_is_surfaced(
+    kubelet_root: Path, server: KubeletPluginServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.ERROR, logger="draplugin.kubelet.registration")
+    async with FakeKubelet(kubelet_root / "plugins_registry", supported=["v9.DRAPlugin"]) as kubelet:
+        async with asyncio.timeout(WAIT):
+            attempt = await kubelet.register_next()
+    assert not attempt.accepted
+    assert "none of the versions supported by the plugin" in attempt.reason
+    # The plugin answers a rejection with an error status, as the upstream helper does.
+    assert attempt.notify_error is not None
+    assert attempt.notify_error.code() == grpc.StatusCode.UNKNOWN
+    assert attempt.reason in (attempt.notify_error.details() or "")
+    status = server.registration.status
+    assert status is not None and not status.registered and status.error == attempt.reason
+    records = [r for r in caplog.records if r.getMessage() == "kubelet rejected the plugin registration"]
+    assert len(records) == 1
+    assert records[0].__dict__["kubelet_error"] == attempt.reason
+    assert await liveness(server.paths.dra) == health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+async def test_liveness_follows_registration(kubelet_root: Path, server: KubeletPluginServer) -> None:
+    assert await liveness(server.paths.dra) == health_pb2.HealthCheckResponse.NOT_SERVING
+    async with FakeKubelet(kubelet_root / "plugins_registry") as kubelet:
+        async with asyncio.timeout(WAIT):
+            await kubelet.register_plugin()
+    assert await liveness(server.paths.dra) == health_pb2.HealthCheckResponse.SERVING
+
+
+async def test_liveness_is_also_served_on_a_tcp_port(kubelet_root: Path, driver: FakeDriver) -> None:
+    opts = options(kubelet_root, healthcheck_port=0, healthcheck_host="127.0.0.1")
+    async with KubeletPluginServer(driver, opts) as server:
+        assert server.healthcheck_port
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.healthcheck_port}") as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            before = await stub.Check(health_pb2.HealthCheckRequest(), timeout=WAIT)
+            await server.registration.record(True, "")
+            after = await stub.Check(health_pb2.HealthCheckRequest(), timeout=WAIT)
+            # The DRA service itself must not be reachable over TCP.
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await v1_grpc.DRAPluginStub(channel).NodePrepareResources(
+                    v1.NodePrepareResourcesRequest(), timeout=WAIT
+                )
+    assert before.status == health_pb2.HealthCheckResponse.NOT_SERVING
+    assert after.status == health_pb2.HealthCheckResponse.SERVING
+    assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+async def test_per_pod_sockets_register(kubelet_root: Path, driver: FakeDriver) -> None:
+    uid = "3f2c1a9e-0000-4000-8000-00000000beef"
+    async with KubeletPluginServer(driver, options(kubelet_root, pod_uid=uid)) as server:
+        assert server.paths.registration.name == f"{DRIVER}-{uid}-reg.sock"
+        async with FakeKubelet(kubelet_root / "plugins_registry") as kubelet:
+            async with asyncio.timeout(WAIT):
+                plugin = await kubelet.register_plugin()
+            assert plugin.endpoint.endswith(f"dra-{uid}.sock")
+            assert await plugin.prepare([claim(1)])
+
+
+async def test_device_health_is_advertised_and_streamed(kubelet_root: Path) -> None:
+    driver = HealthyDriver()
+    async with KubeletPluginServer(driver, options(kubelet_root)) as server:
+        assert server.advertised_versions[-1] == "v1alpha1.DRAResourceHealth"
+        async with FakeKubelet(kubelet_root / "plugins_registry") as kubelet:
+            async with asyncio.timeout(WAIT):
+                plugin = await kubelet.register_plugin()
+            assert plugin.version == "v1.DRAPlugin"
+            stream = plugin.watch_health()
+            long_message = "x" * 2000
+            await driver.snapshots.put(
+                [
+                    DeviceHealth("node-a", "gpu-0", HealthStatus.HEALTHY, 1700000000, "", 60),
+                    DeviceHealth("node-a", "gpu-1", HealthStatus.UNHEALTHY, 1700000001, long_message),
+                ]
+            )
+            async with asyncio.timeout(WAIT):
+                first = await stream.read()
+            stream.cancel()
+    assert isinstance(first, health_pb.NodeWatchResourcesResponse)
+    got = [
+        (d.device.pool_name, d.device.device_name, d.health, d.last_updated_time)
+        for d in first.devices
+    ]
+    assert got == [("node-a", "gpu-0", 1, 1700000000), ("node-a", "gpu-1", 2, 1700000001)]
+    assert [d.health_check_timeout_seconds for d in first.devices] == [60, 0]
+    assert first.devices[1].message == "x" * 1021 + "..."
+
+
+async def test_start_serves_dra_before_the_registration_socket_appears(
+    kubelet_root: Path, driver: FakeDriver
+) -> None:
+    seen: list[bool] = []
+
+    class Probe(KubeletPluginServer):
+        async def _start_registration(self) -> grpc.aio.Server:
+            async with grpc.aio.insecure_channel(f"unix://{self.paths.dra}") as channel:
+                reply = await v1_grpc.DRAPluginStub(channel).NodePrepareResources(
+                    v1.NodePrepareResourcesRequest(), timeout=WAIT
+                )
+            seen.append(reply.claims == {} and not self.paths.registration.exists())
+            return await super()._start_registration()
+
+    async with Probe(driver, options(kubelet_root)):
+        pass
+    assert seen == [True]
+
+
+# --- per-claim answers and bad input ----------------------------------------------------------
+
+
+async def test_claim_failures_stay_with_their_claim(plugin: RegisteredPlugin, driver: FakeDriver) -> None:
+    driver.failures["uid-2"] = ClaimError("claim default/claim-2 is not allocated")
+    driver.failures["uid-3"] = KeyError("boom")
+    results = await plugin.prepare_results([claim(1), claim(2), claim(3)])
+    assert results["uid-1"].error == "" and len(results["uid-1"].devices) == 1
+    assert results["uid-2"].error == "claim default/claim-2 is not allocated"
+    assert results["uid-2"].devices == ()
+    assert results["uid-3"].error == "KeyError: 'boom'"
+    with pytest.raises(KubeletError, match="uid-2"):
+        await plugin.prepare([claim(1), claim(2)])
+    # The server keeps serving after driver exceptions.
+    assert await plugin.prepare([claim(4)])
+
+
+async def test_unprepare_failure_is_reported_per_claim(plugin: RegisteredPlugin, driver: FakeDriver) -> None:
+    driver.failures["uid-2"] = ClaimError("device busy")
+    errors = await plugin.unprepare_results([claim(1), claim(2)])
+    assert errors == {"uid-1": "", "uid-2": "device busy"}
+
+
+async def test_unprepare_of_unknown_claim_succeeds(plugin: RegisteredPlugin, driver: FakeDriver) -> None:
+    await plugin.unprepare([claim(99)])
+    assert driver.unprepare_calls == [claim(99)]
+
+
+@pytest.mark.parametrize(
+    ("bad", "key", "fragment"),
+    [
+        (ClaimRef(namespace="", uid="uid-x", name="c"), "uid-x", "is missing namespace"),
+        (ClaimRef(namespace="ns", uid="uid-x", name=""), "uid-x", "is missing name"),
+        (ClaimRef(namespace="", uid="uid-x", name=""), "uid-x", "is missing namespace, name"),
+        (ClaimRef(namespace="ns", uid="", name="c"), "", "ns/c has no uid (reported under the empty key)"),
+    ],
+)
+async def test_incomplete_claims_get_their_own_error(
+    plugin: RegisteredPlugin, driver: FakeDriver, bad: ClaimRef, key: str, fragment: str
+) -> None:
+    results = await plugin.prepare_results([claim(1), bad])
+    assert fragment in results[key].error
+    assert results["uid-1"].error == "" and results["uid-1"].devices
+    assert driver.prepare_calls == [claim(1)], "the driver must not see an incomplete claim"
+    errors = await plugin.unprepare_results([bad])
+    assert fragment in errors[key]
+    assert driver.unprepare_calls == []
+
+
+async def test_duplicate_uids_fail_only_that_uid(plugin: RegisteredPlugin, driver: FakeDriver) -> None:
+    twin = ClaimRef(namespace="other", uid="uid-1", name="twin")
+    results = await plugin.prepare_results([claim(1), claim(2), twin])
+    assert results["uid-1"].error == (
+        "claim uid uid-1 appears 2 times in one request; each claim must be listed once"
+    )
+    assert results["uid-2"].error == ""
+    assert [c.uid for c in driver.prepare_calls] == ["uid-2"]
+
+
+async def test_five_thousand_claims_in_one_request(plugin: RegisteredPlugin, driver: FakeDriver) -> None:
+    claims = [claim(n) for n in range(5000)]
+    devices = await plugin.prepare(claims)
+    assert len(devices) == 5000
+    assert devices["uid-4999"][0].device_name == "gpu-claim-4999"
+    assert 1 < driver.max_in_flight <= 32, "claims run concurrently, but bounded"
+    await plugin.unprepare(claims)
+    assert driver.prepared == {}
+
+
+async def test_cancelled_call_does_not_break_the_server(
+    plugin: RegisteredPlugin, driver: FakeDriver
+) -> None:
+    driver.gate = asyncio.Event()
+    stub = v1_grpc.DRAPluginStub(plugin.channel)
+    call = stub.NodePrepareResources(
+        v1.NodePrepareResourcesRequest(claims=[v1.Claim(namespace="default", uid="uid-1", name="claim-1")])
+    )
+    async with asyncio.timeout(WAIT):
+        await driver.entered.wait()
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    driver.gate.set()
+    # A started claim still completes, so the kubelet's retry finds it done.
+    async with asyncio.timeout(WAIT):
+        await driver.completed.wait()
+    assert "uid-1" in driver.prepared
+    assert await plugin.prepare([claim(2)])
+
+
+async def test_client_that_disconnects_mid_call_does_not_break_the_server(
+    server: KubeletPluginServer, plugin: RegisteredPlugin, driver: FakeDriver
+) -> None:
+    driver.gate = asyncio.Event()
+    channel = grpc.aio.insecure_channel(f"unix://{server.paths.dra}")
+    call = v1_grpc.DRAPluginStub(channel).NodePrepareResources(
+        v1.NodePrepareResourcesRequest(claims=[v1.Claim(namespace="default", uid="uid-1", name="claim-1")])
+    )
+    async with asyncio.timeout(WAIT):
+        await driver.entered.wait()
+    await channel.close()
+    with pytest.raises((grpc.aio.AioRpcError, asyncio.CancelledError)):
+        await call
+    driver.gate.set()
+    assert await plugin.prepare([claim(2)])
+
+
+# --- sockets on disk --------------------------------------------------------------------------
+
+
+async def test_stale_sockets_are_replaced_and_removed_on_stop(kubelet_root: Path, driver: FakeDriver) -> None:
+    opts = options(kubelet_root)
+    srv = KubeletPluginServer(driver, opts)
+    for path in (srv.paths.registration, srv.paths.dra):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        leftover = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        leftover.bind(str(path))
+        leftover.close()
+    await srv.start()
+    try:
+        async with FakeKubelet(kubelet_root / "plugins_registry") as kubelet:
+            async with asyncio.timeout(WAIT):
+                plugin = await kubelet.register_plugin()
+            assert await plugin.prepare([claim(1)])
+    finally:
+        await srv.stop()
+    assert not srv.paths.registration.exists()
+    assert not srv.paths.dra.exists()
+    await srv.stop()  # idempotent
+
+
+async def test_non_socket_in_the_way_fails_start_and_leaves_nothing(
+    kubelet_root: Path, driver: FakeDriver
+) -> None:
+    srv = KubeletPluginServer(driver, options(kubelet_root))
+    srv.paths.registration.parent.mkdir(parents=True)
+    srv.paths.registration.write_text("not a socket")
+    with pytest.raises(SocketPathError, match="not a socket"):
+        await srv.start()
+    assert srv.paths.registration.read_text() == "not a socket"
+    assert not srv.paths.dra.exists(), "the DRA socket started first must be cleaned up"
