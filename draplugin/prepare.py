@@ -1,0 +1,331 @@
+"""The driver behind the kubelet protocol layer: prepare and unprepare claims on this node.
+
+Prepare, per claim (serialized per claim UID, concurrent across claims):
+
+  1. GET the ResourceClaim as raw JSON and plan it (`prepare_plan`): UID check,
+     allocation, our results, opaque config, CDI names.
+  2. If the checkpoint already has the same plan completed, re-create its CDI
+     spec and sharing state if they vanished and return the same answer.
+  3. Otherwise check no other claim holds the devices, record the claim as
+     `PrepareStarted`, create sharing state, write the CDI spec, record it as
+     `PrepareCompleted`, answer.
+
+Unprepare: remove the CDI spec first (a runtime must never resolve a device
+we are about to give away), then release sharing state, then forget the claim.
+An unknown claim is a success.
+
+Every step is safe to repeat, so a crash anywhere is repaired by the
+kubelet's retry: see `crashpoints` for the named points the tests kill at.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from draplugin import cdi, crashpoints
+from draplugin.checkpoint import CheckpointStore, ClaimRecord, ClaimState
+from draplugin.devices.model import Device
+from draplugin.events import EventSink
+from draplugin.kubelet.interface import ClaimError, ClaimRef, PreparedDevice
+from draplugin.metrics import ClaimMetrics
+from draplugin.prepare_api import ApiError, ClaimReader
+from draplugin.prepare_plan import (
+    ClaimPlan,
+    PlanError,
+    check_sharing,
+    plan_claim,
+    plan_from_record,
+    render_spec,
+)
+from draplugin.prepare_sharing import SharingState
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RecoveryReport:
+    """What start-up found and repaired; logged, and returned for tests and the CLI."""
+
+    checkpoint_version: int | None = None
+    claims: int = 0
+    new_boot: bool = False
+    corrupt_reason: str | None = None
+    moved_to: Path | None = None
+    specs_restored: list[str] = field(default_factory=list)
+    specs_removed: list[str] = field(default_factory=list)
+    demoted: list[str] = field(default_factory=list)
+
+
+class _ClaimLocks:
+    """One asyncio lock per claim UID, dropped when nobody holds or waits for it."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+
+    @asynccontextmanager
+    async def hold(self, uid: str) -> AsyncIterator[None]:
+        lock, users = self._locks.get(uid, (asyncio.Lock(), 0))
+        self._locks[uid] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[uid]
+            if users == 1:
+                del self._locks[uid]
+            else:
+                self._locks[uid] = (lock, users - 1)
+
+    def __len__(self) -> int:
+        return len(self._locks)
+
+
+class GpuDriver:
+    """Implements `draplugin.kubelet.interface.Driver` for the devices of one node."""
+
+    def __init__(
+        self,
+        *,
+        driver_name: str,
+        node_name: str,
+        devices: Sequence[Device],
+        claims: ClaimReader,
+        cdi_store: cdi.SpecStore,
+        checkpoint: CheckpointStore,
+        sharing: SharingState,
+        events: EventSink,
+        metrics: ClaimMetrics,
+        cdi_kind: str = cdi.KIND,
+    ) -> None:
+        self.driver_name = driver_name
+        self.node_name = node_name
+        self.devices: Mapping[str, Device] = {device.name: device for device in devices}
+        self.claims = claims
+        self.cdi = cdi_store
+        self.checkpoint = checkpoint
+        self.sharing = sharing
+        self.events = events
+        self.metrics = metrics
+        self.cdi_kind = cdi_kind
+        self._locks = _ClaimLocks()
+
+    # --- start-up ---------------------------------------------------------------------------------
+
+    def recover(self) -> RecoveryReport:
+        """Load the checkpoint and bring the node back in line with it. Never raises for bad state."""
+        loaded = self.checkpoint.load()
+        report = RecoveryReport(
+            checkpoint_version=loaded.version,
+            claims=loaded.claims,
+            new_boot=loaded.new_boot,
+            corrupt_reason=loaded.corrupt_reason,
+            moved_to=loaded.moved_to,
+        )
+        if loaded.corrupt_reason is not None:
+            note = (
+                f"checkpoint {self.checkpoint.path} is unreadable ({loaded.corrupt_reason}); moved to "
+                f"{loaded.moved_to} and starting empty: the kubelet's retries prepare running claims again"
+            )
+            log.error(
+                "event=checkpoint_corrupt path=%s reason=%r moved_to=%s",
+                self.checkpoint.path,
+                loaded.corrupt_reason,
+                loaded.moved_to,
+            )
+            self.events.node_event("CheckpointCorrupted", note)
+        if loaded.new_boot:
+            log.info(
+                "event=new_boot claims=%d detail='prepared claims will be prepared again'", loaded.claims
+            )
+        for record in self.checkpoint.records():
+            if not record.completed:
+                continue
+            try:
+                plan = plan_from_record(record, self.devices, self.cdi_kind)
+                self.sharing.apply(plan)
+                if self.cdi.write(
+                    record.uid, render_spec(plan, self.sharing.host_dir_for(plan), self.cdi_kind)
+                ):
+                    report.specs_restored.append(record.uid)
+            except (PlanError, OSError, cdi.CdiError) as err:
+                # Keep the record (unprepare must still work) but make the next prepare redo it.
+                log.warning(
+                    "event=restore_failed claim=%s/%s uid=%s error=%r",
+                    record.namespace,
+                    record.name,
+                    record.uid,
+                    str(err),
+                )
+                self.checkpoint.put(
+                    ClaimRecord(
+                        record.uid, record.namespace, record.name, ClaimState.PREPARE_STARTED, record.devices
+                    )
+                )
+                report.demoted.append(record.uid)
+        known = {record.uid for record in self.checkpoint.records()}
+        for uid in list(self.cdi.claim_uids()):
+            if uid not in known:
+                # A spec no record explains cannot be in use by a prepared claim: it leaked.
+                self.cdi.remove(uid)
+                report.specs_removed.append(uid)
+        for uid in list(self.sharing.claim_uids()):
+            if uid not in known:
+                self.sharing.release(uid)
+        self.checkpoint.save()
+        self.metrics.prepared_claims.set(len(self.checkpoint))
+        log.info(
+            "event=recovered version=%s claims=%d new_boot=%s corrupt=%s restored=%d removed=%d demoted=%d",
+            loaded.version,
+            loaded.claims,
+            loaded.new_boot,
+            loaded.corrupt_reason is not None,
+            len(report.specs_restored),
+            len(report.specs_removed),
+            len(report.demoted),
+        )
+        return report
+
+    # --- Driver protocol --------------------------------------------------------------------------
+
+    async def prepare_claim(self, claim: ClaimRef) -> Sequence[PreparedDevice]:
+        start = time.perf_counter()
+        with self.metrics.track("prepare"):
+            try:
+                async with self._locks.hold(claim.uid):
+                    devices = await self._prepare(claim)
+            except PlanError as err:
+                self._failed("prepare", claim, err.reason, str(err))
+                raise ClaimError(str(err)) from None
+            except ApiError as err:
+                message = f"reading claim {claim.namespace}/{claim.name} from the API server failed: {err}"
+                self._failed("prepare", claim, "APIError", message)
+                raise ClaimError(message) from None
+            except Exception as err:
+                message = f"preparing claim {claim.namespace}/{claim.name} failed: {err}"
+                log.exception("event=prepare_error claim=%s", claim)
+                self._failed("prepare", claim, "InternalError", message)
+                raise ClaimError(message) from None
+        log.info(
+            "event=prepared claim=%s/%s uid=%s devices=%s ms=%.1f",
+            claim.namespace,
+            claim.name,
+            claim.uid,
+            ",".join(d.device_name for d in devices),
+            (time.perf_counter() - start) * 1e3,
+        )
+        crashpoints.reach(crashpoints.BEFORE_RETURN)
+        return devices
+
+    async def unprepare_claim(self, claim: ClaimRef) -> None:
+        with self.metrics.track("unprepare"):
+            try:
+                async with self._locks.hold(claim.uid):
+                    await self._unprepare(claim)
+            except Exception as err:
+                message = f"unpreparing claim {claim.namespace}/{claim.name} failed: {err}"
+                log.exception("event=unprepare_error claim=%s", claim)
+                self.metrics.error("unprepare", "InternalError")
+                raise ClaimError(message) from None
+
+    # --- the work ---------------------------------------------------------------------------------
+
+    async def _prepare(self, claim: ClaimRef) -> list[PreparedDevice]:
+        doc = await self.claims.get_claim(claim.namespace, claim.name)
+        if doc is None:
+            raise PlanError("ClaimNotFound", f"claim {claim.namespace}/{claim.name} does not exist")
+        plan = plan_claim(
+            claim, doc, driver=self.driver_name, pool=self.node_name, devices=self.devices, kind=self.cdi_kind
+        )
+        if not plan.devices:
+            log.info("event=nothing_to_prepare claim=%s", claim)
+            return []
+        record = self.checkpoint.get(claim.uid)
+        records = plan.device_records()
+        if record is not None and record.completed and record.devices == records:
+            # Repeated prepare (kubelet retry or restart): same answer, and put back
+            # anything a reboot or a cleaner took away.
+            await asyncio.to_thread(self._materialize, plan)
+            return plan.prepared_devices()
+
+        # No await between the check and the record: no other claim can slip in between.
+        check_sharing(plan, self.checkpoint.records())
+        if record is not None:
+            log.info(
+                "event=reprepare claim=%s state=%s same_devices=%s",
+                claim,
+                record.state,
+                record.devices == records,
+            )
+        self.checkpoint.put(
+            ClaimRecord(claim.uid, claim.namespace, claim.name, ClaimState.PREPARE_STARTED, records)
+        )
+        self.metrics.prepared_claims.set(len(self.checkpoint))
+        await self.checkpoint.commit()
+        crashpoints.reach(crashpoints.AFTER_CHECKPOINT_STARTED)
+
+        if record is not None and not plan.uses_mps:
+            # A redo whose config dropped MPS must not leave the old MPS directory behind.
+            await asyncio.to_thread(self.sharing.release, claim.uid)
+        await asyncio.to_thread(self._materialize, plan)
+        crashpoints.reach(crashpoints.AFTER_CDI_WRITE)
+
+        self.checkpoint.put(
+            ClaimRecord(claim.uid, claim.namespace, claim.name, ClaimState.PREPARE_COMPLETED, records)
+        )
+        await self.checkpoint.commit()
+        crashpoints.reach(crashpoints.AFTER_CHECKPOINT_COMPLETED)
+        return plan.prepared_devices()
+
+    def _materialize(self, plan: ClaimPlan) -> None:
+        """Sharing state, then the CDI spec that may point at it. Both idempotent."""
+        self.sharing.apply(plan)
+        spec = render_spec(plan, self.sharing.host_dir_for(plan), self.cdi_kind)
+        if self.cdi.write(plan.claim.uid, spec):
+            log.info(
+                "event=cdi_spec_written claim_uid=%s path=%s",
+                plan.claim.uid,
+                self.cdi.path_for(plan.claim.uid),
+            )
+
+    async def _unprepare(self, claim: ClaimRef) -> None:
+        removed = await asyncio.to_thread(self.cdi.remove, claim.uid)
+        crashpoints.reach(crashpoints.UNPREPARE_AFTER_CDI_REMOVE)
+        await asyncio.to_thread(self.sharing.release, claim.uid)
+        crashpoints.reach(crashpoints.UNPREPARE_AFTER_RELEASE)
+        known = self.checkpoint.forget(claim.uid)
+        if known:
+            self.metrics.prepared_claims.set(len(self.checkpoint))
+            await self.checkpoint.commit()
+        log.info(
+            "event=unprepared claim=%s/%s uid=%s known=%s spec_removed=%s",
+            claim.namespace,
+            claim.name,
+            claim.uid,
+            known,
+            removed,
+        )
+
+    def _failed(self, operation: str, claim: ClaimRef, reason: str, message: str) -> None:
+        log.warning(
+            "event=%s_failed claim=%s/%s uid=%s reason=%s error=%r",
+            operation,
+            claim.namespace,
+            claim.name,
+            claim.uid,
+            reason,
+            message,
+        )
+        self.metrics.error(operation, reason)
+        try:
+            self.events.claim_event(claim, reason, message)
+        except Exception:  # events are best effort by contract; never let one fail the claim twice
+            log.exception("event=k8s_event_error claim=%s", claim)
+
+    def prepared_claims(self) -> Iterator[ClaimRecord]:
+        return self.checkpoint.records()
