@@ -125,7 +125,12 @@ def claim(
     meta: dict[str, Any] = {"name": name, "namespace": namespace}
     if annotations:
         meta["annotations"] = dict(annotations)
-    return {"apiVersion": API_VERSION, "kind": "ResourceClaim", "metadata": meta, "spec": {"devices": devices}}
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "ResourceClaim",
+        "metadata": meta,
+        "spec": {"devices": devices},
+    }
 
 
 def opaque(parameters: Mapping[str, Any], driver: str = DEFAULT_DRIVER) -> dict[str, Any]:

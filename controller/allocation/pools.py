@@ -126,7 +126,13 @@ def gather_pools(
             if obsolete:
                 continue
             if len(same_generation) != wanted:
-                pools.append(Pool(driver=driver, name=name, generation=generation, incomplete=True))
+                if features.skip_unusable_pools:
+                    pools.append(Pool(driver=driver, name=name, generation=generation, incomplete=True))
+                else:
+                    # 1.34 still allocated from what it had of an incomplete pool.
+                    partial = _build_pool(driver, name, generation, node_slices, same_generation, features)
+                    partial.incomplete = True
+                    pools.append(partial)
                 continue
         pools.append(_build_pool(driver, name, generation, node_slices, same_generation, features))
 
