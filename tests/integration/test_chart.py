@@ -1,0 +1,377 @@
+"""The Helm chart: `helm lint`, rendering with default and non-default values,
+schema checks, and every rendered object accepted by the real API server
+(server-side dry run).
+
+Helm is built from its Go module by tests/cluster/build_helm.sh into the same
+directory as the Kubernetes binaries; a missing binary fails the tests.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
+from kubernetes.dynamic import DynamicClient
+
+from tests.kube.binaries import REPO_ROOT, bin_dir, pinned_kubernetes_version
+from tests.kube.controlplane import ControlPlane
+
+CHART = REPO_ROOT / "deploy" / "helm" / "draplugin"
+HELM_BUILD_COMMAND = "tests/cluster/build_helm.sh"
+DRIVER = "gpu.draplugin.dev"
+
+# Values that move every knob away from its default.
+NON_DEFAULT_VALUES: dict[str, Any] = {
+    "driverName": "gpu.example.com",
+    "fullnameOverride": "gpudra",
+    "image": {"repository": "registry.example.com/gpudra", "tag": "1.2.3", "pullPolicy": "Always"},
+    "imagePullSecrets": [{"name": "regcred"}],
+    "logFormat": "json",
+    "kubeletPlugin": {
+        "backend": "fake",
+        "kubeletRootDir": "/data/kubelet",
+        "cdiRoot": "/etc/cdi",
+        "stateDir": "/data/gpudra",
+        "privileged": False,
+        "nodeSelector": {"example.com/gpu": "yes"},
+        "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "gpu", "effect": "NoExecute"}],
+        "livenessProbe": {"enabled": False},
+        "extraEnv": [{"name": "EXTRA", "value": "1"}],
+        "podAnnotations": {"example.com/team": "ml"},
+        "deviceStatus": False,
+    },
+    "controller": {
+        "replicas": 2,
+        "leaderElection": {"leaseDuration": "30s"},
+        "priorityClassName": "system-cluster-critical",
+    },
+    "metrics": {"port": 9400, "service": {"enabled": True}},
+    "deviceClasses": {
+        "mig": False,
+        "byModel": [
+            {"name": "a100.gpu.example.com", "productName": "NVIDIA A100-SXM4-40GB"},
+            {
+                "name": "shared-l4.gpu.example.com",
+                "productName": "NVIDIA L4",
+                "config": {
+                    "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Short"}},
+                },
+            },
+        ],
+    },
+}
+
+
+class HelmError(AssertionError):
+    """helm exited non-zero; the message carries its stderr."""
+
+
+def helm_binary() -> Path:
+    """The helm built by build_helm.sh; fails (never skips) when it is missing."""
+    path = bin_dir() / "helm"
+    if not os.access(path, os.X_OK):
+        pytest.fail(
+            f"helm not found at {path}: build it with `{HELM_BUILD_COMMAND}` (part of `make kube`)",
+            pytrace=False,
+        )
+    return path
+
+
+def run_helm(args: Sequence[str], home: Path) -> str:
+    """Run helm hermetically (own cache/config/data dirs, no network needed)."""
+    env = {
+        **os.environ,
+        "HELM_CACHE_HOME": str(home / "cache"),
+        "HELM_CONFIG_HOME": str(home / "config"),
+        "HELM_DATA_HOME": str(home / "data"),
+    }
+    proc = subprocess.run(
+        [str(helm_binary()), *args], capture_output=True, text=True, env=env, timeout=120, check=False
+    )
+    if proc.returncode != 0:
+        raise HelmError(f"helm {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr}{proc.stdout}")
+    return proc.stdout
+
+
+def render_chart(
+    home: Path,
+    values: Mapping[str, Any] | None = None,
+    *,
+    release: str = "draplugin",
+    namespace: str = "draplugin-system",
+    show_only: Sequence[str] = (),
+) -> list[dict[str, Any]]:
+    """`helm template` the chart and return its objects (empty documents dropped)."""
+    args = ["template", release, str(CHART), "--namespace", namespace]
+    args += ["--kube-version", pinned_kubernetes_version()]
+    if values:
+        values_file = home / f"values-{uuid.uuid4().hex[:8]}.yaml"
+        values_file.write_text(yaml.safe_dump(dict(values)))
+        args += ["--values", str(values_file)]
+    for template in show_only:
+        args += ["--show-only", template]
+    return [doc for doc in yaml.safe_load_all(run_helm(args, home)) if doc]
+
+
+def by_kind(objects: Sequence[Mapping[str, Any]], kind: str) -> list[Mapping[str, Any]]:
+    return [obj for obj in objects if obj["kind"] == kind]
+
+
+def only(objects: Sequence[Mapping[str, Any]], kind: str) -> Mapping[str, Any]:
+    found = by_kind(objects, kind)
+    assert len(found) == 1, f"expected one {kind}, got {[o['metadata']['name'] for o in found]}"
+    return found[0]
+
+
+def container_env(container: Mapping[str, Any]) -> dict[str, Any]:
+    return {entry["name"]: entry.get("value", entry.get("valueFrom")) for entry in container.get("env", [])}
+
+
+def dry_run_apply(dynamic: DynamicClient, obj: Mapping[str, Any], namespace: str) -> None:
+    """Ask the API server to admit `obj` without persisting it (dryRun=All).
+
+    A create is the plain test; an object that already exists in the shared
+    cluster (a DeviceClass another test installed) is checked as a
+    server-side apply instead, which validates and admits it just the same.
+    """
+    resource = dynamic.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
+    target_ns = namespace if resource.namespaced else None
+    try:
+        resource.create(body=dict(obj), namespace=target_ns, dry_run="All")
+    except ApiException as err:  # the dynamic client's errors subclass it
+        if err.status != 409:
+            raise AssertionError(f"{obj['kind']}/{obj['metadata']['name']} rejected: {err.body}") from err
+        resource.server_side_apply(
+            body=dict(obj),
+            name=obj["metadata"]["name"],
+            namespace=target_ns,
+            field_manager="chart-test",
+            force_conflicts=True,
+            dry_run="All",
+        )
+
+
+@pytest.fixture
+def helm_home(tmp_path: Path) -> Path:
+    return tmp_path
+
+
+# --- helm lint and schema -----------------------------------------------------------------------------
+
+
+def test_helm_lint_strict_with_default_and_non_default_values(helm_home: Path) -> None:
+    out = run_helm(["lint", "--strict", str(CHART)], helm_home)
+    assert "1 chart(s) linted, 0 chart(s) failed" in out
+    values_file = helm_home / "values.yaml"
+    values_file.write_text(yaml.safe_dump(NON_DEFAULT_VALUES))
+    out = run_helm(["lint", "--strict", str(CHART), "--values", str(values_file)], helm_home)
+    assert "0 chart(s) failed" in out
+
+
+@pytest.mark.parametrize(
+    ("values", "complaint"),
+    [
+        ({"kubeletPlugin": {"backend": "cuda"}}, "backend"),
+        ({"driverName": "Not_A_DNS_Name"}, "driverName"),
+        ({"kubeletPlugin": {"kubeletRootDir": "var/lib/kubelet"}}, "kubeletRootDir"),
+        ({"logFormat": "xml"}, "logFormat"),
+        ({"kubeletPlugin": {"backend": "fake", "unknownKnob": 1}}, "unknownKnob"),
+        ({"deviceClasses": {"byModel": [{"name": "x.gpu.draplugin.dev"}]}}, "productName"),
+    ],
+)
+def test_schema_rejects_bad_values(helm_home: Path, values: dict[str, Any], complaint: str) -> None:
+    with pytest.raises(HelmError, match=complaint):
+        render_chart(helm_home, values)
+
+
+def test_several_controller_replicas_need_leader_election(helm_home: Path) -> None:
+    with pytest.raises(HelmError, match="leaderElection"):
+        render_chart(helm_home, {"controller": {"replicas": 2, "leaderElection": {"enabled": False}}})
+
+
+# --- rendering ----------------------------------------------------------------------------------------
+
+
+def test_default_render_has_every_component(helm_home: Path) -> None:
+    objects = render_chart(helm_home)
+    kinds = sorted({obj["kind"] for obj in objects})
+    assert kinds == sorted([
+        "ClusterRole", "ClusterRoleBinding", "DaemonSet", "Deployment", "DeviceClass", "Role",
+        "RoleBinding", "ServiceAccount", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
+    ])  # fmt: skip
+    assert sorted(dc["metadata"]["name"] for dc in by_kind(objects, "DeviceClass")) == [
+        DRIVER,
+        f"mig.{DRIVER}",
+    ]
+    for obj in objects:
+        if obj["kind"] in ("DaemonSet", "Deployment", "ServiceAccount", "Role", "RoleBinding"):
+            assert obj["metadata"]["namespace"] == "draplugin-system", obj["metadata"]["name"]
+
+
+def test_daemonset_defaults(helm_home: Path) -> None:
+    ds = only(render_chart(helm_home), "DaemonSet")
+    spec = ds["spec"]
+    # New plugin pod up before the old one goes: the node never lacks a driver.
+    assert spec["updateStrategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
+    pod = spec["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["command"] == ["draplugin", "run"]
+    env = container_env(container)
+    assert env["NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    assert env["POD_UID"] == {"fieldRef": {"fieldPath": "metadata.uid"}}
+    assert env["DRIVER_NAME"] == DRIVER
+    assert env["KUBELET_ROOT_DIR"] == "/var/lib/kubelet"
+    assert env["CDI_ROOT"] == "/var/run/cdi"
+    assert env["STATE_DIR"] == "/var/lib/draplugin"
+    assert env["BACKEND"] == "nvml"
+    assert env["METRICS_PORT"] == "8080"
+    assert "/driver-root/usr/lib64" in env["LD_LIBRARY_PATH"]
+    assert container["livenessProbe"]["exec"]["command"] == ["draplugin", "healthcheck"]
+    assert container["securityContext"]["privileged"] is True
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    # Sockets and CDI specs live at the same path inside and outside the pod.
+    for name, path in [
+        ("plugins-registry", "/var/lib/kubelet/plugins_registry"),
+        ("plugin-dir", f"/var/lib/kubelet/plugins/{DRIVER}"),
+        ("cdi", "/var/run/cdi"),
+        ("state", "/var/lib/draplugin"),
+    ]:
+        assert mounts[name]["mountPath"] == path
+        assert volumes[name]["hostPath"]["path"] == path
+    assert volumes["driver-root"]["hostPath"]["path"] == "/"
+    assert mounts["driver-root"] == {
+        "name": "driver-root",
+        "mountPath": "/driver-root",
+        "readOnly": True,
+        "mountPropagation": "HostToContainer",
+    }
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert pod["priorityClassName"] == "system-node-critical"
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+
+
+def test_non_default_values_reach_every_object(helm_home: Path) -> None:
+    objects = render_chart(helm_home, NON_DEFAULT_VALUES)
+    ds = only(objects, "DaemonSet")
+    assert ds["metadata"]["name"] == "gpudra-kubelet-plugin"
+    pod = ds["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["image"] == "registry.example.com/gpudra:1.2.3"
+    assert container["imagePullPolicy"] == "Always"
+    assert container["args"] == ["--log-format=json"]
+    env = container_env(container)
+    assert env["DRIVER_NAME"] == "gpu.example.com"
+    assert env["BACKEND"] == "fake"
+    assert env["KUBELET_ROOT_DIR"] == "/data/kubelet"
+    assert env["EXTRA"] == "1"
+    assert "LD_LIBRARY_PATH" not in env
+    assert "livenessProbe" not in container
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert "privileged" not in container["securityContext"]
+    paths = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+    assert paths == {
+        "plugins-registry": "/data/kubelet/plugins_registry",
+        "plugin-dir": "/data/kubelet/plugins/gpu.example.com",
+        "cdi": "/etc/cdi",
+        "state": "/data/gpudra",
+    }
+    assert pod["nodeSelector"] == {"example.com/gpu": "yes"}
+    assert pod["imagePullSecrets"] == [{"name": "regcred"}]
+    assert ds["spec"]["template"]["metadata"]["annotations"] == {"example.com/team": "ml"}
+
+    deployment = only(objects, "Deployment")
+    assert deployment["spec"]["replicas"] == 2
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--leader-elect" in args
+    assert "--leader-election-lease-duration=30s" in args
+    assert "--driver-name=gpu.example.com" in args
+
+    service = only(objects, "Service")
+    assert service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["ports"][0]["port"] == 9400
+
+    classes = {dc["metadata"]["name"]: dc for dc in by_kind(objects, "DeviceClass")}
+    assert sorted(classes) == ["a100.gpu.example.com", "gpu.example.com", "shared-l4.gpu.example.com"]
+    l4 = classes["shared-l4.gpu.example.com"]["spec"]
+    assert 'productName == "NVIDIA L4"' in l4["selectors"][0]["cel"]["expression"]
+    assert l4["config"] == [{
+        "opaque": {
+            "driver": "gpu.example.com",
+            "parameters": {
+                "apiVersion": "gpu.example.com/v1alpha1",
+                "kind": "GpuConfig",
+                "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Short"}},
+            },
+        },
+    }]  # fmt: skip
+
+    roles = by_kind(objects, "ClusterRole")
+    plugin_role = next(r for r in roles if r["metadata"]["name"].endswith("kubelet-plugin"))
+    assert not any("resourceclaims/driver" in rule["resources"] for rule in plugin_role["rules"])
+    policy = only(objects, "ValidatingAdmissionPolicy")
+    assert any('"gpu.example.com"' in v["expression"] for v in policy["spec"]["validations"])
+
+
+def test_components_can_be_switched_off(helm_home: Path) -> None:
+    objects = render_chart(
+        helm_home,
+        {
+            "controller": {"enabled": False},
+            "resourceSlicePolicy": {"enabled": False},
+            "deviceClasses": {"enabled": False},
+        },
+    )
+    kinds = {obj["kind"] for obj in objects}
+    assert "Deployment" not in kinds
+    assert "ValidatingAdmissionPolicy" not in kinds
+    assert "DeviceClass" not in kinds
+    assert "DaemonSet" in kinds
+
+
+# --- the real API server accepts every object ---------------------------------------------------------
+
+
+@pytest.fixture
+def dynamic_client(kube_cluster: ControlPlane) -> Iterator[DynamicClient]:
+    with kube_cluster.api_client() as api:
+        yield DynamicClient(api)  # type: ignore[no-untyped-call]
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("values", [None, NON_DEFAULT_VALUES], ids=["default", "non-default"])
+def test_api_server_accepts_every_rendered_object(
+    helm_home: Path, dynamic_client: DynamicClient, test_namespace: str, values: dict[str, Any] | None
+) -> None:
+    release = f"chart-{uuid.uuid4().hex[:6]}"
+    objects = render_chart(helm_home, values, release=release, namespace=test_namespace)
+    assert objects
+    for obj in objects:
+        dry_run_apply(dynamic_client, obj, test_namespace)
+
+
+@pytest.mark.cluster
+def test_api_server_rejects_a_broken_object(dynamic_client: DynamicClient, test_namespace: str) -> None:
+    """The dry run really validates: a DeviceClass with a CEL syntax error is refused."""
+    bad: dict[str, Any] = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": f"broken-{uuid.uuid4().hex[:6]}"},
+        "spec": {"selectors": [{"cel": {"expression": "device.driver == "}}]},
+    }
+    with pytest.raises(AssertionError, match=r"compilation failed|[Ss]yntax error"):
+        dry_run_apply(dynamic_client, bad, test_namespace)
+    with pytest.raises(k8s.ApiException):
+        # Nothing was stored by the dry runs.
+        k8s.ResourceV1Api(dynamic_client.client).read_device_class(bad["metadata"]["name"])
