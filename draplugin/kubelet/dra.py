@@ -30,9 +30,11 @@ DEFAULT_MAX_CONCURRENT_CLAIMS: Final = 32
 
 log = logging.getLogger(__name__)
 
-CLAIM_OPERATIONS = Counter(
-    "draplugin_claim_operations",
-    "Per-claim prepare/unprepare outcomes as reported to the kubelet.",
+# Per-claim answers as the kubelet sees them (including requests rejected before
+# reaching the driver); the driver's own operation metrics live in draplugin.metrics.
+KUBELET_CLAIM_RESULTS = Counter(
+    "draplugin_kubelet_claim_results",
+    "Per-claim prepare/unprepare answers sent to the kubelet, by result.",
     ["operation", "result"],
 )
 REQUEST_SECONDS = Histogram(
@@ -171,7 +173,7 @@ class ClaimRunner:
             raise
         outcomes.update(results)
         for outcome in outcomes.values():
-            CLAIM_OPERATIONS.labels(operation=operation, result="error" if outcome.error else "ok").inc()
+            KUBELET_CLAIM_RESULTS.labels(operation=operation, result="error" if outcome.error else "ok").inc()
         return outcomes
 
     async def aclose(self, grace: float) -> None:

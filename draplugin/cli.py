@@ -1,0 +1,216 @@
+"""The `draplugin` command: `draplugin run` serves the kubelet plugin; more subcommands plug in.
+
+Subcommands live in a registry. `run` is defined here; other modules add
+theirs by calling `register_subcommand` when imported, and are listed in
+`SUBCOMMAND_MODULES` so the parser imports them (lazily, only when the CLI is
+built, so `import draplugin.cli` stays cheap).
+
+Exit codes: 0 clean shutdown, 1 runtime failure, 2 bad command line or settings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib
+import logging
+import os
+import signal
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from prometheus_client import start_http_server
+
+from draplugin import config
+from draplugin.config import ConfigError, Settings
+from draplugin.kubelet.interface import Driver
+from draplugin.kubelet.server import KubeletPluginServer, PluginServerError, PluginServerOptions
+from draplugin.kubelet.sockets import SocketPathError
+from draplugin.logs import setup_logging
+
+EXIT_OK: Final = 0
+EXIT_FAILURE: Final = 1
+EXIT_USAGE: Final = 2
+# Test hook: "module:function" naming a `(Settings) -> Driver` factory, used by
+# `build_driver` in place of the real driver (end-to-end tests of the protocol layer).
+DRIVER_FACTORY_ENV: Final = "DRAPLUGIN_DRIVER_FACTORY"
+
+log = logging.getLogger("draplugin.cli")
+
+
+@dataclass(frozen=True, slots=True)
+class Subcommand:
+    name: str
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    handler: Callable[[argparse.Namespace], int]
+
+
+_SUBCOMMANDS: dict[str, Subcommand] = {}
+
+# Modules that register more subcommands when imported. The `devices` subcommand
+# (list what the discovery backend sees) belongs here, e.g. "draplugin.devices.cli".
+SUBCOMMAND_MODULES: tuple[str, ...] = ()
+
+
+def register_subcommand(command: Subcommand) -> None:
+    if command.name in _SUBCOMMANDS and _SUBCOMMANDS[command.name] != command:
+        raise ValueError(f"subcommand {command.name!r} is already registered")
+    _SUBCOMMANDS[command.name] = command
+
+
+class DriverUnavailable(RuntimeError):
+    """No driver can be built for these settings."""
+
+
+def build_driver(settings: Settings) -> Driver:
+    """The driver `run` serves. The prepare driver is wired in here."""
+    factory_ref = os.environ.get(DRIVER_FACTORY_ENV)
+    if factory_ref:
+        return _load_factory(factory_ref)(settings)
+    raise DriverUnavailable(
+        "no driver wired yet: `draplugin run` has no prepare driver in this build "
+        f"(set {DRIVER_FACTORY_ENV}=module:function to supply one for tests)"
+    )
+
+
+def _load_factory(ref: str) -> Callable[[Settings], Driver]:
+    module_name, _, attr = ref.partition(":")
+    if not module_name or not attr:
+        raise DriverUnavailable(f"{DRIVER_FACTORY_ENV}={ref!r} must look like module:function")
+    try:
+        factory = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise DriverUnavailable(f"{DRIVER_FACTORY_ENV}={ref!r} cannot be loaded: {exc}") from exc
+    if not callable(factory):
+        raise DriverUnavailable(f"{DRIVER_FACTORY_ENV}={ref!r} is not callable")
+    built: Callable[[Settings], Driver] = factory
+    return built
+
+
+# --- run --------------------------------------------------------------------------------------
+
+
+def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    for option in config.RUN_OPTIONS:
+        default = f", default {option.default}" if option.default is not None else ""
+        # default=None: an absent flag must fall through to the environment variable.
+        parser.add_argument(
+            option.flag,
+            dest=option.dest,
+            default=None,
+            metavar=option.env,
+            help=f"{option.help} [env {option.env}{default}]",
+        )
+
+
+@contextlib.contextmanager
+def _metrics_endpoint(port: int) -> Iterator[None]:
+    if port == 0:
+        yield
+        return
+    try:
+        httpd, thread = start_http_server(port)
+    except OSError as exc:
+        raise PluginServerError(f"cannot serve metrics on port {port}: {exc}") from exc
+    log.info("serving Prometheus metrics", extra={"port": port})
+    try:
+        yield
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(timeout=5)
+
+
+async def serve(settings: Settings, driver: Driver, stop: asyncio.Event | None = None) -> int:
+    """Serve until `stop` is set or SIGTERM/SIGINT arrives; then remove our sockets and return."""
+    stop = stop if stop is not None else asyncio.Event()
+    loop = asyncio.get_running_loop()
+    handled: list[signal.Signals] = []
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):  # not the main thread, or no signals
+            loop.add_signal_handler(signum, stop.set)
+            handled.append(signum)
+    options = PluginServerOptions(
+        driver_name=settings.driver_name,
+        kubelet_root_dir=settings.kubelet_root_dir,
+        pod_uid=settings.pod_uid,
+        healthcheck_port=settings.healthcheck_port,
+    )
+    try:
+        with _metrics_endpoint(settings.metrics_port):
+            server = KubeletPluginServer(driver, options)
+            await server.start()
+            try:
+                await stop.wait()
+                log.info("shutting down")
+            finally:
+                await server.stop()
+    except (PluginServerError, SocketPathError) as exc:
+        log.error("cannot serve the kubelet plugin", extra={"error": str(exc)})
+        return EXIT_FAILURE
+    finally:
+        for signum in handled:
+            loop.remove_signal_handler(signum)
+    log.info("stopped")
+    return EXIT_OK
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        settings = config.load(vars(args))
+    except ConfigError as exc:
+        print(f"draplugin run: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    setup_logging(settings.log_format, settings.log_level)
+    log.info(
+        "starting",
+        extra={"driver": settings.driver_name, "node": settings.node_name, "backend": settings.backend},
+    )
+    try:
+        driver = build_driver(settings)
+    except DriverUnavailable as exc:
+        log.error("cannot build the driver", extra={"error": str(exc)})
+        return EXIT_FAILURE
+    return asyncio.run(serve(settings, driver))
+
+
+register_subcommand(
+    Subcommand(
+        name="run",
+        help="serve the kubelet plugin (registration and DRA gRPC sockets)",
+        add_arguments=_add_run_arguments,
+        handler=_run,
+    )
+)
+
+
+# --- entry point ------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    for module in SUBCOMMAND_MODULES:
+        importlib.import_module(module)
+    parser = argparse.ArgumentParser(
+        prog="draplugin", description="Kubernetes DRA driver for GPUs: the node side (kubelet plugin)."
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for command in _SUBCOMMANDS.values():
+        sub = subparsers.add_parser(command.name, help=command.help, description=command.help)
+        command.add_arguments(sub)
+        sub.set_defaults(handler=command.handler)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    handler: Callable[[argparse.Namespace], int] = args.handler
+    namespace = argparse.Namespace(**{k: v for k, v in vars(args).items() if k not in ("handler", "command")})
+    return handler(namespace)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,181 @@
+"""Settings of `draplugin run`: every flag has an environment-variable mirror; the flag wins.
+
+All checks happen here, at start-up, so a bad value stops the daemon with one
+clear message instead of failing later in the middle of serving.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from draplugin.logs import LOG_FORMATS, LOG_LEVELS
+
+DEFAULT_DRIVER_NAME: Final = "gpu.draplugin.dev"
+DEFAULT_KUBELET_ROOT_DIR: Final = "/var/lib/kubelet"
+DEFAULT_STATE_DIR: Final = "/var/lib/draplugin"
+DEFAULT_CDI_ROOT: Final = "/var/run/cdi"
+DEFAULT_METRICS_PORT: Final = 8080
+BACKENDS: Final = ("nvml", "fake")
+
+# Kubernetes limits: a DRA driver name is a DNS-1123 subdomain of at most 63
+# characters; a node name is a DNS-1123 subdomain (at most 253).
+DRIVER_NAME_MAX: Final = 63
+NODE_NAME_MAX: Final = 253
+_DNS1123_SUBDOMAIN: Final = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+# Pod UIDs are UUIDs in practice; accept anything that is a safe file-name part.
+_POD_UID: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+class ConfigError(ValueError):
+    """A setting is missing or invalid; the message names the flag and its variable."""
+
+
+@dataclass(frozen=True, slots=True)
+class Option:
+    """One setting: its flag, its environment mirror, and its default (None: no default)."""
+
+    flag: str
+    env: str
+    default: str | None
+    help: str
+
+    @property
+    def dest(self) -> str:
+        return self.flag.removeprefix("--").replace("-", "_")
+
+
+RUN_OPTIONS: Final = (
+    Option("--driver-name", "DRIVER_NAME", DEFAULT_DRIVER_NAME, "DRA driver name (DNS subdomain, <= 63)"),
+    Option("--node-name", "NODE_NAME", None, "name of the Node this plugin runs on (required)"),
+    Option("--kubelet-root-dir", "KUBELET_ROOT_DIR", DEFAULT_KUBELET_ROOT_DIR, "the kubelet's --root-dir"),
+    Option("--state-dir", "STATE_DIR", DEFAULT_STATE_DIR, "directory for the plugin's checkpoint"),
+    Option("--cdi-root", "CDI_ROOT", DEFAULT_CDI_ROOT, "directory for generated CDI specs"),
+    Option("--backend", "BACKEND", "nvml", "device discovery backend: nvml or fake"),
+    Option("--kubeconfig", "KUBECONFIG", None, "kubeconfig file (default: in-cluster, then ~/.kube/config)"),
+    Option("--log-format", "LOG_FORMAT", "text", "log line format: text or json"),
+    Option("--log-level", "LOG_LEVEL", "info", "debug, info, warning or error"),
+    Option("--metrics-port", "METRICS_PORT", str(DEFAULT_METRICS_PORT), "Prometheus port; 0 disables"),
+    Option("--pod-uid", "POD_UID", None, "this pod's UID, for per-pod sockets during rolling updates"),
+    Option("--healthcheck-port", "HEALTHCHECK_PORT", None, "TCP port for gRPC liveness; 0/unset disables"),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    driver_name: str
+    node_name: str
+    kubelet_root_dir: Path
+    state_dir: Path
+    cdi_root: Path
+    backend: str
+    kubeconfig: Path | None
+    log_format: str
+    log_level: str
+    metrics_port: int
+    pod_uid: str | None
+    healthcheck_port: int | None
+
+
+def resolve(flags: Mapping[str, str | None], environ: Mapping[str, str]) -> dict[str, str | None]:
+    """Pick each option's raw value: flag, else non-empty environment variable, else default.
+
+    An empty environment variable counts as unset: Kubernetes manifests often
+    set a variable from a field that can be empty.
+    """
+    values: dict[str, str | None] = {}
+    for option in RUN_OPTIONS:
+        flag_value = flags.get(option.dest)
+        if flag_value is not None:
+            values[option.dest] = flag_value
+        elif environ.get(option.env):
+            values[option.dest] = environ[option.env]
+        else:
+            values[option.dest] = option.default
+    return values
+
+
+def _name_of(dest: str) -> str:
+    option = next(o for o in RUN_OPTIONS if o.dest == dest)
+    return f"{option.flag} ({option.env})"
+
+
+def _port(dest: str, raw: str) -> int:
+    try:
+        port = int(raw)
+    except ValueError:
+        raise ConfigError(f"{_name_of(dest)}: {raw!r} is not a port number") from None
+    if not 0 <= port <= 65535:
+        raise ConfigError(f"{_name_of(dest)}: {port} is outside 0-65535")
+    return port
+
+
+def _absolute_dir(dest: str, raw: str) -> Path:
+    path = Path(raw)
+    if not path.is_absolute():
+        raise ConfigError(f"{_name_of(dest)}: {raw!r} must be an absolute path")
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{_name_of(dest)}: {raw} exists and is not a directory")
+    return path
+
+
+def _choice(dest: str, raw: str, choices: tuple[str, ...]) -> str:
+    if raw not in choices:
+        raise ConfigError(f"{_name_of(dest)}: {raw!r} is not one of {', '.join(choices)}")
+    return raw
+
+
+def _dns_subdomain(dest: str, raw: str, max_len: int) -> str:
+    if len(raw) > max_len:
+        raise ConfigError(f"{_name_of(dest)}: {raw!r} is longer than {max_len} characters")
+    if not _DNS1123_SUBDOMAIN.match(raw):
+        raise ConfigError(
+            f"{_name_of(dest)}: {raw!r} is not a DNS subdomain "
+            "(lower-case letters, digits, '-' and '.', starting and ending alphanumeric)"
+        )
+    return raw
+
+
+def validate(values: Mapping[str, str | None]) -> Settings:
+    """Turn resolved raw values into `Settings`, or raise `ConfigError` naming the bad setting."""
+
+    def required(dest: str) -> str:
+        raw = values.get(dest)
+        if raw is None or raw == "":
+            raise ConfigError(f"{_name_of(dest)} is required")
+        return raw
+
+    kubeconfig_raw = values.get("kubeconfig")
+    kubeconfig = Path(kubeconfig_raw) if kubeconfig_raw else None
+    if kubeconfig is not None and not kubeconfig.is_file():
+        raise ConfigError(f"{_name_of('kubeconfig')}: {kubeconfig} is not a readable file")
+
+    pod_uid = values.get("pod_uid") or None
+    if pod_uid is not None and not _POD_UID.match(pod_uid):
+        raise ConfigError(f"{_name_of('pod_uid')}: {pod_uid!r} is not a valid pod UID")
+
+    health_raw = values.get("healthcheck_port")
+    healthcheck_port = _port("healthcheck_port", health_raw) if health_raw else 0
+
+    return Settings(
+        driver_name=_dns_subdomain("driver_name", required("driver_name"), DRIVER_NAME_MAX),
+        node_name=_dns_subdomain("node_name", required("node_name"), NODE_NAME_MAX),
+        kubelet_root_dir=_absolute_dir("kubelet_root_dir", required("kubelet_root_dir")),
+        state_dir=_absolute_dir("state_dir", required("state_dir")),
+        cdi_root=_absolute_dir("cdi_root", required("cdi_root")),
+        backend=_choice("backend", required("backend"), BACKENDS),
+        kubeconfig=kubeconfig,
+        log_format=_choice("log_format", required("log_format"), LOG_FORMATS),
+        log_level=_choice("log_level", required("log_level"), LOG_LEVELS),
+        metrics_port=_port("metrics_port", required("metrics_port")),
+        pod_uid=pod_uid,
+        healthcheck_port=healthcheck_port or None,
+    )
+
+
+def load(flags: Mapping[str, str | None], environ: Mapping[str, str] | None = None) -> Settings:
+    return validate(resolve(flags, os.environ if environ is None else environ))

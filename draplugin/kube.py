@@ -1,0 +1,57 @@
+"""Kubernetes API client set-up shared by the node plugin and the controller.
+
+Each call builds its own `Configuration`, never touching the library's global
+default: two clients in one process (tests, or the controller talking to two
+clusters) must not leak settings into each other.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from kubernetes import client, config
+from kubernetes.config.config_exception import ConfigException
+
+log = logging.getLogger(__name__)
+
+
+class KubeConfigError(RuntimeError):
+    """No usable cluster credentials were found."""
+
+
+def load_api_client(kubeconfig: str | None = None, context: str | None = None) -> client.ApiClient:
+    """An API client from, in order: the given kubeconfig file, the in-cluster
+    service account, or the default kubeconfig ($KUBECONFIG, else ~/.kube/config).
+
+    Naming a context skips the in-cluster step: a context only exists in a kubeconfig.
+    """
+    if kubeconfig:
+        if not Path(kubeconfig).is_file():
+            raise KubeConfigError(f"kubeconfig {kubeconfig} does not exist or is not a file")
+        return _from_kubeconfig(kubeconfig, context)
+    if context is None:
+        in_cluster = client.Configuration()
+        try:
+            config.load_incluster_config(client_configuration=in_cluster)  # type: ignore[no-untyped-call]
+        except ConfigException as exc:
+            log.debug("not running in a cluster", extra={"reason": str(exc)})
+        else:
+            log.info("using in-cluster service account credentials")
+            return client.ApiClient(configuration=in_cluster)
+    return _from_kubeconfig(None, context)
+
+
+def _from_kubeconfig(path: str | None, context: str | None) -> client.ApiClient:
+    try:
+        # persist_config=False: refreshing a token must never rewrite the user's kubeconfig.
+        api: client.ApiClient = config.new_client_from_config(  # type: ignore[no-untyped-call]
+            config_file=path, context=context, persist_config=False
+        )
+    except (ConfigException, OSError) as exc:
+        where = path or "the default kubeconfig ($KUBECONFIG or ~/.kube/config)"
+        raise KubeConfigError(f"cannot load cluster credentials from {where}: {exc}") from exc
+    log.info(
+        "using kubeconfig credentials", extra={"kubeconfig": path or "default", "context": context or ""}
+    )
+    return api
