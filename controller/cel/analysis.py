@@ -1,27 +1,385 @@
-"""Static facts about an expression: which device parts it reads, which domains it names, cost."""
+"""Static facts about a selector, derived from our own parse of it.
+
+* `reads`: the (field, domain, id) parts of the device the expression can observe. If the
+  expression only reads those, its result depends only on them and the driver, so results
+  can be shared between devices that agree on them (identical GPUs differing only in name,
+  UUID or index). `None` means "cannot tell" (e.g. `device` passed around whole), and then
+  nothing is memoized. An id or domain of "*" means "all of it".
+* `domains`: literal domains the expression indexes in attributes/capacity.
+* `cost`: a worst-case cost estimate in the spirit of cel-go's checker estimator (same unit
+  and the same 1,000,000 limit): one per operation, per-element costs for comprehensions
+  over the largest lists the API allows, and one per ten characters for string work.
+* `problems`: compile-time rejections the engines would not make on their own but upstream
+  does (unknown `device` fields, invalid regex literals).
+"""
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from controller.cel import regexlib, syntax
+from controller.cel.device import split_name
+from controller.cel.errors import CompileError
+from controller.cel.syntax import Call, Ident, Index, ListLit, Literal, MapLit, Node, Select, StructLit
+
+DEVICE_FIELDS = ("driver", "attributes", "capacity", "allowMultipleAllocations")
+MACROS = ("all", "exists", "exists_one", "map", "filter")
+WILDCARD = "*"
+_NAMESPACES = ("cel", "lists", "sets", "strings", "math", "optional")
+
+# Upper bounds the API guarantees; they size the cost estimate.
+MAX_MAP_ENTRIES = 32
+MAX_STRING = 64
+MAX_LIST_ATTRIBUTE = 48
+UNBOUNDED = 2**40
+
+Read = tuple[str, str, str]
 _STRING_LITERAL = re.compile(r'"((?:[^"\\]|\\.)*)"|\'((?:[^\'\\]|\\.)*)\'')
 
 
 @dataclass(frozen=True, slots=True)
 class Analysis:
     domains: frozenset[str]
-    # (field, domain, id) the expression reads; None when it cannot tell (no memoization).
-    reads: frozenset[tuple[str, str, str]] | None
+    reads: tuple[Read, ...] | None
     cost: int
+    features: frozenset[str] = frozenset()
+    # Function names called (receiver-style and global) and free identifiers other than `device`.
+    calls: frozenset[str] = frozenset()
+    free_names: frozenset[str] = frozenset()
+    # The result type when it is evident from the syntax alone (a literal, arithmetic), else None.
+    evident_type: str | None = None
 
 
-def analyze(expression: str, engine: str) -> Analysis:
-    domains = frozenset(a or b for a, b in _STRING_LITERAL.findall(expression))
-    return Analysis(domains=domains, reads=None, cost=0)
+def analyze(expression: str) -> Analysis:
+    """Facts about the expression; CompileError for upstream-only compile rejections."""
+    try:
+        tree = syntax.parse(expression)
+    except RecursionError:
+        raise CompileError("expression nesting too deep") from None
+    collector = _Reads(expression)
+    try:
+        collector.visit(tree, frozenset())
+        cost, _ = _Cost().estimate(tree, {})
+    except RecursionError:
+        raise CompileError("expression nesting too deep") from None
+    reads = None if collector.unknown else tuple(sorted(collector.reads))
+    calls = frozenset(
+        node.name for node in syntax.walk(tree) if isinstance(node, Call) and node.name[0] not in "_!-@"
+    )
+    return Analysis(
+        frozenset(collector.domains),
+        reads,
+        cost,
+        frozenset(features(tree)),
+        calls,
+        frozenset(collector.free),
+        evident_type(tree),
+    )
+
+
+def evident_type(node: Node) -> str | None:
+    if isinstance(node, Literal):
+        return node.kind if node.kind != "null" else "null_type"
+    if isinstance(node, ListLit):
+        return "list"
+    if isinstance(node, MapLit):
+        return "map"
+    if isinstance(node, Call) and node.name in ("_+_", "_-_", "_*_", "_/_", "_%_", "-_"):
+        kinds = {evident_type(arg) for arg in node.args} - {None}
+        return kinds.pop() if len(kinds) == 1 else None
+    return None
+
+
+def literal_strings(expression: str) -> frozenset[str]:
+    """Every quoted string in the source, a coarse stand-in for `domains` without a parse."""
+    return frozenset(a or b for a, b in _STRING_LITERAL.findall(expression))
+
+
+def features(tree: Node) -> set[str]:
+    """Named language features an expression uses (for engines that lack some)."""
+    found: set[str] = set()
+    for node in syntax.walk(tree):
+        if isinstance(node, Select | Index) and node.optional:
+            found.add("optional field selection (.?x / [?k])")
+        elif isinstance(node, ListLit | MapLit) and (
+            (isinstance(node, ListLit) and node.optional_items)
+            or (isinstance(node, MapLit) and node.optional_entries)
+        ):
+            found.add("optional list/map entries")
+        elif isinstance(node, StructLit):
+            found.add("message construction")
+        elif isinstance(node, Call):
+            qualified = _call_name(node)
+            if qualified == "cel.bind":
+                found.add("cel.bind")
+            elif qualified.startswith("optional.") or (
+                node.target is not None and node.name in ("orValue", "hasValue", "or", "optMap", "optFlatMap")
+            ):
+                found.add("optional values")
+            elif qualified.startswith("math."):
+                found.add("math extension")
+            elif qualified.split(".")[0] in ("lists", "sets", "strings") and "." in qualified:
+                found.add("namespaced functions (lists.*, sets.*, strings.*)")
+            elif (
+                node.target is not None and node.name in MACROS and len(node.args) == 3 and node.name != "map"
+            ) or node.name in ("transformList", "transformMap", "transformMapEntry"):
+                found.add("two-variable comprehensions")
+            elif node.name in ("dyn", "type", "duration", "timestamp", "bytes") and node.target is None:
+                found.add(f"{node.name}()")
+    return found
+
+
+def _is_bind(node: Call) -> bool:
+    return (
+        node.name == "bind"
+        and isinstance(node.target, Ident)
+        and node.target.name == "cel"
+        and len(node.args) == 3
+    )
+
+
+def _call_name(node: Call) -> str:
+    if node.target is not None and isinstance(node.target, Ident):
+        return f"{node.target.name}.{node.name}"
+    return node.name
+
+
+class _Reads:
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.reads: set[Read] = set()
+        self.domains: set[str] = set()
+        self.unknown = False
+        self.free: set[str] = set()
+
+    def error(self, node: Node, message: str) -> CompileError:
+        line, column = syntax.position(self.source, node.pos)
+        return CompileError(message, line=line, column=column)
+
+    def visit(self, node: Node, scope: frozenset[str]) -> None:
+        path = self.device_path(node, scope)
+        if path is not None:
+            self.record(node, path, scope)
+            return
+        if isinstance(node, Ident) and node.name not in scope and node.name != "device":
+            self.free.add(node.name)
+        if isinstance(node, Call):
+            self.check_regex(node)
+            if _is_bind(node) and isinstance(node.args[0], Ident):
+                self.visit(node.args[1], scope)
+                self.visit(node.args[2], scope | {node.args[0].name})
+                return
+            if (
+                isinstance(node.target, Ident)
+                and node.target.name in _NAMESPACES
+                and node.target.name not in scope
+            ):
+                for arg in node.args:
+                    self.visit(arg, scope)
+                return
+            if (
+                node.target is not None
+                and node.name in MACROS
+                and node.args
+                and isinstance(node.args[0], Ident)
+            ):
+                self.visit(node.target, scope)
+                bound = {arg.name for arg in node.args[:-1] if isinstance(arg, Ident)}
+                for arg in node.args[1:]:
+                    self.visit(arg, scope | bound)
+                return
+        for child in syntax.children(node):
+            self.visit(child, scope)
+
+    def device_path(self, node: Node, scope: frozenset[str]) -> list[Node | str] | None:
+        """Keys from `device` down to `node` for a pure select/index chain, else None."""
+        steps: list[Node | str] = []
+        current = node
+        while isinstance(current, Select | Index):
+            if isinstance(current, Select):
+                steps.append(current.field)
+            elif isinstance(current.index, Literal) and isinstance(current.index.value, str):
+                steps.append(current.index.value)
+            else:
+                steps.append(current.index)
+            current = current.operand
+        if isinstance(current, Call) and current.name == "has" and current.target is None:
+            return self.device_path(current.args[0], scope) if len(current.args) == 1 and not steps else None
+        if not (isinstance(current, Ident) and current.name == "device" and "device" not in scope):
+            return None
+        return list(reversed(steps))
+
+    def record(self, node: Node, path: list[Node | str], scope: frozenset[str]) -> None:
+        for step in path:
+            if isinstance(step, Node):
+                self.visit(step, scope)
+        if not path:
+            self.unknown = True
+            return
+        head = path[0]
+        if not isinstance(head, str):
+            self.unknown = True
+            return
+        if head not in DEVICE_FIELDS:
+            raise self.error(node, f"undefined field '{head}'")
+        if head in ("driver", "allowMultipleAllocations"):
+            self.reads.add((head, "", ""))
+            return
+        domain = path[1] if len(path) > 1 else WILDCARD
+        ident = path[2] if len(path) > 2 else WILDCARD
+        if not isinstance(domain, str):
+            domain = WILDCARD
+        elif domain != WILDCARD:
+            self.domains.add(domain)
+        if not isinstance(ident, str) or domain == WILDCARD:
+            ident = WILDCARD
+        self.reads.add((head, domain, ident))
+
+    def check_regex(self, node: Call) -> None:
+        if node.name not in ("matches", "find", "findAll"):
+            return
+        args = node.args if node.target is not None else node.args[1:]
+        if args and isinstance(args[0], Literal) and isinstance(args[0].value, str):
+            problem = regexlib.regex_error(args[0].value)
+            if problem is not None:
+                raise self.error(args[0], f"compilation failed: {problem}")
+
+
+class _Cost:
+    """(cost, size) per node; size is the largest length a string or list can have."""
+
+    def estimate(self, node: Node, scope: dict[str, int]) -> tuple[int, int]:
+        if isinstance(node, Literal):
+            return 0, len(node.value) if isinstance(node.value, str | bytes) else 0
+        if isinstance(node, Ident):
+            return 1, scope.get(node.name, MAX_LIST_ATTRIBUTE if node.name == "device" else 0)
+        if isinstance(node, Select | Index):
+            cost, _ = self.estimate(node.operand, scope)
+            if isinstance(node, Index):
+                cost += self.estimate(node.index, scope)[0]
+            return cost + 1, max(MAX_MAP_ENTRIES, MAX_STRING, MAX_LIST_ATTRIBUTE)
+        if isinstance(node, ListLit):
+            total = sum(self.estimate(item, scope)[0] for item in node.items)
+            return total + 10, len(node.items)
+        if isinstance(node, MapLit | StructLit):
+            parts = syntax.children(node)
+            return sum(self.estimate(part, scope)[0] for part in parts) + 30, len(parts) // 2
+        assert isinstance(node, Call)
+        return self.call(node, scope)
+
+    def call(self, node: Call, scope: dict[str, int]) -> tuple[int, int]:
+        if node.target is not None and node.name in MACROS and len(node.args) >= 2:
+            range_cost, count = self.estimate(node.target, scope)
+            inner = dict(scope)
+            for arg in node.args[:-1]:
+                if isinstance(arg, Ident):
+                    inner[arg.name] = MAX_STRING
+            body = sum(self.estimate(arg, inner)[0] for arg in node.args[1:])
+            return _add(range_cost, count * (body + 1), 1), count
+        if node.name == "bind" and isinstance(node.target, Ident) and len(node.args) == 3:
+            init_cost, init_size = self.estimate(node.args[1], scope)
+            inner = dict(scope)
+            if isinstance(node.args[0], Ident):
+                inner[node.args[0].name] = init_size
+            body_cost, body_size = self.estimate(node.args[2], inner)
+            return init_cost + body_cost, body_size
+        results = [self.estimate(part, scope) for part in syntax.children(node)]
+        cost = sum(c for c, _ in results) + 1
+        sizes = [s for _, s in results]
+        size = max(sizes, default=0)
+        if node.name == "_+_":
+            size = sum(sizes)
+            cost += math.ceil(size / 10)
+        elif node.name in (
+            "_==_",
+            "_!=_",
+            "_<_",
+            "_<=_",
+            "_>_",
+            "_>=_",
+            "@in",
+            "contains",
+            "startsWith",
+            "endsWith",
+            "indexOf",
+            "lastIndexOf",
+            "lowerAscii",
+            "upperAscii",
+            "trim",
+            "replace",
+            "split",
+            "join",
+            "find",
+            "findAll",
+            "matches",
+            "format",
+            "sort",
+            "distinct",
+            "sum",
+            "min",
+            "max",
+            "isSorted",
+            "flatten",
+            "reverse",
+        ):
+            cost += math.ceil(max(size, 1) * (2 if node.name in ("matches", "find", "findAll") else 1) / 10)
+            if node.name in ("distinct", "sort", "sets.contains", "sets.intersects", "sets.equivalent"):
+                cost += size * size // 10
+        elif node.name == "range" and isinstance(node.target, Ident) and node.target.name == "lists":
+            limit = node.args[0] if node.args else None
+            size = limit.value if isinstance(limit, Literal) and isinstance(limit.value, int) else UNBOUNDED
+            cost += math.ceil(max(size, 0) / 10)
+        return cost, size
+
+
+def _add(*parts: int) -> int:
+    return sum(parts)
 
 
 def memo_key(info: Analysis, driver: str, device: Mapping[str, Any]) -> Hashable | None:
-    return None
+    """Everything the expression can observe about this device, as a hashable value."""
+    if info.reads is None or not isinstance(device, Mapping):
+        return None
+    key: list[Hashable] = [driver]
+    for field, domain, ident in info.reads:
+        if field in ("driver", "allowMultipleAllocations"):
+            key.append(_freeze(device.get(field)) if field != "driver" else driver)
+            continue
+        table = device.get(field)
+        if table is None:
+            key.append(None)
+            continue
+        if not isinstance(table, Mapping):
+            return None
+        if domain == WILDCARD:
+            key.append(_freeze(table))
+        elif ident == WILDCARD:
+            key.append(
+                tuple(
+                    sorted(
+                        (name, _freeze(value))
+                        for name, value in table.items()
+                        if split_name(name, driver)[0] == domain
+                    )
+                )
+            )
+        else:
+            qualified = table.get(f"{domain}/{ident}")
+            key.append(_freeze(qualified))
+            if domain == driver:
+                key.append(_freeze(table.get(ident)))
+    return tuple(key)
+
+
+def _freeze(value: object) -> Hashable:
+    if isinstance(value, Mapping):
+        return tuple(sorted((str(k), _freeze(v)) for k, v in value.items()))
+    if isinstance(value, list | tuple):
+        return tuple(_freeze(v) for v in value)
+    if isinstance(value, Hashable):
+        return (type(value).__name__, value)
+    return repr(value)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from controller.cel.analysis import Analysis
+
 
 class EvalFailure(Exception):
     """A CEL runtime error; the message is upstream-style text without the device name."""
@@ -18,8 +20,8 @@ class Program(Protocol):
 class Engine(Protocol):
     name: str
 
-    def compile(self, expression: str, domains: frozenset[str]) -> Program:
-        """A compiled program, or CompileError. `domains`: literal domains the expression indexes."""
+    def compile(self, expression: str, info: Analysis) -> Program:
+        """A compiled program, or CompileError; `info` is our own analysis of the expression."""
 
 
 def not_bool_error(type_name: str) -> EvalFailure:

@@ -14,6 +14,7 @@ from typing import Any
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
+from controller.cel.analysis import Analysis
 from controller.cel.device import DeviceShapeError, build_view
 from controller.cel.engine import EvalFailure, not_bool_error
 from controller.cel.errors import CompileError, LibraryError
@@ -250,7 +251,7 @@ def _type_name(kind: Any) -> str:
 class CppEngine:
     name = NAME
 
-    def compile(self, expression: str, domains: frozenset[str]) -> CppProgram:
+    def compile(self, expression: str, info: Analysis) -> CppProgram:
         try:
             compiled = _environment().compile(expression)
         except RuntimeError as err:
@@ -258,4 +259,4 @@ class CppEngine:
         result = compiled.return_type()
         if result not in (cel.Type.BOOL, cel.Type.DYN):
             raise CompileError(f"must evaluate to bool, not {_type_name(result)}")
-        return CppProgram(compiled, domains, result != cel.Type.BOOL)
+        return CppProgram(compiled, info.domains, result != cel.Type.BOOL)

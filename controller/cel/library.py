@@ -32,7 +32,16 @@ class Kind(Enum):
     ANY = "any"
 
 
-SCALAR_KINDS = (Kind.INT, Kind.UINT, Kind.DOUBLE, Kind.STRING, Kind.BOOL, Kind.BYTES, Kind.QUANTITY, Kind.SEMVER)
+SCALAR_KINDS = (
+    Kind.INT,
+    Kind.UINT,
+    Kind.DOUBLE,
+    Kind.STRING,
+    Kind.BOOL,
+    Kind.BYTES,
+    Kind.QUANTITY,
+    Kind.SEMVER,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +80,7 @@ def _global(oid: str, params: Sequence[Kind], result: Kind, impl: Callable[..., 
     return Overload(oid, tuple(params), result, False, _wrap(impl))
 
 
-Q, S, I, B, STR, D = Kind.QUANTITY, Kind.SEMVER, Kind.INT, Kind.BOOL, Kind.STRING, Kind.DOUBLE
+Q, S, INT, B, STR, D = Kind.QUANTITY, Kind.SEMVER, Kind.INT, Kind.BOOL, Kind.STRING, Kind.DOUBLE
 L, LS, A = Kind.LIST, Kind.LIST_STRING, Kind.ANY
 
 
@@ -79,22 +88,24 @@ def _quantity_functions() -> list[Function]:
     return [
         Function("quantity", (_global("string_to_quantity", [STR], Q, Quantity.parse),)),
         Function("isQuantity", (_global("is_quantity_string", [STR], B, is_quantity),)),
-        Function("sign", (_member("quantity_sign", [Q], I, Quantity.sign),)),
+        Function("sign", (_member("quantity_sign", [Q], INT, Quantity.sign),)),
         Function("isInteger", (_member("quantity_is_integer", [Q], B, Quantity.is_integer),)),
-        Function("asInteger", (_member("quantity_get_integer", [Q], I, Quantity.as_integer),)),
-        Function("asApproximateFloat", (_member("quantity_get_float", [Q], D, Quantity.as_approximate_float),)),
+        Function("asInteger", (_member("quantity_get_integer", [Q], INT, Quantity.as_integer),)),
+        Function(
+            "asApproximateFloat", (_member("quantity_get_float", [Q], D, Quantity.as_approximate_float),)
+        ),
         Function(
             "add",
             (
                 _member("quantity_add", [Q, Q], Q, Quantity.add),
-                _member("quantity_add_int", [Q, I], Q, Quantity.add),
+                _member("quantity_add_int", [Q, INT], Q, Quantity.add),
             ),
         ),
         Function(
             "sub",
             (
                 _member("quantity_sub", [Q, Q], Q, Quantity.sub),
-                _member("quantity_sub_int", [Q, I], Q, Quantity.sub),
+                _member("quantity_sub_int", [Q, INT], Q, Quantity.sub),
             ),
         ),
     ]
@@ -116,9 +127,9 @@ def _semver_functions() -> list[Function]:
                 _global("is_semver_string_bool", [STR, B], B, is_semver),
             ),
         ),
-        Function("major", (_member("semver_major", [S], I, lambda v: v.major),)),
-        Function("minor", (_member("semver_minor", [S], I, lambda v: v.minor),)),
-        Function("patch", (_member("semver_patch", [S], I, lambda v: v.patch),)),
+        Function("major", (_member("semver_major", [S], INT, lambda v: v.major),)),
+        Function("minor", (_member("semver_minor", [S], INT, lambda v: v.minor),)),
+        Function("patch", (_member("semver_patch", [S], INT, lambda v: v.patch),)),
     ]
 
 
@@ -138,7 +149,7 @@ def _comparison_functions() -> list[Function]:
         ("isGreaterThan", lambda a, b: compare(a, b) > 0),
         ("isLessThan", lambda a, b: compare(a, b) < 0),
     ):
-        result = I if name == "compareTo" else B
+        result = INT if name == "compareTo" else B
         functions.append(
             Function(
                 name,
@@ -160,23 +171,28 @@ def _list_functions() -> list[Function]:
         Function(
             "indexOf",
             (
-                _member("list_index_of", [L, A], I, listlib.index_of),
-                _member("string_index_of", [STR, STR], I, stringlib.index_of),
-                _member("string_index_of_int", [STR, STR, I], I, stringlib.index_of),
+                _member("list_index_of", [L, A], INT, listlib.index_of),
+                _member("string_index_of", [STR, STR], INT, stringlib.index_of),
+                _member("string_index_of_int", [STR, STR, INT], INT, stringlib.index_of),
             ),
         ),
         Function(
             "lastIndexOf",
             (
-                _member("list_last_index_of", [L, A], I, listlib.last_index_of),
-                _member("string_last_index_of", [STR, STR], I, stringlib.last_index_of),
-                _member("string_last_index_of_int", [STR, STR, I], I, stringlib.last_index_of),
+                _member("list_last_index_of", [L, A], INT, listlib.last_index_of),
+                _member("string_last_index_of", [STR, STR], INT, stringlib.last_index_of),
+                _member("string_last_index_of_int", [STR, STR, INT], INT, stringlib.last_index_of),
             ),
         ),
         # ext.Lists (v3).
-        Function("slice", (_member("list_slice", [L, I, I], L, listlib.slice_of),)),
-        Function("flatten", (_member("list_flatten", [L], L, listlib.flatten),
-                             _member("list_flatten_depth", [L, I], L, listlib.flatten))),
+        Function("slice", (_member("list_slice", [L, INT, INT], L, listlib.slice_of),)),
+        Function(
+            "flatten",
+            (
+                _member("list_flatten", [L], L, listlib.flatten),
+                _member("list_flatten_depth", [L, INT], L, listlib.flatten),
+            ),
+        ),
         Function("distinct", (_member("list_distinct", [L], L, listlib.distinct),)),
         Function(
             "reverse",
@@ -186,7 +202,7 @@ def _list_functions() -> list[Function]:
             ),
         ),
         Function("sort", (_member("list_sort", [L], L, listlib.sort),)),
-        Function("lists.range", (_global("lists_range", [I], L, listlib.range_of),)),
+        Function("lists.range", (_global("lists_range", [INT], L, listlib.range_of),)),
         Function("sets.contains", (_global("sets_contains", [L, L], B, listlib.sets_contains),)),
         Function("sets.equivalent", (_global("sets_equivalent", [L, L], B, listlib.sets_equivalent),)),
         Function("sets.intersects", (_global("sets_intersects", [L, L], B, listlib.sets_intersects),)),
@@ -198,26 +214,26 @@ def _string_functions() -> list[Function]:
         Function("lowerAscii", (_member("string_lower_ascii", [STR], STR, stringlib.lower_ascii),)),
         Function("upperAscii", (_member("string_upper_ascii", [STR], STR, stringlib.upper_ascii),)),
         Function("trim", (_member("string_trim", [STR], STR, stringlib.trim),)),
-        Function("charAt", (_member("string_char_at", [STR, I], STR, stringlib.char_at),)),
+        Function("charAt", (_member("string_char_at", [STR, INT], STR, stringlib.char_at),)),
         Function(
             "substring",
             (
-                _member("string_substring", [STR, I], STR, stringlib.substring),
-                _member("string_substring_range", [STR, I, I], STR, stringlib.substring),
+                _member("string_substring", [STR, INT], STR, stringlib.substring),
+                _member("string_substring_range", [STR, INT, INT], STR, stringlib.substring),
             ),
         ),
         Function(
             "replace",
             (
                 _member("string_replace", [STR, STR, STR], STR, stringlib.replace),
-                _member("string_replace_n", [STR, STR, STR, I], STR, stringlib.replace),
+                _member("string_replace_n", [STR, STR, STR, INT], STR, stringlib.replace),
             ),
         ),
         Function(
             "split",
             (
                 _member("string_split", [STR, STR], LS, stringlib.split),
-                _member("string_split_n", [STR, STR, I], LS, stringlib.split),
+                _member("string_split_n", [STR, STR, INT], LS, stringlib.split),
             ),
         ),
         Function(
@@ -235,7 +251,7 @@ def _string_functions() -> list[Function]:
             "findAll",
             (
                 _member("string_find_all", [STR, STR], LS, regexlib.find_all),
-                _member("string_find_all_n", [STR, STR, I], LS, regexlib.find_all),
+                _member("string_find_all_n", [STR, STR, INT], LS, regexlib.find_all),
             ),
         ),
     ]

@@ -15,7 +15,7 @@ def _compare(a: object, b: object) -> int:
         return a.compare(b)  # type: ignore[arg-type]
     if isinstance(a, bool) != isinstance(b, bool) or not _comparable(a, b):
         raise LibraryError(f"no such overload: {type(a).__name__} < {type(b).__name__}")
-    return (a > b) - (a < b)  # type: ignore[operator]
+    return int((a > b) - (a < b))  # type: ignore[operator]
 
 
 def _comparable(a: object, b: object) -> bool:
@@ -70,9 +70,11 @@ def last_index_of(items: Sequence[object], value: object) -> int:
 
 def slice_of(items: Sequence[object], start: int, end: int) -> list[object]:
     if start < 0 or end < 0:
-        raise LibraryError(f"cannot slice(%d, %d), negative indexes not supported" % (start, end))
+        raise LibraryError(f"cannot slice({start}, {end}), negative indexes not supported")
     if start > end:
-        raise LibraryError(f"cannot slice({start}, {end}), start index must be less than or equal to end index")
+        raise LibraryError(
+            f"cannot slice({start}, {end}), start index must be less than or equal to end index"
+        )
     if end > len(items):
         raise LibraryError(f"cannot slice({start}, {end}), list is length {len(items)}")
     return list(items[start:end])

@@ -7,13 +7,14 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Hashable, Mapping
-from functools import lru_cache
+from functools import cache, lru_cache
 from typing import Any
 
 from controller.cel import analysis
 from controller.cel.device import device_name
 from controller.cel.engine import Engine, EvalFailure, Program
 from controller.cel.errors import CompileError, EngineUnavailable, EvaluationError
+from controller.cel.syntax import ParseFailure
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +42,7 @@ def default_engine() -> str:
     return CPP_ENGINE
 
 
-@lru_cache(maxsize=None)
+@cache
 def _load_engine(name: str) -> Engine:
     try:
         if name == CPP_ENGINE:
@@ -118,14 +119,27 @@ def _compile_cached(expression: str, engine_name: str) -> Selector:
         engine = _load_engine(engine_name)
     except EngineUnavailable as err:
         raise CompileError(str(err)) from None
-    info = analysis.analyze(expression, engine_name)
-    program = engine.compile(expression, info.domains)
+    info = _analyze(expression, engine)
+    program = engine.compile(expression, info)
     if info.cost > MAX_COST:
         raise CompileError(
             f"estimated cost {info.cost} exceeds the cost limit {MAX_COST}: expression too complex"
         )
     log.debug("compiled selector engine=%s cost=%d memo=%s", engine_name, info.cost, info.reads is not None)
     return Selector(expression, engine_name, program, info)
+
+
+def _analyze(expression: str, engine: Engine) -> analysis.Analysis:
+    try:
+        return analysis.analyze(expression)
+    except CompileError as err:
+        # The engine's own diagnosis (position and wording) wins when it has one.
+        engine.compile(expression, analysis.Analysis(frozenset(), None, 0))
+        if not isinstance(err, ParseFailure) or engine.name != CPP_ENGINE:
+            raise
+        # Our parser missed syntax the engine accepts: run without memoization or cost estimate.
+        log.warning("selector not analyzable, evaluating without memoization: %s", err)
+        return analysis.Analysis(analysis.literal_strings(expression), None, 0)
 
 
 def clear_caches() -> None:

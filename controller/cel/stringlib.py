@@ -89,8 +89,17 @@ def reverse(text: str) -> str:
 
 
 def quote(text: str) -> str:
-    escapes = {"\a": "\\a", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t",
-               "\v": "\\v", "\\": "\\\\", '"': '\\"'}
+    escapes = {
+        "\a": "\\a",
+        "\b": "\\b",
+        "\f": "\\f",
+        "\n": "\\n",
+        "\r": "\\r",
+        "\t": "\\t",
+        "\v": "\\v",
+        "\\": "\\\\",
+        '"': '\\"',
+    }
     return '"' + "".join(escapes.get(c, c) for c in text) + '"'
 
 
@@ -134,27 +143,42 @@ def _format_one(verb: str, value: object, precision: int | None) -> str:
         return to_cel_string(value)
     if verb == "d":
         if isinstance(value, bool) or not isinstance(value, int):
-            raise LibraryError(f"error during formatting: decimal clause can only be used on integers, was given {_type_name(value)}")
+            raise LibraryError(
+                "error during formatting: decimal clause can only be used on integers, was given "
+                + _type_name(value)
+            )
         return str(value)
     if verb in "fe":
         if isinstance(value, bool) or not isinstance(value, int | float):
-            raise LibraryError(f"error during formatting: fixed-point clause can only be used on doubles, was given {_type_name(value)}")
+            raise LibraryError(
+                "error during formatting: fixed-point clause can only be used on doubles, was given "
+                + _type_name(value)
+            )
         return f"{float(value):.{6 if precision is None else precision}{verb}}"
     if verb in "xXob":
         if isinstance(value, bool) or not isinstance(value, int | str | bytes):
-            raise LibraryError(f"error during formatting: only integers, byte buffers, and strings can be formatted as hex, was given {_type_name(value)}")
+            raise LibraryError(
+                "error during formatting: only integers, byte buffers, and strings can be formatted as hex, "
+                f"was given {_type_name(value)}"
+            )
         if isinstance(value, str | bytes):
             raw = value.encode() if isinstance(value, str) else value
             hexed = raw.hex()
             return hexed.upper() if verb == "X" else hexed
         return format(value, verb)
-    raise LibraryError(f"could not parse formatting clause: unrecognized formatting clause \"{verb}\"")
+    raise LibraryError(f'could not parse formatting clause: unrecognized formatting clause "{verb}"')
 
 
 def _type_name(value: object) -> str:
-    return {bool: "bool", int: "int", float: "double", str: "string", bytes: "bytes", list: "list", dict: "map"}.get(
-        type(value), type(value).__name__
-    )
+    return {
+        bool: "bool",
+        int: "int",
+        float: "double",
+        str: "string",
+        bytes: "bytes",
+        list: "list",
+        dict: "map",
+    }.get(type(value), type(value).__name__)
 
 
 def to_cel_string(value: object) -> str:
