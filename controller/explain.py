@@ -1,0 +1,313 @@
+"""Why a claim cannot be allocated: per request, per node and pool, which filter removed
+how many devices (and which claims hold the devices in use).
+
+The filters are the allocator's own checks, applied device by device without
+the search; what is left over and still fails is a constraint conflict.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from controller.allocation.capacity import CapacityRequestError, request_fits
+from controller.allocation.nodes import Node
+from controller.allocation.pools import DeviceID, pool_generation, pool_key
+from controller.allocation.requests import ALL, alternatives, blocking_taint, claim_ref, claim_requests
+from controller.allocation.search import RequestPlan, Search, pool_candidates
+from controller.allocation.selectors import SelectorError
+from controller.allocator import Allocator
+
+JSON = Mapping[str, Any]
+
+# Filter keys, in the order they are applied, with the words used in text output.
+FILTERS: dict[str, str] = {
+    "incomplete-pool": "incomplete pool",
+    "invalid-pool": "invalid pool",
+    "cel-error": "CEL error",
+    "class-selector": "class selector",
+    "request-selector": "request selector",
+    "node-selection": "per-device node selection",
+    "in-use": "in use",
+    "capacity": "not enough capacity",
+    "counters": "shared counters exhausted",
+    "taint": "untolerated taint",
+}
+
+
+@dataclass
+class PoolReport:
+    pool: str
+    devices: int = 0
+    usable: int = 0
+    removed: Counter[str] = field(default_factory=Counter)
+    holders: Counter[str] = field(default_factory=Counter)
+    cel_errors: list[str] = field(default_factory=list)
+    note: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "pool": self.pool,
+            "devices": self.devices,
+            "usable": self.usable,
+            "removed": dict(self.removed),
+            "inUseBy": dict(self.holders),
+            "celErrors": self.cel_errors[:3],
+            **({"note": self.note} if self.note else {}),
+        }
+
+
+@dataclass
+class RequestReport:
+    request: str
+    device_class: str
+    needed: str  # a count, or "all"
+    pools: list[PoolReport] = field(default_factory=list)
+
+    @property
+    def usable(self) -> int:
+        return sum(p.usable for p in self.pools)
+
+    @property
+    def removed(self) -> Counter[str]:
+        total: Counter[str] = Counter()
+        for pool in self.pools:
+            total.update(pool.removed)
+        return total
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "request": self.request,
+            "deviceClassName": self.device_class,
+            "needed": self.needed,
+            "usable": self.usable,
+            "pools": [p.to_json() for p in self.pools],
+        }
+
+
+@dataclass
+class NodeReport:
+    node: str | None
+    allocatable: bool
+    verdict: str
+    requests: list[RequestReport] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "node": self.node,
+            "allocatable": self.allocatable,
+            "verdict": self.verdict,
+            "requests": [r.to_json() for r in self.requests],
+        }
+
+
+@dataclass
+class Explanation:
+    claim: str
+    allocated: bool
+    nodes: list[NodeReport] = field(default_factory=list)
+
+    @property
+    def summary(self) -> str:
+        """One line for an Event: the most telling node's verdict and filters."""
+        if self.allocated:
+            return f"claim {self.claim} is allocated"
+        if any(n.allocatable for n in self.nodes):
+            nodes = ", ".join(str(n.node) for n in self.nodes if n.allocatable)
+            return f"claim {self.claim} can be allocated on: {nodes}"
+        if not self.nodes:
+            return f"claim {self.claim}: no node offers devices"
+        parts: list[str] = []
+        totals: dict[str, Counter[str]] = {}
+        for node in self.nodes:
+            for request in node.requests:
+                totals.setdefault(request.request, Counter()).update(request.removed)
+        for request_name, removed in totals.items():
+            filters = ", ".join(f"{FILTERS[k]} removed {v}" for k, v in removed.most_common() if v)
+            parts.append(f"request {request_name}: {filters or 'no devices published'}")
+        verdicts = sorted({n.verdict for n in self.nodes})
+        return (
+            f"claim {self.claim} cannot be allocated on {len(self.nodes)} node(s): "
+            + "; ".join(parts)
+            + f" ({'; '.join(verdicts[:2])})"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "claim": self.claim,
+            "allocated": self.allocated,
+            "summary": self.summary,
+            "nodes": [n.to_json() for n in self.nodes],
+        }
+
+    def to_text(self) -> str:
+        lines = [self.summary]
+        for node in self.nodes:
+            lines.append(f"node {node.node or '(none)'}: {node.verdict}")
+            for request in node.requests:
+                lines.append(
+                    f"  request {request.request} (class {request.device_class}, needs {request.needed}): "
+                    f"{request.usable} usable"
+                )
+                for pool in request.pools:
+                    removed = ", ".join(f"{FILTERS[k]}: {v}" for k, v in pool.removed.items() if v)
+                    lines.append(
+                        f"    pool {pool.pool}: {pool.devices} devices, {pool.usable} usable; "
+                        f"{removed or '-'}"
+                    )
+                    if pool.holders:
+                        lines.append(
+                            "      in use by " + ", ".join(f"{c} ({n})" for c, n in pool.holders.items())
+                        )
+                    for message in pool.cel_errors[:3]:
+                        lines.append(f"      {message}")
+                    if pool.note:
+                        lines.append(f"      {pool.note}")
+        return "\n".join(lines)
+
+
+def _pool_device_count(allocator: Allocator, driver: str, pool: str, generation: int) -> int:
+    return sum(
+        len((s.get("spec") or {}).get("devices") or [])
+        for s in allocator.slices
+        if pool_key(s) == (driver, pool) and pool_generation(s) == generation
+    )
+
+
+def _explain_request(
+    allocator: Allocator, search: Search, key: tuple[int, int, int], plan: RequestPlan
+) -> RequestReport:
+    request = plan.request
+    needed = "all" if request.allocation_mode == ALL else str(request.count)
+    report = RequestReport(request=request.result_name, device_class=request.device_class_name, needed=needed)
+    for pool in search.pools:
+        pool_report = PoolReport(pool=pool.id)
+        report.pools.append(pool_report)
+        if pool.incomplete or pool.invalid:
+            generations = [
+                pool_generation(s) for s in allocator.slices if pool_key(s) == (pool.driver, pool.name)
+            ]
+            count = _pool_device_count(allocator, pool.driver, pool.name, max(generations, default=0))
+            pool_report.devices = count
+            reason = "incomplete-pool" if pool.incomplete else "invalid-pool"
+            pool_report.removed[reason] = count
+            pool_report.note = pool.invalid_reason
+            continue
+        for candidate in pool_candidates(pool):
+            pool_report.devices += 1
+            verdict = _device_verdict(search, key, plan, candidate, pool_report)
+            if verdict is None:
+                pool_report.usable += 1
+            else:
+                pool_report.removed[verdict] += 1
+    return report
+
+
+def _device_verdict(
+    search: Search, key: tuple[int, int, int], plan: RequestPlan, candidate: Any, report: PoolReport
+) -> str | None:
+    """The first filter that removes the device, or None when it is usable."""
+    device = candidate.device
+    driver = candidate.device_id.driver
+    try:
+        for i, selector in enumerate((plan.device_class.get("spec") or {}).get("selectors") or []):
+            expression = str((selector.get("cel") or {}).get("expression", ""))
+            if not search.selectors.matches(expression, driver, device, f"class selector #{i}"):
+                return "class-selector"
+        for i, selector in enumerate(plan.request.selectors):
+            expression = str((selector.get("cel") or {}).get("expression", ""))
+            if not search.selectors.matches(expression, driver, device, f"request selector #{i}"):
+                return "request-selector"
+    except SelectorError as err:
+        report.cel_errors.append(err.message)
+        return "cel-error"
+    if not search.selectable(key, plan, candidate):
+        return "node-selection"
+    device_id: DeviceID = candidate.device_id
+    if not plan.request.admin_access and device_id in search.state.devices:
+        report.holders[search.state.devices[device_id]] += 1
+        return "in-use"
+    if search.features.consumable_capacity:
+        try:
+            fits = request_fits(
+                plan.request.capacity_requests, device, search.state.capacity.get(device_id, {}), {}
+            )
+        except CapacityRequestError:
+            fits = False
+        if not fits:
+            for holder in search.state.shared.get(device_id, []):
+                report.holders[holder] += 1
+            return "capacity"
+    if device.get("consumesCounters") and not _counters_fit(search, candidate):
+        return "counters"
+    if search.features.device_taints and blocking_taint(device, plan.request) is not None:
+        return "taint"
+    return None
+
+
+def _counters_fit(search: Search, candidate: Any) -> bool:
+    fits = search._take_counters(candidate)
+    if fits:
+        search._release_counters(candidate)
+    return fits
+
+
+def explain_on_node(allocator: Allocator, claim: JSON, node: Node | None) -> NodeReport:
+    outcome = allocator.allocate([claim], node)
+    node_name = node.name if node is not None else None
+    if outcome.ok:
+        verdict = "allocatable"
+    else:
+        assert outcome.failure is not None
+        verdict = outcome.failure.message
+    report = NodeReport(node=node_name, allocatable=outcome.ok, verdict=verdict)
+    search = allocator.search([claim], node)
+    for request_index, request in enumerate(claim_requests(claim)):
+        for alt_index, option in enumerate(alternatives(request)):
+            device_class = allocator.classes.get(option.device_class_name)
+            if device_class is None:
+                report.requests.append(
+                    RequestReport(
+                        option.result_name,
+                        option.device_class_name,
+                        "-",
+                        [PoolReport("-", note="no such class")],
+                    )
+                )
+                continue
+            plan = RequestPlan(request=option, device_class=device_class, num_devices=option.count)
+            report.requests.append(_explain_request(allocator, search, (0, request_index, alt_index), plan))
+    if not outcome.ok and "cannot allocate" in verdict:
+        short = [r for r in report.requests if r.needed != "all" and r.usable < int(r.needed)]
+        if not short and report.requests:
+            constraints = ((claim.get("spec") or {}).get("devices") or {}).get("constraints") or []
+            names = ", ".join(
+                f"matchAttribute {c['matchAttribute']}"
+                if c.get("matchAttribute")
+                else f"distinctAttribute {c.get('distinctAttribute')}"
+                for c in constraints
+            )
+            report.verdict = (
+                "constraint conflict: enough devices pass the filters, but not together "
+                f"({names or 'result limit'})"
+            )
+    return report
+
+
+def explain_claim(allocator: Allocator, claim: JSON, nodes: Sequence[Node] | None = None) -> Explanation:
+    """Explain `claim` on the given nodes (default: every node that has slices, or no node)."""
+    allocated = bool((claim.get("status") or {}).get("allocation"))
+    explanation = Explanation(claim=claim_ref(claim), allocated=allocated)
+    if allocated:
+        return explanation
+    candidates: Sequence[Node | None]
+    if nodes:
+        candidates = nodes
+    else:
+        names = allocator.node_names()
+        candidates = [Node(n) for n in names] if names else [None]
+    for node in candidates:
+        explanation.nodes.append(explain_on_node(allocator, claim, node))
+    return explanation

@@ -1,0 +1,203 @@
+"""The API objects the cluster-side tools work on: from manifests offline, or from a cluster.
+
+Objects stay plain JSON dicts (what the API server serves): typed client
+models drop fields they do not know, and the allocator reads API field names.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import yaml
+
+JSON = dict[str, Any]
+
+RESOURCE_API = "/apis/resource.k8s.io/v1"
+MANIFEST_SUFFIXES = (".yaml", ".yml", ".json")
+
+
+class ManifestError(ValueError):
+    """A manifest file that cannot be read as Kubernetes objects."""
+
+
+@dataclass
+class ClusterObjects:
+    """Everything allocation depends on, in the order it was read."""
+
+    device_classes: list[JSON] = field(default_factory=list)
+    slices: list[JSON] = field(default_factory=list)
+    claims: list[JSON] = field(default_factory=list)
+    taint_rules: list[JSON] = field(default_factory=list)
+    nodes: list[JSON] = field(default_factory=list)
+    pods: list[JSON] = field(default_factory=list)
+
+    _BY_KIND: ClassVar[dict[str, str]] = {
+        "DeviceClass": "device_classes",
+        "ResourceSlice": "slices",
+        "ResourceClaim": "claims",
+        "DeviceTaintRule": "taint_rules",
+        "Node": "nodes",
+        "Pod": "pods",
+    }
+
+    def add(self, obj: Mapping[str, Any]) -> bool:
+        """Keep an object of a kind we use; False for other kinds (ignored)."""
+        attribute = self._BY_KIND.get(str(obj.get("kind", "")))
+        if attribute is None:
+            return False
+        getattr(self, attribute).append(dict(obj))
+        return True
+
+    def find_claim(self, name: str, namespace: str) -> JSON | None:
+        for claim in self.claims:
+            meta = claim.get("metadata") or {}
+            if meta.get("name") == name and (meta.get("namespace") or "default") == namespace:
+                return claim
+        return None
+
+
+def _documents(path: Path) -> Iterator[Any]:
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".json":
+        try:
+            yield json.loads(text)
+        except json.JSONDecodeError as err:
+            raise ManifestError(f"{path}: invalid JSON: {err}") from err
+        return
+    try:
+        yield from yaml.safe_load_all(text)
+    except yaml.YAMLError as err:
+        raise ManifestError(f"{path}: invalid YAML: {err}") from err
+
+
+def _flatten(document: Any, path: Path) -> Iterator[Mapping[str, Any]]:
+    if document is None:
+        return
+    if not isinstance(document, Mapping):
+        raise ManifestError(f"{path}: expected a Kubernetes object, got {type(document).__name__}")
+    if str(document.get("kind", "")).endswith("List") and isinstance(document.get("items"), list):
+        for item in document["items"]:
+            yield from _flatten(item, path)
+        return
+    yield document
+
+
+def manifest_files(paths: Iterable[str | Path]) -> list[Path]:
+    """Files named directly, plus *.yaml/*.yml/*.json below named directories (sorted)."""
+    files: list[Path] = []
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            files.extend(sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in MANIFEST_SUFFIXES))
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise ManifestError(f"{path}: no such file or directory")
+    return files
+
+
+def load_manifests(paths: Iterable[str | Path]) -> ClusterObjects:
+    """Read YAML (multi-document) and JSON manifests, including `kind: List`."""
+    objects = ClusterObjects()
+    for path in manifest_files(paths):
+        for document in _documents(path):
+            for obj in _flatten(document, path):
+                if obj.get("kind") in ("ResourceClaim", "Pod"):
+                    meta = dict(obj.get("metadata") or {})
+                    meta.setdefault("namespace", "default")
+                    obj = {**obj, "metadata": meta}
+                objects.add(obj)
+    return objects
+
+
+class ApiJSON:
+    """Raw JSON requests with a kubernetes ApiClient's server and credentials."""
+
+    def __init__(self, api: Any) -> None:
+        self.api = api
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Mapping[str, Any] | None = None,
+        query: Mapping[str, str] | None = None,
+        content_type: str = "application/json",
+        timeout: float | None = None,
+        stream: bool = False,
+    ) -> Any:
+        """Returns the decoded body, or the raw response when `stream` is set."""
+        from kubernetes.client.exceptions import ApiException
+
+        headers = {"Accept": "application/json"}
+        if body is not None:
+            headers["Content-Type"] = content_type
+        method, url, headers, payload, _ = self.api.param_serialize(
+            method=method,
+            resource_path=path,
+            query_params=list((query or {}).items()),
+            header_params=headers,
+            body=dict(body) if body is not None else None,
+            auth_settings=["BearerToken"],
+        )
+        response = self.api.call_api(
+            method, url, header_params=headers, body=payload, _request_timeout=timeout
+        )
+        if stream and 200 <= response.status < 300:
+            return response
+        data: bytes = response.read()
+        if not 200 <= response.status < 300:
+            raise ApiException.from_response(
+                http_resp=response, body=data.decode(errors="replace"), data=None
+            )
+        return json.loads(data) if data else {}
+
+    def get(self, path: str, query: Mapping[str, str] | None = None) -> JSON:
+        result: JSON = self.request("GET", path, query=query)
+        return result
+
+    def list_items(self, path: str, kind: str) -> tuple[list[JSON], str]:
+        """All items of a collection (following `continue`), with kind filled in, and the list's
+        resourceVersion."""
+        items: list[JSON] = []
+        query: dict[str, str] = {"limit": "500"}
+        while True:
+            page = self.get(path, query)
+            for item in page.get("items") or []:
+                item.setdefault("kind", kind)
+                items.append(item)
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                return items, str((page.get("metadata") or {}).get("resourceVersion", ""))
+            query = {"limit": "500", "continue": token}
+
+
+COLLECTIONS: Sequence[tuple[str, str, str]] = (
+    ("device_classes", f"{RESOURCE_API}/deviceclasses", "DeviceClass"),
+    ("slices", f"{RESOURCE_API}/resourceslices", "ResourceSlice"),
+    ("claims", f"{RESOURCE_API}/resourceclaims", "ResourceClaim"),
+    ("nodes", "/api/v1/nodes", "Node"),
+    ("pods", "/api/v1/pods", "Pod"),
+)
+
+
+def load_from_cluster(api: Any, *, include_taint_rules: bool = True) -> ClusterObjects:
+    """List the objects allocation depends on from a live cluster."""
+    from kubernetes.client.exceptions import ApiException
+
+    reader = ApiJSON(api)
+    objects = ClusterObjects()
+    for attribute, path, kind in COLLECTIONS:
+        items, _ = reader.list_items(path, kind)
+        setattr(objects, attribute, items)
+    if include_taint_rules:
+        try:
+            objects.taint_rules, _ = reader.list_items(f"{RESOURCE_API}/devicetaintrules", "DeviceTaintRule")
+        except ApiException as err:
+            if err.status != 404:  # DeviceTaintRule is not served before 1.37 (or with the gate off)
+                raise
+    return objects
