@@ -41,7 +41,8 @@ NON_DEFAULT_VALUES: dict[str, Any] = {
         "cdiRoot": "/etc/cdi",
         "stateDir": "/data/gpudra",
         "privileged": False,
-        "nodeSelector": {"example.com/gpu": "yes"},
+        # Helm merges maps with the defaults: null removes the default key.
+        "nodeSelector": {"nvidia.com/gpu.present": None, "example.com/gpu": "yes"},
         "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "gpu", "effect": "NoExecute"}],
         "livenessProbe": {"enabled": False},
         "extraEnv": [{"name": "EXTRA", "value": "1"}],

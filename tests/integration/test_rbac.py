@@ -239,7 +239,7 @@ def test_plugin_rbac_grants_only_what_the_plugin_needs(
         resource.list_resource_slice(field_selector=f"spec.nodeName={node_a}")
         event: Manifest = {
             "metadata": {"generateName": "plugin-"},
-            "involvedObject": {"kind": "Node", "name": node_a},
+            "involvedObject": {"kind": "Pod", "namespace": ns, "name": f"plugin-{node_a}"},
             "reason": "Test",
             "message": "events are allowed",
             "type": "Normal",
