@@ -298,3 +298,30 @@ class FakeKubelet:
         tb: TracebackType | None,
     ) -> None:
         await self.close()
+
+
+class StaticDriver:
+    """A minimal driver for exercising the plugin end to end: one fixed device per claim."""
+
+    def __init__(self, driver_name: str = "gpu.draplugin.dev") -> None:
+        self.driver_name = driver_name
+        self.prepared: set[str] = set()
+
+    async def prepare_claim(self, claim: ClaimRef) -> Sequence[PreparedDevice]:
+        self.prepared.add(claim.uid)
+        return [
+            PreparedDevice(
+                request_names=(),
+                pool_name="pool",
+                device_name="gpu-0",
+                cdi_device_ids=(f"{self.driver_name}/gpu={claim.uid}-gpu-0",),
+            )
+        ]
+
+    async def unprepare_claim(self, claim: ClaimRef) -> None:
+        self.prepared.discard(claim.uid)
+
+
+def static_driver_factory(settings: object) -> StaticDriver:
+    """`DRAPLUGIN_DRIVER_FACTORY=tests.kubelet_client:static_driver_factory` for `draplugin run`."""
+    return StaticDriver(str(getattr(settings, "driver_name", "gpu.draplugin.dev")))
