@@ -125,7 +125,10 @@ def _compile_cached(expression: str, engine_name: str) -> Selector:
         raise CompileError(
             f"estimated cost {info.cost} exceeds the cost limit {MAX_COST}: expression too complex"
         )
-    log.debug("compiled selector engine=%s cost=%d memo=%s", engine_name, info.cost, info.reads is not None)
+    log.debug(
+        "compiled CEL selector",
+        extra={"engine": engine_name, "cost": info.cost, "memoized": info.reads is not None},
+    )
     return Selector(expression, engine_name, program, info)
 
 
@@ -138,7 +141,9 @@ def _analyze(expression: str, engine: Engine) -> analysis.Analysis:
         if not isinstance(err, ParseFailure) or engine.name != CPP_ENGINE:
             raise
         # Our parser missed syntax the engine accepts: run without memoization or cost estimate.
-        log.warning("selector not analyzable, evaluating without memoization: %s", err)
+        log.warning(
+            "CEL selector not analyzable; no memoization or cost estimate", extra={"reason": str(err)}
+        )
         return analysis.Analysis(analysis.literal_strings(expression), None, 0)
 
 
