@@ -37,7 +37,7 @@ step() { echo "build: [$(( $(date +%s) - started ))s] $*" >&2; }
 step "downloading modules for $k8s_version"
 go mod download
 # One `go build` for all Kubernetes mains shares every compiled package.
-step "compiling kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, fakecri (cold: 20-40 min on 2 cores)"
+step "compiling kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, fakecri (cold: about 8 min on 2 cores)"
 go build -trimpath -ldflags "-s -w $version_flags" -o "$out/" \
   k8s.io/kubernetes/cmd/kube-apiserver \
   k8s.io/kubernetes/cmd/kube-controller-manager \

@@ -1,1 +1,100 @@
-"""Pytest fixtures that run real Kubernetes components (filled in by the real-cluster work)."""
+"""Pytest fixtures that run real Kubernetes components.
+
+- `kube_cluster` (session): etcd, kube-apiserver, kube-scheduler and
+  kube-controller-manager on loopback, started once per session.
+- `fake_node` (function): factory for Ready Node objects without a kubelet.
+- `kubelet_node` (session): a real kubelet on the recording fake CRI, started
+  only when a test asks for it.
+- `test_namespace` (function): a fresh namespace with its default ServiceAccount.
+
+Missing binaries fail the tests (with the command that builds them); they
+never skip.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+
+import pytest
+
+from tests.kube.binaries import MissingBinariesError
+from tests.kube.controlplane import ControlPlane
+from tests.kube.kubelet import KubeletNode
+from tests.kube.objects import create_fake_node, create_namespace, delete_fake_node, delete_namespace
+from tests.kube.procs import ComponentError
+
+log = logging.getLogger(__name__)
+
+FakeNodeFactory = Callable[..., str]
+
+
+def _keep_logs(logs: Path) -> None:
+    """Copy component logs to $DRA_KEEP_CLUSTER_LOGS (for CI artifacts)."""
+    target = os.environ.get("DRA_KEEP_CLUSTER_LOGS")
+    if target:
+        shutil.copytree(logs, Path(target), dirs_exist_ok=True)
+
+
+@pytest.fixture(scope="session")
+def kube_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    cluster = ControlPlane(tmp_path_factory.mktemp("kube"))
+    try:
+        cluster.start()
+    except (MissingBinariesError, ComponentError) as err:
+        _keep_logs(cluster.logs)
+        pytest.fail(f"cannot start the Kubernetes control plane: {err}", pytrace=False)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+        _keep_logs(cluster.logs)
+
+
+@pytest.fixture(scope="session")
+def kubelet_node(kube_cluster: ControlPlane) -> Iterator[KubeletNode]:
+    # Unix socket paths are limited to 107 bytes: keep the kubelet root (and
+    # the plugin sockets below it) short instead of under pytest's deep tmp dir.
+    node = KubeletNode(kube_cluster, Path(tempfile.mkdtemp(prefix="dra-kubelet-")))
+    try:
+        node.start()
+    except (MissingBinariesError, ComponentError) as err:
+        _keep_logs(kube_cluster.logs)
+        pytest.fail(f"cannot start the kubelet node: {err}", pytrace=False)
+    try:
+        yield node
+    finally:
+        node.stop()
+
+
+@pytest.fixture
+def fake_node(kube_cluster: ControlPlane) -> Iterator[FakeNodeFactory]:
+    created: list[str] = []
+    with kube_cluster.api_client() as api:
+
+        def make(name: str | None = None, labels: Mapping[str, str] | None = None) -> str:
+            node_name = name or f"fake-node-{uuid.uuid4().hex[:8]}"
+            create_fake_node(api, node_name, labels)
+            created.append(node_name)
+            return node_name
+
+        try:
+            yield make
+        finally:
+            for node_name in created:
+                delete_fake_node(api, node_name)
+
+
+@pytest.fixture
+def test_namespace(kube_cluster: ControlPlane) -> Iterator[str]:
+    with kube_cluster.api_client() as api:
+        name = create_namespace(api)
+        try:
+            yield name
+        finally:
+            delete_namespace(api, name)

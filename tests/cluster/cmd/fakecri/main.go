@@ -21,6 +21,9 @@ import (
 	"k8s.io/cri-client/pkg/fake"
 )
 
+// fakeImageSize is the size every "pulled" image reports.
+const fakeImageSize = 1 << 20
+
 // containerRecord is one line of the record file (JSON Lines).
 type containerRecord struct {
 	PodNamespace  string            `json:"podNamespace"`
@@ -93,6 +96,9 @@ func main() {
 		{Type: kubeapi.NetworkReady, Status: true},
 	}}
 	inner.RuntimeService.FakeLinuxConfiguration = &kubeapi.LinuxRuntimeConfiguration{CgroupDriver: kubeapi.CgroupDriver_CGROUPFS}
+	// The kubelet refuses to create a container whose image reports size 0
+	// ("Id or size of image ... is not set"); the fake pulls with this size.
+	inner.ImageService.SetFakeImageSize(fakeImageSize)
 	runtime := &recordingRuntime{RemoteRuntime: inner, record: record}
 
 	_ = os.Remove(*socket)

@@ -1,0 +1,96 @@
+"""The real control plane serves resource.k8s.io/v1 and validates DRA objects itself."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+from kubernetes import config as k8s_config
+from kubernetes.client.exceptions import ApiException
+
+from tests.kube.controlplane import ControlPlane
+from tests.kube.rest import KubeJSON
+from tests.kube.wait import wait_for
+
+pytestmark = pytest.mark.cluster
+
+DEVICE_CLASSES = "/apis/resource.k8s.io/v1/deviceclasses"
+
+
+def device_class(selector: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": f"test-{uuid.uuid4().hex[:8]}"},
+        "spec": {"selectors": [{"cel": {"expression": selector}}]},
+    }
+
+
+def rejection_message(cluster: ControlPlane, body: dict[str, Any]) -> str:
+    with cluster.api_client() as api, pytest.raises(ApiException) as caught:
+        KubeJSON(api).create(DEVICE_CLASSES, body)
+    assert caught.value.status == 422, caught.value.body
+    return str(caught.value.body)
+
+
+def test_apiserver_serves_resource_v1(kube_cluster: ControlPlane) -> None:
+    group = kube_cluster.get_json("/apis/resource.k8s.io")
+    assert "resource.k8s.io/v1" in {v["groupVersion"] for v in group["versions"]}
+    resources = {r["name"] for r in kube_cluster.get_json("/apis/resource.k8s.io/v1")["resources"]}
+    assert {"deviceclasses", "resourceclaims", "resourceclaimtemplates", "resourceslices"} <= resources
+    assert kube_cluster.get_json("/version")["gitVersion"] == kube_cluster.kubernetes_version
+
+
+def test_kubeconfig_reaches_apiserver_with_verified_tls(kube_cluster: ControlPlane) -> None:
+    api = k8s_config.new_client_from_config(config_file=str(kube_cluster.kubeconfig))  # type: ignore[no-untyped-call]
+    with api:
+        assert api.configuration.verify_ssl
+        namespaces = KubeJSON(api).get("/api/v1/namespaces")
+    assert "kube-system" in {n["metadata"]["name"] for n in namespaces["items"]}
+
+
+def test_apiserver_rejects_device_class_with_cel_syntax_error(kube_cluster: ControlPlane) -> None:
+    message = rejection_message(kube_cluster, device_class('device.attributes["x"].foo =='))
+    assert "spec.selectors[0].cel.expression" in message
+    assert "compilation failed" in message
+    assert "Syntax error" in message
+
+
+def test_apiserver_rejects_device_class_with_cel_type_error(kube_cluster: ControlPlane) -> None:
+    message = rejection_message(kube_cluster, device_class("device.driver == 1"))
+    assert "spec.selectors[0].cel.expression" in message
+    assert "found no matching overload for '_==_' applied to '(string, int)'" in message
+
+
+def test_apiserver_accepts_valid_device_class(kube_cluster: ControlPlane) -> None:
+    body = device_class('device.driver == "gpu.draplugin.dev"')
+    with kube_cluster.api_client() as api:
+        rest = KubeJSON(api)
+        created = rest.create(DEVICE_CLASSES, body)
+        rest.delete(f"{DEVICE_CLASSES}/{body['metadata']['name']}")
+    assert created["spec"]["selectors"] == body["spec"]["selectors"]
+
+
+def test_service_account_client_is_subject_to_rbac(kube_cluster: ControlPlane, test_namespace: str) -> None:
+    pods = f"/api/v1/namespaces/{test_namespace}/pods"
+    with kube_cluster.service_account_client(test_namespace, "reader") as reader:
+        with pytest.raises(ApiException) as caught:
+            KubeJSON(reader).get(pods)
+        assert caught.value.status == 403
+        assert f"system:serviceaccount:{test_namespace}:reader" in str(caught.value.body)
+
+        rbac = f"/apis/rbac.authorization.k8s.io/v1/namespaces/{test_namespace}"
+        with kube_cluster.api_client() as admin:
+            KubeJSON(admin).create(f"{rbac}/roles", {
+                "metadata": {"name": "pod-reader"},
+                "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}],
+            })  # fmt: skip
+            KubeJSON(admin).create(f"{rbac}/rolebindings", {
+                "metadata": {"name": "reader-reads-pods"},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "pod-reader"},
+                "subjects": [{"kind": "ServiceAccount", "name": "reader", "namespace": test_namespace}],
+            })  # fmt: skip
+        # The RBAC authorizer sees the binding once its informer catches up.
+        listed = wait_for("the RoleBinding to take effect", lambda: KubeJSON(reader).get(pods), timeout=20)
+    assert listed["items"] == []

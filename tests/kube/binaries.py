@@ -1,0 +1,45 @@
+"""Where the Kubernetes binaries built by tests/cluster/build.sh live."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+CLUSTER_MODULE = REPO_ROOT / "tests" / "cluster"
+BUILD_COMMAND = "tests/cluster/build.sh"
+
+CONTROL_PLANE_BINARIES = ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager")
+NODE_BINARIES = ("kubelet", "fakecri")
+ALL_BINARIES = (*CONTROL_PLANE_BINARIES, *NODE_BINARIES, "cdicheck")
+
+
+class MissingBinariesError(RuntimeError):
+    """The binaries were not built; the message says how to build them."""
+
+
+def pinned_kubernetes_version(go_mod: Path = CLUSTER_MODULE / "go.mod") -> str:
+    """The k8s.io/kubernetes version tests/cluster/go.mod requires, e.g. v1.37.2."""
+    match = re.search(r"^\s*k8s\.io/kubernetes\s+(v\d+\.\d+\.\d+\S*)", go_mod.read_text(), re.MULTILINE)
+    if match is None:
+        raise MissingBinariesError(f"{go_mod} does not require k8s.io/kubernetes")
+    return match.group(1)
+
+
+def bin_dir() -> Path:
+    """$DRA_KUBE_BIN_DIR, else the cache directory build.sh writes to."""
+    override = os.environ.get("DRA_KUBE_BIN_DIR")
+    if override:
+        return Path(override)
+    return Path.home() / ".cache" / "draplugin-kube" / pinned_kubernetes_version()
+
+
+def require_binaries(directory: Path, names: tuple[str, ...] = ALL_BINARIES) -> None:
+    missing = [name for name in names if not os.access(directory / name, os.X_OK)]
+    if missing:
+        raise MissingBinariesError(
+            f"Kubernetes test binaries missing from {directory}: {', '.join(missing)}. "
+            f"Build them with `{BUILD_COMMAND}` (or `make kube`), then run the tests with "
+            f'DRA_KUBE_BIN_DIR="$({BUILD_COMMAND})" if you build elsewhere.'
+        )

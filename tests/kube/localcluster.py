@@ -1,0 +1,80 @@
+"""Run the test cluster for humans: `python -m tests.kube.localcluster`.
+
+Starts the same control plane the integration tests use (and, unless
+--no-kubelet, a real kubelet on the recording fake runtime), prints the
+KUBECONFIG to export, and stays up until Ctrl-C or SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from types import FrameType
+
+from tests.kube.binaries import MissingBinariesError
+from tests.kube.controlplane import ControlPlane
+from tests.kube.kubelet import DEFAULT_NODE_NAME, KubeletNode
+from tests.kube.procs import ComponentError
+
+log = logging.getLogger("localcluster")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m tests.kube.localcluster", description=__doc__)
+    parser.add_argument("--no-kubelet", action="store_true", help="control plane only (fake nodes)")
+    parser.add_argument(
+        "--state-dir", type=Path, help="where data, logs and the kubeconfig go (default: a new temp dir)"
+    )
+    parser.add_argument("--node-name", default=DEFAULT_NODE_NAME, help="Node name of the kubelet")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    state_dir: Path = args.state_dir or Path(tempfile.mkdtemp(prefix="draplugin-cluster-"))
+    state_dir.mkdir(parents=True, exist_ok=True)
+
+    stop = threading.Event()
+
+    def request_stop(signum: int, _frame: FrameType | None) -> None:
+        log.info("signal=%s stopping", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+
+    cluster = ControlPlane(state_dir / "control-plane")
+    node: KubeletNode | None = None
+    try:
+        cluster.start()
+        if not args.no_kubelet:
+            node = KubeletNode(cluster, state_dir / "node", name=args.node_name, remove_state_on_stop=False)
+            node.start()
+        print(f"export KUBECONFIG={cluster.kubeconfig}", flush=True)
+        print(f"# logs: {cluster.logs}", flush=True)
+        if node is not None:
+            print(f"# kubelet node {node.name}: root dir {node.root_dir}, CDI dir {node.cdi_root}, "
+                  f"container record {node.record_path}", flush=True)  # fmt: skip
+        print("# Ctrl-C stops the cluster", flush=True)
+        while not stop.wait(1.0):
+            cluster.processes.check_alive()
+            if node is not None:
+                node.processes.check_alive()
+    except (MissingBinariesError, ComponentError) as err:
+        print(f"localcluster: {err}", file=sys.stderr)
+        return 1
+    finally:
+        if node is not None:
+            node.stop()
+        cluster.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

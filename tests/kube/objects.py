@@ -1,0 +1,88 @@
+"""Cluster objects the fixtures create: fake nodes and throw-away namespaces."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+
+from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
+
+from tests.kube.rest import KubeJSON
+
+FAKE_NODE_CAPACITY = {"cpu": "8", "memory": "32Gi", "pods": "110", "ephemeral-storage": "100Gi"}
+
+
+def create_fake_node(api: k8s.ApiClient, name: str, labels: Mapping[str, str] | None = None) -> None:
+    """A Ready, untainted Node with no kubelet behind it.
+
+    The apiserver keeps `status` on create (a kubelet registers the same way);
+    with TaintNodesByCondition off and no node-lifecycle controller nothing
+    ever marks it NotReady, so the scheduler keeps placing pods on it.
+    """
+    KubeJSON(api).create("/api/v1/nodes", {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux", **(labels or {})},
+        },
+        "status": {
+            "capacity": FAKE_NODE_CAPACITY,
+            "allocatable": FAKE_NODE_CAPACITY,
+            "conditions": [{
+                "type": "Ready",
+                "status": "True",
+                "reason": "FakeNodeReady",
+                "message": "fake node without a kubelet",
+            }],
+        },
+    })  # fmt: skip
+
+
+def _ignore_not_found(error: ApiException) -> None:
+    if error.status != 404:
+        raise error
+
+
+def delete_fake_node(api: k8s.ApiClient, name: str) -> None:
+    """Delete the Node and the ResourceSlices published for it."""
+    rest = KubeJSON(api)
+    try:
+        rest.request(
+            "DELETE",
+            "/apis/resource.k8s.io/v1/resourceslices",
+            query={"fieldSelector": f"spec.nodeName={name}"},
+        )
+    except ApiException as err:
+        _ignore_not_found(err)
+    try:
+        rest.delete(f"/api/v1/nodes/{name}")
+    except ApiException as err:
+        _ignore_not_found(err)
+
+
+def create_namespace(api: k8s.ApiClient, prefix: str = "test-", timeout: float = 30.0) -> str:
+    """A fresh namespace whose `default` ServiceAccount exists (pods need it)."""
+    rest = KubeJSON(api)
+    created = rest.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
+                                                 "metadata": {"generateName": prefix}})  # fmt: skip
+    name: str = created["metadata"]["name"]
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            rest.get(f"/api/v1/namespaces/{name}/serviceaccounts/default")
+            return name
+        except ApiException as err:
+            _ignore_not_found(err)
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"ServiceAccount {name}/default not created within {timeout:.0f}s")
+        time.sleep(0.1)
+
+
+def delete_namespace(api: k8s.ApiClient, name: str) -> None:
+    """Start deleting the namespace; the namespace controller finishes in the background."""
+    try:
+        KubeJSON(api).delete(f"/api/v1/namespaces/{name}")
+    except ApiException as err:
+        _ignore_not_found(err)
