@@ -8,6 +8,7 @@ clusters) must not leak settings into each other.
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 from kubernetes import client, config
@@ -39,7 +40,10 @@ def load_api_client(kubeconfig: str | None = None, context: str | None = None) -
         else:
             log.info("using in-cluster service account credentials")
             return client.ApiClient(configuration=in_cluster)
-    return _from_kubeconfig(None, context)
+    # Read $KUBECONFIG now: the library reads it once, at import time. It may list
+    # several files separated by ':'; the library merges them.
+    default = os.environ.get("KUBECONFIG") or str(Path("~/.kube/config").expanduser())
+    return _from_kubeconfig(default, context)
 
 
 def _from_kubeconfig(path: str | None, context: str | None) -> client.ApiClient:
@@ -49,7 +53,7 @@ def _from_kubeconfig(path: str | None, context: str | None) -> client.ApiClient:
             config_file=path, context=context, persist_config=False
         )
     except (ConfigException, OSError) as exc:
-        where = path or "the default kubeconfig ($KUBECONFIG or ~/.kube/config)"
+        where = path or "the kubeconfig"
         raise KubeConfigError(f"cannot load cluster credentials from {where}: {exc}") from exc
     log.info(
         "using kubeconfig credentials", extra={"kubeconfig": path or "default", "context": context or ""}
