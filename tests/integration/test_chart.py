@@ -238,7 +238,10 @@ def test_daemonset_defaults(helm_home: Path) -> None:
     assert env["BACKEND"] == "nvml"
     assert env["METRICS_PORT"] == "8080"
     assert "/driver-root/usr/lib64" in env["LD_LIBRARY_PATH"]
-    assert container["livenessProbe"]["exec"]["command"] == ["draplugin", "healthcheck"]
+    # Kubelet gRPC probes on the plugin's TCP health port (they cannot dial unix sockets).
+    assert env["HEALTHCHECK_PORT"] == "51515"
+    assert container["livenessProbe"]["grpc"] == {"port": 51515}
+    assert container["startupProbe"]["grpc"] == {"port": 51515}
     assert container["securityContext"]["privileged"] is True
     mounts = {m["name"]: m for m in container["volumeMounts"]}
     volumes = {v["name"]: v for v in pod["volumes"]}
@@ -279,6 +282,8 @@ def test_non_default_values_reach_every_object(helm_home: Path) -> None:
     assert env["EXTRA"] == "1"
     assert "LD_LIBRARY_PATH" not in env
     assert "livenessProbe" not in container
+    assert "startupProbe" not in container
+    assert "HEALTHCHECK_PORT" not in env
     assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert "privileged" not in container["securityContext"]
     paths = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
