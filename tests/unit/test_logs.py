@@ -1,0 +1,71 @@
+"""Structured log lines: key=value text and JSON carry the fields passed through `extra`."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from collections.abc import Iterator
+
+import pytest
+
+from draplugin.logs import setup_logging
+
+
+@pytest.fixture
+def restore_root_logger() -> Iterator[None]:
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
+def emit(log_format: str) -> str:
+    stream = io.StringIO()
+    setup_logging(log_format, "info", stream=stream)
+    log = logging.getLogger("draplugin.test")
+    log.debug("hidden")
+    log.info("claim prepared", extra={"claim": "uid-1", "devices": 2, "path": "/a b"})
+    return stream.getvalue()
+
+
+@pytest.mark.usefixtures("restore_root_logger")
+def test_text_lines_are_key_value_with_quoting_only_where_needed() -> None:
+    (line,) = emit("text").splitlines()
+    assert " level=INFO logger=draplugin.test " in line
+    assert line.endswith('msg="claim prepared" claim=uid-1 devices=2 path="/a b"')
+    assert line.startswith("time=") and "Z " in line
+
+
+@pytest.mark.usefixtures("restore_root_logger")
+def test_json_lines_carry_the_same_fields() -> None:
+    (line,) = emit("json").splitlines()
+    record = json.loads(line)
+    assert {k: record[k] for k in ("level", "logger", "msg", "claim", "devices", "path")} == {
+        "level": "INFO",
+        "logger": "draplugin.test",
+        "msg": "claim prepared",
+        "claim": "uid-1",
+        "devices": 2,
+        "path": "/a b",
+    }
+
+
+@pytest.mark.usefixtures("restore_root_logger")
+def test_exceptions_stay_on_one_line() -> None:
+    stream = io.StringIO()
+    setup_logging("json", "info", stream=stream)
+    try:
+        raise RuntimeError("boom")
+    except RuntimeError:
+        logging.getLogger("x").exception("failed")
+    (line,) = stream.getvalue().splitlines()
+    assert "RuntimeError: boom" in json.loads(line)["exc"]
+
+
+def test_unknown_format_or_level_is_rejected() -> None:
+    with pytest.raises(ValueError, match="unknown log format"):
+        setup_logging("xml")
+    with pytest.raises(ValueError, match="unknown log level"):
+        setup_logging("text", "loud")
