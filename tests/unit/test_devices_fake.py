@@ -1,0 +1,162 @@
+"""The fake backend: determinism per node, the model table, file parsing and MIG layouts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from draplugin.devices import load_backend
+from draplugin.devices.fake import (
+    MODELS,
+    FakeBackend,
+    FakeConfigError,
+    config_from_flags,
+    load_config,
+    parse_config,
+)
+from draplugin.devices.model import Version, validate_devices
+
+
+def test_same_node_same_devices_other_node_other_uuids() -> None:
+    a1 = FakeBackend("node-a", config_from_flags(4, "H100-80GB-HBM3")).discover()
+    a2 = FakeBackend("node-a", config_from_flags(4, "H100-80GB-HBM3")).discover()
+    b = FakeBackend("node-b", config_from_flags(4, "H100-80GB-HBM3")).discover()
+    assert [d.to_api() for d in a1] == [d.to_api() for d in a2]
+    assert {d.uuid for d in a1}.isdisjoint({d.uuid for d in b})
+    assert len({d.uuid for d in a1}) == 4
+    assert [d.name for d in a1] == ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]
+
+
+def test_model_table_has_eight_models_that_all_validate() -> None:
+    assert set(MODELS) == {
+        "A100-SXM4-40GB",
+        "A100-SXM4-80GB",
+        "H100-80GB-HBM3",
+        "H200",
+        "L4",
+        "L40S",
+        "T4",
+        "A10G",
+    }
+    for name in MODELS:
+        backend = FakeBackend("n", config_from_flags(2, name))
+        validate_devices(backend.discover())
+
+
+def test_attributes_follow_the_nvml_schema() -> None:
+    gpu = FakeBackend("n", config_from_flags(1, "A100-SXM4-40GB")).discover()[0]
+    assert gpu.attributes["type"] == "gpu"
+    assert gpu.attributes["productName"] == "NVIDIA A100-SXM4-40GB"
+    assert gpu.attributes["cudaComputeCapability"] == Version("8.0.0")
+    assert gpu.attributes["driverVersion"] == Version("580.65.6")
+    assert gpu.capacity == {"memory": "40Gi"}
+    assert set(gpu.attributes) == {
+        "type",
+        "uuid",
+        "productName",
+        "brand",
+        "architecture",
+        "cudaComputeCapability",
+        "driverVersion",
+        "cudaDriverVersion",
+        "index",
+        "minor",
+        "resource.kubernetes.io/pciBusID",
+        "resource.kubernetes.io/pcieRoot",
+    }
+    assert gpu.device_nodes == ("/dev/null",)
+
+
+def test_dev_root_gives_nvidia_shaped_nodes() -> None:
+    gpu = load_backend("fake", "n", gpus=2, model="L4", dev_root="/run/fake-dev").discover()[1]
+    assert gpu.device_nodes == (
+        "/run/fake-dev/nvidia1",
+        "/run/fake-dev/nvidiactl",
+        "/run/fake-dev/nvidia-uvm",
+        "/run/fake-dev/nvidia-uvm-tools",
+    )
+
+
+def test_yaml_file_with_static_mig(tmp_path: Path) -> None:
+    path = tmp_path / "gpus.yaml"
+    path.write_text(
+        "driverVersion: '570.124.06'\n"
+        "gpus:\n"
+        "  - model: A100-SXM4-40GB\n    mig: [3g.20gb, {profile: 1g.5gb, start: 6}, 2g.10gb]\n"
+        "  - model: L4\n    count: 2\n    memory: 24Gi\n"
+    )
+    devices = load_backend("fake", "n", config_file=str(path)).discover()
+    assert [d.name for d in devices] == [
+        "gpu-0-mig-3g20gb-0",
+        "gpu-0-mig-2g10gb-4",
+        "gpu-0-mig-1g5gb-6",
+        "gpu-1",
+        "gpu-2",
+    ]
+    mig = devices[0]
+    assert mig.kind == "mig" and mig.parent_uuid and mig.uuid.startswith("MIG-")
+    assert mig.attributes["profile"] == "3g.20gb" and mig.attributes["parentUUID"] == mig.parent_uuid
+    assert set(mig.capacity) == {
+        "multiprocessors",
+        "copyEngines",
+        "decoders",
+        "encoders",
+        "jpegEngines",
+        "ofaEngines",
+        "memory",
+    }
+    assert devices[3].capacity == {"memory": "24Gi"}
+    assert devices[3].attributes["driverVersion"] == Version("570.124.6")
+
+
+def test_partitionable_publishes_every_placement_with_counters() -> None:
+    backend = FakeBackend("n", parse_config({"gpus": [{"model": "A100-SXM4-40GB"}], "partitionable": True}))
+    devices = backend.discover()
+    sets = backend.shared_counters()
+    validate_devices(devices, sets)
+    assert devices[0].name == "gpu-0" and len(devices) == 1 + 7 + 3 + 2 + 1 + 1
+    slice_7 = next(d for d in devices if d.name == "gpu-0-mig-1g5gb-6")
+    assert slice_7.consumes_counters[0].counters["memory-slice-6"] == "1"
+    assert sets[0].counters["memory"] == "40Gi"
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"gpus": [{"model": "Z9000"}]}, "gpus[0].model: unknown model 'Z9000'"),
+        ({"gpus": [{"model": "L4", "mig": ["1g.5gb"]}]}, "gpus[0]: model L4 does not support MIG"),
+        ({"gpus": [{"mig": ["9g.99gb"]}]}, "unknown MIG profile '9g.99gb'"),
+        ({"gpus": [{"mig": ["7g.40gb", "1g.5gb"]}]}, "no free placement for MIG profile 1g.5gb"),
+        ({"gpus": [{"mig": [{"profile": "3g.20gb", "start": 2}]}]}, "cannot start at 2"),
+        ({"gpus": [{"count": -1}]}, "gpus[0].count"),
+        ({"gpus": [{"memory": "lots"}]}, "gpus[0].memory"),
+        ({"gpus": [], "colour": "green"}, "unknown keys: colour"),
+        ({"gpus": [], "driverVersion": "new"}, "'driverVersion'"),
+        ([1, 2], "top level must be a mapping"),
+    ],
+)
+def test_bad_input_names_the_entry(data: object, message: str) -> None:
+    with pytest.raises(FakeConfigError, match=None) as info:
+        parse_config(data)
+    assert message in str(info.value)
+
+
+def test_unreadable_and_invalid_files_name_the_file(tmp_path: Path) -> None:
+    with pytest.raises(FakeConfigError, match="cannot read fake GPU file"):
+        load_config(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("gpus: [\n")
+    with pytest.raises(FakeConfigError, match=f"{bad}: not valid YAML"):
+        load_config(bad)
+
+
+def test_flags_validate_model_and_count() -> None:
+    with pytest.raises(FakeConfigError, match="--fake-model: unknown model"):
+        config_from_flags(1, "GTX-480")
+    with pytest.raises(FakeConfigError, match="--fake-gpus must be"):
+        config_from_flags(-2)
+    with pytest.raises(ValueError, match="unknown options: colour"):
+        load_backend("fake", "n", gpus=1, colour="red")
+    with pytest.raises(ValueError, match="unknown device backend 'rocm'"):
+        load_backend("rocm", "n")

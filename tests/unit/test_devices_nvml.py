@@ -1,0 +1,185 @@
+"""The NVML adapter against the fake NVML module: GPUs, MIG, partitionable mode, library errors, events."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pynvml
+import pytest
+
+from draplugin.devices.health import HealthTracker
+from draplugin.devices.model import Version, validate_devices
+from draplugin.devices.nvml import (
+    NvmlBackend,
+    NvmlUnavailableError,
+    find_library,
+    normalize_bus_id,
+    pcie_root,
+)
+from tests.unit.fakenvml import FakeEvent, FakeNvml, a10g, h100_with_mig
+
+
+def backend(nvml: FakeNvml, **kw: object) -> NvmlBackend:
+    return NvmlBackend("node-a", nvml=nvml, **kw)  # type: ignore[arg-type]
+
+
+def test_gpu_without_mig_has_the_nvidia_attribute_names() -> None:
+    (gpu,) = backend(FakeNvml([a10g(minor=4)])).discover()
+    assert gpu.name == "gpu-0" and gpu.kind == "gpu" and gpu.minor == 4
+    assert gpu.attributes == {
+        "type": "gpu",
+        "uuid": "GPU-99999999-0000-0000-0000-000000000000",
+        "productName": "NVIDIA A10G",
+        "brand": "Nvidia",
+        "architecture": "Ampere",
+        "cudaComputeCapability": Version("8.6.0"),
+        "driverVersion": Version("580.65.6"),
+        "cudaDriverVersion": Version("13.0.0"),
+        "index": 0,
+        "minor": 4,
+        "resource.kubernetes.io/pciBusID": "0000:3b:00.0",
+    }
+    assert gpu.capacity == {"memory": "23028Mi"}
+    assert gpu.device_nodes == ("/dev/nvidia4", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
+
+
+def test_static_mig_publishes_existing_mig_devices_not_the_parent() -> None:
+    devices = backend(FakeNvml([h100_with_mig(), a10g()])).discover()
+    assert [d.name for d in devices] == ["gpu-0-mig-3g40gb-0", "gpu-0-mig-1g10gb-6", "gpu-1"]
+    mig = devices[0]
+    assert mig.kind == "mig" and mig.uuid == "MIG-aaaaaaaa-0000-0000-0000-000000000001"
+    assert mig.parent_uuid == "GPU-11111111-2222-3333-4444-555555555555"
+    assert mig.attributes["type"] == "mig" and mig.attributes["profile"] == "3g.40gb"
+    assert mig.attributes["parentUUID"] == mig.parent_uuid
+    assert mig.capacity == {
+        "multiprocessors": "60",
+        "copyEngines": "3",
+        "decoders": "3",
+        "encoders": "0",
+        "jpegEngines": "3",
+        "ofaEngines": "0",
+        "memory": "40192Mi",
+    }
+    validate_devices(devices)
+
+
+def test_mig_caps_device_nodes_come_from_proc(tmp_path: Path) -> None:
+    gi = tmp_path / "driver/nvidia/capabilities/gpu0/mig/gi2"
+    (gi / "ci0").mkdir(parents=True)
+    (gi / "access").write_text("DeviceFileMinor: 21\nDeviceFileMode: 444\n")
+    (gi / "ci0" / "access").write_text("DeviceFileMinor: 22\n")
+    mig = backend(FakeNvml([h100_with_mig()]), proc_root=str(tmp_path)).discover()[0]
+    assert mig.device_nodes[-2:] == ("/dev/nvidia-caps/nvidia-cap21", "/dev/nvidia-caps/nvidia-cap22")
+
+
+def test_partitionable_mode_publishes_profiles_with_counters() -> None:
+    b = backend(FakeNvml([h100_with_mig()]), partitionable=True)
+    devices, sets = b.discover(), b.shared_counters()
+    assert [s.name for s in sets] == ["gpu-0-counters"]
+    assert len(devices) == 1 + 1 + 2 + 7  # whole GPU, 7g, 2x 3g, 7x 1g
+    three_g = next(d for d in devices if d.name == "gpu-0-mig-3g40gb-4")
+    consumed = three_g.consumes_counters[0].counters
+    assert [k for k in consumed if k.startswith("memory-slice")] == [f"memory-slice-{i}" for i in range(4, 8)]
+    validate_devices(devices, sets)
+
+
+def test_gpu_that_fails_to_read_is_skipped_not_fatal() -> None:
+    nvml = FakeNvml([a10g()])
+    nvml.failing["nvmlDeviceGetMinorNumber"] = pynvml.NVML_ERROR_GPU_IS_LOST
+    assert backend(nvml).discover() == []
+
+
+def test_missing_library_error_names_library_and_search_path() -> None:
+    nvml = FakeNvml([], init_error=pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
+    with pytest.raises(NvmlUnavailableError) as info:
+        backend(nvml)
+    message = str(info.value)
+    assert "libnvidia-ml.so.1" in message and "LD_LIBRARY_PATH" in message and "--nvml-lib-path" in message
+
+
+def test_real_pynvml_without_a_gpu_gives_the_same_clear_error() -> None:
+    # This machine has no NVIDIA driver: the real binding fails to load the library.
+    with pytest.raises(NvmlUnavailableError, match=r"libnvidia-ml\.so\.1 not found"):
+        NvmlBackend("node-a")
+
+
+def test_driver_root_search_and_bad_paths(tmp_path: Path) -> None:
+    lib = tmp_path / "usr/lib64/libnvidia-ml.so.1"
+    lib.parent.mkdir(parents=True)
+    lib.write_bytes(b"")
+    assert find_library(str(tmp_path)) == str(lib)
+    assert find_library(str(lib)) == str(lib)
+    assert find_library(None) is None
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(
+        NvmlUnavailableError, match=f"not found under driver root {empty}; looked in: {empty}/usr"
+    ):
+        find_library(str(empty))
+    with pytest.raises(NvmlUnavailableError, match="does not exist"):
+        find_library(str(tmp_path / "nope"))
+    dir_named_like_lib = tmp_path / "libnvidia-ml.so.1"
+    dir_named_like_lib.mkdir()
+    with pytest.raises(NvmlUnavailableError, match="is a directory"):
+        find_library(str(dir_named_like_lib))
+
+
+def test_library_file_that_is_not_a_library_is_reported(tmp_path: Path) -> None:
+    lib = tmp_path / "libnvidia-ml.so.1"
+    lib.write_bytes(b"not an ELF file")
+    with pytest.raises(NvmlUnavailableError, match=f"cannot load NVML library {lib}"):
+        backend(FakeNvml([]), lib_path=str(lib))
+
+
+def test_bus_id_and_pcie_root(tmp_path: Path) -> None:
+    assert normalize_bus_id("00000000:3B:00.0") == "0000:3b:00.0"
+    device_dir = tmp_path / "devices/pci0000:3a/0000:3a:00.0/0000:3b:00.0"
+    device_dir.mkdir(parents=True)
+    (tmp_path / "bus/pci/devices").mkdir(parents=True)
+    (tmp_path / "bus/pci/devices/0000:3b:00.0").symlink_to(device_dir)
+    assert pcie_root(str(tmp_path), "0000:3b:00.0") == "pci0000:3a"
+    assert pcie_root(str(tmp_path), "0000:99:00.0") is None
+
+
+def test_events_taint_the_right_devices() -> None:
+    h100, other = h100_with_mig(), a10g()
+    nvml = FakeNvml([h100, other])
+    b = backend(nvml)
+    tracker = HealthTracker()
+    xid = pynvml.nvmlEventTypeXidCriticalError
+    nvml.events = [
+        FakeEvent(other, xid, 13),  # application error: ignored
+        FakeEvent(h100, xid, 31, gpu_instance_id=9),  # MMU fault: application-level, ignored
+        FakeEvent(h100, xid, 92, gpu_instance_id=9),  # one MIG device
+        FakeEvent(other, pynvml.nvmlEventTypeDoubleBitEccError, 0),
+    ]
+    import threading
+
+    stop = threading.Event()
+    nvml.on_wait_empty = stop.set
+    b.monitor_health(tracker, stop, wait_ms=1)
+    faults = tracker.faults()
+    assert set(faults) == {"gpu-0-mig-1g10gb-6", "gpu-1"}
+    assert (faults["gpu-0-mig-1g10gb-6"].effect, faults["gpu-0-mig-1g10gb-6"].reason) == (
+        "NoSchedule",
+        "xid-92",
+    )
+    assert (faults["gpu-1"].effect, faults["gpu-1"].reason) == ("NoExecute", "ecc-double-bit")
+    assert nvml.registered == {h100.uuid: h100.supported_events, other.uuid: other.supported_events}
+
+
+def test_fatal_xid_on_whole_gpu_taints_all_its_mig_devices_no_execute() -> None:
+    h100 = h100_with_mig()
+    nvml = FakeNvml([h100])
+    b = backend(nvml)
+    tracker = HealthTracker()
+    nvml.events = [FakeEvent(h100, pynvml.nvmlEventTypeXidCriticalError, 79)]
+    import threading
+
+    stop = threading.Event()
+    nvml.on_wait_empty = stop.set
+    b.monitor_health(tracker, stop, wait_ms=1)
+    assert {n: f.effect for n, f in tracker.faults().items()} == {
+        "gpu-0-mig-3g40gb-0": "NoExecute",
+        "gpu-0-mig-1g10gb-6": "NoExecute",
+    }
