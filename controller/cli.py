@@ -34,7 +34,12 @@ class Subcommand:
 _SUBCOMMANDS: dict[str, Subcommand] = {}
 
 # Modules that register subcommands when imported, in the order `--help` lists them.
-SUBCOMMAND_MODULES: tuple[str, ...] = ("controller.cel.cli",)
+SUBCOMMAND_MODULES: tuple[str, ...] = (
+    "controller.cel.cli",
+    "controller.commands_simulate",
+    "controller.commands_explain",
+    "controller.commands_lint",
+)
 
 
 def register_subcommand(command: Subcommand) -> None:

@@ -1,0 +1,90 @@
+"""Options and helpers shared by simulate, explain and lint: where objects come from
+(manifests with --objects, else the cluster as kubectl would reach it) and output format."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import yaml
+
+from controller.allocation.nodes import Node
+from controller.allocator import Allocator
+from controller.objects import ClusterObjects, ManifestError, load_from_cluster, load_manifests
+
+OUTPUT_FORMATS = ("text", "yaml", "json")
+
+
+class InputError(Exception):
+    """Objects could not be loaded; the message says which and why."""
+
+
+def add_source_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--objects",
+        nargs="+",
+        metavar="FILE_OR_DIR",
+        help="work offline on YAML/JSON manifests (files, or directories searched recursively)",
+    )
+    parser.add_argument(
+        "--kubeconfig", help="kubeconfig file (default: in-cluster, else $KUBECONFIG / ~/.kube/config)"
+    )
+    parser.add_argument("--context", help="kubeconfig context to use")
+    parser.add_argument("-o", "--output", choices=OUTPUT_FORMATS, default="text", help="output format")
+
+
+def load_objects(args: argparse.Namespace) -> ClusterObjects:
+    if args.objects:
+        try:
+            return load_manifests(args.objects)
+        except (ManifestError, OSError) as err:
+            raise InputError(str(err)) from err
+    from kubernetes.client.exceptions import ApiException
+
+    from draplugin.kube import KubeConfigError, load_api_client
+
+    try:
+        api = load_api_client(args.kubeconfig, args.context)
+    except KubeConfigError as err:
+        raise InputError(str(err)) from err
+    try:
+        with api:
+            return load_from_cluster(api)
+    except (ApiException, OSError) as err:
+        raise InputError(f"cannot read objects from the cluster: {err}") from err
+
+
+def build_allocator(objects: ClusterObjects) -> Allocator:
+    return Allocator(
+        device_classes=objects.device_classes,
+        slices=objects.slices,
+        allocated_claims=[c for c in objects.claims if (c.get("status") or {}).get("allocation")],
+        taint_rules=objects.taint_rules,
+    )
+
+
+def cluster_nodes(objects: ClusterObjects, allocator: Allocator) -> list[Node]:
+    """Node objects when we have them (labels matter for node selectors), else the nodes slices name."""
+    if objects.nodes:
+        return sorted((Node.from_object(n) for n in objects.nodes), key=lambda n: n.name)
+    return [Node(name) for name in allocator.node_names()]
+
+
+def find_node(objects: ClusterObjects, name: str) -> Node:
+    for node in objects.nodes:
+        if (node.get("metadata") or {}).get("name") == name:
+            return Node.from_object(node)
+    return Node(name)
+
+
+def emit(args: argparse.Namespace, data: Any, text: Callable[[], str]) -> None:
+    if args.output == "json":
+        json.dump(data, sys.stdout, indent=2, sort_keys=False)
+        sys.stdout.write("\n")
+    elif args.output == "yaml":
+        yaml.safe_dump(data, sys.stdout, sort_keys=False)
+    else:
+        sys.stdout.write(text() + "\n")
