@@ -53,7 +53,7 @@ _SUBCOMMANDS: dict[str, Subcommand] = {}
 
 # Modules that register more subcommands when imported. The `devices` subcommand
 # (list what the discovery backend sees) belongs here, e.g. "draplugin.devices.cli".
-SUBCOMMAND_MODULES: tuple[str, ...] = ()
+SUBCOMMAND_MODULES: tuple[str, ...] = ("draplugin.devices.cli",)
 
 
 def register_subcommand(command: Subcommand) -> None:

@@ -1,0 +1,53 @@
+"""`draplugin devices` prints the slices the node would publish and fails clearly on bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from draplugin.cli import main
+
+
+def test_json_output_lists_the_pool(capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(
+        [
+            "devices",
+            "--node-name",
+            "n1",
+            "--backend",
+            "fake",
+            "--fake-gpus",
+            "130",
+            "--fake-model",
+            "T4",
+            "-o",
+            "json",
+        ]
+    )
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [len(s["spec"]["devices"]) for s in out["items"]] == [128, 2]
+    assert {s["spec"]["pool"]["name"] for s in out["items"]} == {"n1"}
+
+
+def test_yaml_output_is_one_document_per_slice(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["devices", "--node-name", "n1", "--backend", "fake", "--fake-gpus", "2"]) == 0
+    (doc,) = list(yaml.safe_load_all(capsys.readouterr().out))
+    assert doc["kind"] == "ResourceSlice" and [d["name"] for d in doc["spec"]["devices"]] == [
+        "gpu-0",
+        "gpu-1",
+    ]
+
+
+def test_missing_nvml_exits_nonzero_with_one_clear_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["devices", "--node-name", "n1", "--backend", "nvml"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("draplugin devices: error: NVML library libnvidia-ml.so.1 not found")
+    assert "Traceback" not in err
+
+
+def test_bad_fake_model_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["devices", "--node-name", "n1", "--backend", "fake", "--fake-model", "GTX-480"]) == 2
+    assert "unknown model 'GTX-480'" in capsys.readouterr().err
