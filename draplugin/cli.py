@@ -71,10 +71,13 @@ def build_driver(settings: Settings) -> Driver:
     factory_ref = os.environ.get(DRIVER_FACTORY_ENV)
     if factory_ref:
         return _load_factory(factory_ref)(settings)
-    raise DriverUnavailable(
-        "no driver wired yet: `draplugin run` has no prepare driver in this build "
-        f"(set {DRIVER_FACTORY_ENV}=module:function to supply one for tests)"
-    )
+    # Imported here: it pulls in the Kubernetes client and the device backends.
+    from draplugin.prepare_wiring import WiringError, driver_from_settings
+
+    try:
+        return driver_from_settings(settings)
+    except WiringError as exc:
+        raise DriverUnavailable(str(exc)) from exc
 
 
 def _load_factory(ref: str) -> Callable[[Settings], Driver]:

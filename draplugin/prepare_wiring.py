@@ -1,0 +1,82 @@
+"""Build the prepare driver from `draplugin run` settings: API client, devices, stores, events.
+
+Environment variables read here (beyond the settings):
+  DRAPLUGIN_FAKE_GPUS / DRAPLUGIN_FAKE_CONFIG  fake backend: GPU count, or a YAML description
+  DRAPLUGIN_BOOT_ID_FILE                       where to read the boot ID (tests simulate reboots)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from draplugin.cdi import SpecStore
+from draplugin.checkpoint import DEFAULT_BOOT_ID_PATH, CheckpointStore, read_boot_id
+from draplugin.config import Settings
+from draplugin.devices import load_backend
+from draplugin.events import KubeEvents
+from draplugin.kube import load_api_client
+from draplugin.metrics import ClaimMetrics
+from draplugin.prepare import GpuDriver
+from draplugin.prepare_api import RawApi
+from draplugin.prepare_sharing import SharingState
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_FILE = "checkpoint.json"
+FAKE_GPUS_ENV = "DRAPLUGIN_FAKE_GPUS"
+FAKE_CONFIG_ENV = "DRAPLUGIN_FAKE_CONFIG"
+BOOT_ID_FILE_ENV = "DRAPLUGIN_BOOT_ID_FILE"
+
+
+class WiringError(RuntimeError):
+    """The driver cannot be built from these settings (bad option, no credentials, no devices)."""
+
+
+def backend_options(backend: str, environ: dict[str, str] | None = None) -> dict[str, Any]:
+    env = os.environ if environ is None else environ
+    options: dict[str, Any] = {}
+    if backend != "fake":
+        return options
+    if env.get(FAKE_CONFIG_ENV):
+        options["config_file"] = env[FAKE_CONFIG_ENV]
+    elif env.get(FAKE_GPUS_ENV):
+        try:
+            options["gpus"] = int(env[FAKE_GPUS_ENV])
+        except ValueError:
+            raise WiringError(f"{FAKE_GPUS_ENV}={env[FAKE_GPUS_ENV]!r} is not a number") from None
+    return options
+
+
+def driver_from_settings(settings: Settings) -> GpuDriver:
+    """Everything the driver needs, then start-up recovery (checkpoint, CDI specs) before serving."""
+    try:
+        backend = load_backend(settings.backend, settings.node_name, **backend_options(settings.backend))
+        devices = backend.discover()
+        api_client = load_api_client(str(settings.kubeconfig) if settings.kubeconfig else None)
+    except (ValueError, RuntimeError) as err:
+        raise WiringError(str(err)) from err
+    api = RawApi(api_client)
+    boot_id = read_boot_id(Path(os.environ.get(BOOT_ID_FILE_ENV) or DEFAULT_BOOT_ID_PATH))
+    driver = GpuDriver(
+        driver_name=settings.driver_name,
+        node_name=settings.node_name,
+        devices=devices,
+        claims=api,
+        cdi_store=SpecStore(settings.cdi_root),
+        checkpoint=CheckpointStore(settings.state_dir / CHECKPOINT_FILE, boot_id),
+        sharing=SharingState(settings.state_dir),
+        events=KubeEvents(api, settings.driver_name, settings.node_name),
+        metrics=ClaimMetrics(),
+    )
+    driver.recover()
+    log.info(
+        "event=driver_ready backend=%s devices=%d cdi_root=%s state_dir=%s",
+        settings.backend,
+        len(devices),
+        settings.cdi_root,
+        settings.state_dir,
+    )
+    return driver
