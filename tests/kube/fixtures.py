@@ -41,14 +41,24 @@ def _keep_logs(logs: Path) -> None:
         shutil.copytree(logs, Path(target), dirs_exist_ok=True)
 
 
+def _start(start: Callable[[], None]) -> str | None:
+    """Run a start() and return why it failed, if it did (reported by the
+    caller with pytest.fail outside the except block, so the report shows the
+    reason once, without a chained traceback)."""
+    try:
+        start()
+    except (MissingBinariesError, ComponentError) as err:
+        return str(err)
+    return None
+
+
 @pytest.fixture(scope="session")
 def kube_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
     cluster = ControlPlane(tmp_path_factory.mktemp("kube"))
-    try:
-        cluster.start()
-    except (MissingBinariesError, ComponentError) as err:
+    failure = _start(cluster.start)
+    if failure:
         _keep_logs(cluster.logs)
-        pytest.fail(f"cannot start the Kubernetes control plane: {err}", pytrace=False)
+        pytest.fail(f"cannot start the Kubernetes control plane: {failure}", pytrace=False)
     try:
         yield cluster
     finally:
@@ -61,11 +71,10 @@ def kubelet_node(kube_cluster: ControlPlane) -> Iterator[KubeletNode]:
     # Unix socket paths are limited to 107 bytes: keep the kubelet root (and
     # the plugin sockets below it) short instead of under pytest's deep tmp dir.
     node = KubeletNode(kube_cluster, Path(tempfile.mkdtemp(prefix="dra-kubelet-")))
-    try:
-        node.start()
-    except (MissingBinariesError, ComponentError) as err:
+    failure = _start(node.start)
+    if failure:
         _keep_logs(kube_cluster.logs)
-        pytest.fail(f"cannot start the kubelet node: {err}", pytrace=False)
+        pytest.fail(f"cannot start the kubelet node: {failure}", pytrace=False)
     try:
         yield node
     finally:

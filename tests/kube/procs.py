@@ -8,6 +8,7 @@ spawns, and nothing else) and its own log file. Only processes started through a
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import os
 import signal
@@ -19,6 +20,18 @@ from pathlib import Path
 from typing import IO
 
 log = logging.getLogger(__name__)
+
+_PR_SET_PDEATHSIG = 1
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _die_with_parent() -> None:
+    """Runs in the child before exec: if the test process dies without
+    stopping the cluster (crash, SIGKILL), the kernel kills the component
+    too, so no orphaned etcd or kubelet outlives the session. The kernel
+    ties this to the *thread* that started the child: start components from
+    a thread that lives as long as the cluster (the main thread)."""
+    _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 LOG_TAIL_CHARS = 6000
 
@@ -65,6 +78,7 @@ class ProcessGroup:
             stderr=subprocess.STDOUT,
             env={**os.environ, **(env or {})},
             start_new_session=True,
+            preexec_fn=_die_with_parent,
         )
         component = Component(name, process, log_path, log_file)
         self.components.append(component)
