@@ -11,6 +11,7 @@ Two unrelated services share the DRA socket:
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Sequence
 from typing import Final
@@ -56,6 +57,7 @@ class DeviceHealthServicer(health_grpc.DRAResourceHealthServicer):
 
     def __init__(self, source: HealthSource) -> None:
         self._source = source
+        self._closing = asyncio.Event()
 
     async def NodeWatchResources(
         self,
@@ -65,14 +67,43 @@ class DeviceHealthServicer(health_grpc.DRAResourceHealthServicer):
         ],
     ) -> AsyncIterator[health_pb.NodeWatchResourcesResponse]:
         log.info("kubelet opened the device health stream")
+        snapshots = aiter(self._source.watch_health())
+        closing = asyncio.ensure_future(self._closing.wait())
+        upcoming: asyncio.Future[Sequence[DeviceHealth]] | None = None
         try:
-            async for snapshot in self._source.watch_health():
+            while True:
+                # Race the next snapshot against shutdown: the kubelet never closes
+                # this stream, so waiting for the source alone would hold up stop().
+                upcoming = asyncio.ensure_future(anext(snapshots))
+                await asyncio.wait({upcoming, closing}, return_when=asyncio.FIRST_COMPLETED)
+                if not upcoming.done():
+                    upcoming.cancel()
+                    await asyncio.gather(upcoming, return_exceptions=True)
+                    await context.abort(grpc.StatusCode.UNAVAILABLE, "plugin is shutting down")
+                try:
+                    snapshot = upcoming.result()
+                except StopAsyncIteration:
+                    break
+                except Exception as exc:
+                    # The kubelet reopens the stream after a pause; tell it why this one ended.
+                    log.exception("device health source failed")
+                    await context.abort(grpc.StatusCode.UNAVAILABLE, f"device health source failed: {exc}")
                 yield to_wire(snapshot)
-        except Exception as exc:
-            # The kubelet reopens the stream after a pause; tell it why this one ended.
-            log.exception("device health source failed")
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"device health source failed: {exc}")
+        finally:
+            closing.cancel()
+            if upcoming is not None and not upcoming.done():
+                # The kubelet went away mid-wait: stop the pending read before closing the source.
+                upcoming.cancel()
+                await asyncio.gather(upcoming, return_exceptions=True)
+            # Close the driver's generator now (releasing its watch), not whenever it is collected.
+            aclose = getattr(snapshots, "aclose", None)
+            if aclose is not None:
+                await aclose()
         log.info("device health stream ended")
+
+    def close(self) -> None:
+        """End every open stream (with UNAVAILABLE) and refuse new ones' waits."""
+        self._closing.set()
 
 
 class LivenessHealth:

@@ -75,6 +75,9 @@ class KubeletPluginServer:
         self.liveness = LivenessHealth()
         self._runner = ClaimRunner(driver, options.max_concurrent_claims)
         self._health_source = health_source if health_source is not None else health_source_of(driver)
+        self._device_health = (
+            DeviceHealthServicer(self._health_source) if self._health_source is not None else None
+        )
         self._dra_server: grpc.aio.Server | None = None
         self._registration_server: grpc.aio.Server | None = None
         self._health_server: grpc.aio.Server | None = None
@@ -127,10 +130,8 @@ class KubeletPluginServer:
         v1_grpc.add_DRAPluginServicer_to_server(DRAPluginV1(self._runner), server)
         if self.options.serve_v1beta1:
             v1beta1_grpc.add_DRAPluginServicer_to_server(DRAPluginV1Beta1(self._runner), server)
-        if self._health_source is not None:
-            dra_health_grpc.add_DRAResourceHealthServicer_to_server(
-                DeviceHealthServicer(self._health_source), server
-            )
+        if self._device_health is not None:
+            dra_health_grpc.add_DRAResourceHealthServicer_to_server(self._device_health, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.liveness.servicer, server)
         await self._bind_unix(server, self.paths.dra)
         return server
@@ -164,6 +165,8 @@ class KubeletPluginServer:
         """Stop serving and remove our sockets. Safe to call more than once."""
         grace = self.options.grace_seconds if grace is None else grace
         await self.liveness.shutting_down()
+        if self._device_health is not None:
+            self._device_health.close()
         # Registration first: once its socket is gone the kubelet stops sending new work.
         for attr in ("_registration_server", "_health_server", "_dra_server"):
             server: grpc.aio.Server | None = getattr(self, attr)

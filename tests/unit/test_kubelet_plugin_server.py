@@ -434,3 +434,70 @@ async def test_non_socket_in_the_way_fails_start_and_leaves_nothing(
         await srv.start()
     assert srv.paths.registration.read_text() == "not a socket"
     assert not srv.paths.dra.exists(), "the DRA socket started first must be cleaned up"
+
+
+async def test_stop_ends_open_health_streams_instead_of_waiting_out_the_grace(kubelet_root: Path) -> None:
+    driver = HealthyDriver()
+    server = KubeletPluginServer(driver, options(kubelet_root, grace_seconds=60.0))
+    await server.start()
+    try:
+        async with FakeKubelet(kubelet_root / "plugins_registry") as kubelet:
+            async with asyncio.timeout(WAIT):
+                plugin = await kubelet.register_plugin()
+                stream = plugin.watch_health()
+                await driver.snapshots.put([DeviceHealth("node-a", "gpu-0", HealthStatus.HEALTHY, 1)])
+                assert await stream.read() != grpc.aio.EOF
+            # Well under the 60 s grace: the stream is ended, not waited for.
+            async with asyncio.timeout(WAIT):
+                await server.stop()
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await stream.read()
+            assert err.value.code() in (grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE)
+    finally:
+        await server.stop(grace=0)
+    assert not server.paths.dra.exists()
+
+
+async def test_failing_health_source_ends_the_stream_with_its_reason(kubelet_root: Path) -> None:
+    class BrokenHealth(FakeDriver):
+        async def watch_health(self) -> AsyncIterator[Sequence[DeviceHealth]]:
+            raise RuntimeError("NVML event set lost")
+            yield []  # an async generator that fails on first use
+
+    async with (
+        KubeletPluginServer(BrokenHealth(), options(kubelet_root)),
+        FakeKubelet(kubelet_root / "plugins_registry") as kubelet,
+        asyncio.timeout(WAIT),
+    ):
+        plugin = await kubelet.register_plugin()
+        stream = plugin.watch_health()
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stream.read()
+        # The DRA service keeps working.
+        assert await plugin.prepare([claim(1)])
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "NVML event set lost" in (err.value.details() or "")
+
+
+async def test_kubelet_leaving_the_health_stream_closes_the_source(kubelet_root: Path) -> None:
+    closed = asyncio.Event()
+
+    class WatchedHealth(FakeDriver):
+        async def watch_health(self) -> AsyncIterator[Sequence[DeviceHealth]]:
+            try:
+                yield [DeviceHealth("node-a", "gpu-0", HealthStatus.HEALTHY, 1)]
+                await asyncio.Event().wait()  # no further changes
+                yield []
+            finally:
+                closed.set()
+
+    async with (
+        KubeletPluginServer(WatchedHealth(), options(kubelet_root)),
+        FakeKubelet(kubelet_root / "plugins_registry") as kubelet,
+        asyncio.timeout(WAIT),
+    ):
+        plugin = await kubelet.register_plugin()
+        stream = plugin.watch_health()
+        assert await stream.read() != grpc.aio.EOF
+        stream.cancel()
+        await closed.wait()
