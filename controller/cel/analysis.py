@@ -52,6 +52,9 @@ class Analysis:
     free_names: frozenset[str] = frozenset()
     # The result type when it is evident from the syntax alone (a literal, arithmetic), else None.
     evident_type: str | None = None
+    # Domain lookups `device.attributes[d]` / `device.capacity.d` (outside has()), as
+    # (start, end) offsets of the `[d]` / `.d` text, for engines that must rewrite them.
+    domain_lookups: tuple[tuple[int, int], ...] = ()
 
 
 def analyze(expression: str) -> Analysis:
@@ -78,6 +81,7 @@ def analyze(expression: str) -> Analysis:
         calls,
         frozenset(collector.free),
         evident_type(tree),
+        tuple(sorted(collector.lookups)),
     )
 
 
@@ -155,6 +159,7 @@ class _Reads:
         self.domains: set[str] = set()
         self.unknown = False
         self.free: set[str] = set()
+        self.lookups: set[tuple[int, int]] = set()
 
     def error(self, node: Node, message: str) -> CompileError:
         line, column = syntax.position(self.source, node.pos)
@@ -199,7 +204,9 @@ class _Reads:
         """Keys from `device` down to `node` for a pure select/index chain, else None."""
         steps: list[Node | str] = []
         current = node
+        chain: list[Select | Index] = []
         while isinstance(current, Select | Index):
+            chain.append(current)
             if isinstance(current, Select):
                 steps.append(current.field)
             elif isinstance(current.index, Literal) and isinstance(current.index.value, str):
@@ -208,9 +215,20 @@ class _Reads:
                 steps.append(current.index)
             current = current.operand
         if isinstance(current, Call) and current.name == "has" and current.target is None:
-            return self.device_path(current.args[0], scope) if len(current.args) == 1 and not steps else None
+            if len(current.args) != 1 or steps:
+                return None
+            before = set(self.lookups)
+            path = self.device_path(current.args[0], scope)
+            tested = current.args[0]
+            if isinstance(tested, Select):
+                self.lookups = before | {span for span in self.lookups if span != (tested.pos, tested.end)}
+            return path
         if not (isinstance(current, Ident) and current.name == "device" and "device" not in scope):
             return None
+        chain.reverse()
+        if len(chain) >= 2 and steps[-1] in ("attributes", "capacity") and not chain[1].optional:
+            lookup = chain[1]
+            self.lookups.add((lookup.pos, lookup.end))
         return list(reversed(steps))
 
     def record(self, node: Node, path: list[Node | str], scope: frozenset[str]) -> None:

@@ -82,8 +82,10 @@ def slice_devices(
             raise InputError(f"{source}: ResourceSlice without spec.driver (use --driver)")
         if driver is not None and slice_driver != driver:
             continue
-        pool = spec.get("pool") if isinstance(spec.get("pool"), Mapping) else {}
-        pool_name = str(pool.get("name") or obj.get("metadata", {}).get("name") or "<no pool>")
+        pool = spec.get("pool")
+        pool_name = pool.get("name") if isinstance(pool, Mapping) else None
+        if not isinstance(pool_name, str) or not pool_name:
+            raise InputError(f"{source}: ResourceSlice without spec.pool.name")
         devices = spec.get("devices") or []
         if not isinstance(devices, list):
             raise InputError(f"{source}: spec.devices must be a list")

@@ -215,23 +215,14 @@ def runtime_message(raw: str) -> str:
 
 
 class CppProgram:
-    def __init__(self, expression: Any, domains: frozenset[str], check_bool: bool) -> None:
+    def __init__(self, expression: Any) -> None:
         self._expression = expression
-        self._domains = domains
-        self._check_bool = check_bool
 
     def evaluate(self, driver: str, device: Mapping[str, Any]) -> bool:
         try:
             view = build_view(driver, device, semver=_semver_msg, quantity=_quantity_msg)
         except DeviceShapeError as err:
             raise EvalFailure(f"invalid device: {err}") from None
-        # Unknown domains read as empty maps upstream; cel-cpp maps are eager, so add the
-        # domains the expression names (and the driver's own) before evaluating.
-        for field in ("attributes", "capacity"):
-            table = view[field]
-            for domain in self._domains:
-                table.setdefault(domain, {})
-            table.setdefault(driver, {})
         value = self._expression.eval(data={"device": view})
         kind = value.type()
         if kind == cel.Type.BOOL:
@@ -259,4 +250,20 @@ class CppEngine:
         result = compiled.return_type()
         if result not in (cel.Type.BOOL, cel.Type.DYN):
             raise CompileError(f"must evaluate to bool, not {_type_name(result)}")
-        return CppProgram(compiled, info.domains, result != cel.Type.BOOL)
+        if info.domain_lookups:
+            compiled = _environment().compile(tolerant_lookups(expression, info.domain_lookups))
+        return CppProgram(compiled)
+
+
+def tolerant_lookups(expression: str, spans: tuple[tuple[int, int], ...]) -> str:
+    """Rewrite `device.attributes[d]` to `device.attributes[?d].orValue({})` (and `.d` to `.?d...`).
+
+    Upstream's attribute and capacity maps answer an unknown domain with an empty map,
+    while cel-cpp maps are plain: an optional lookup with an empty-map default gives the
+    same answers for literal and computed domains alike, and leaves `in`/`size()` exact.
+    """
+    out = expression
+    for start, end in sorted(spans, reverse=True):
+        opener = "[?" if out[start] == "[" else ".?"
+        out = out[:start] + opener + out[start + 1 : end] + ".orValue({})" + out[end:]
+    return out

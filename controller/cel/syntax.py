@@ -35,6 +35,7 @@ class Select(Node):
     operand: Node
     field: str
     optional: bool = False
+    end: int = -1  # offset just past the field name
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +43,7 @@ class Index(Node):
     operand: Node
     index: Node
     optional: bool = False
+    end: int = -1  # offset just past the closing bracket
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,12 +264,13 @@ class Parser:
                     self.take()
                     node = Call(name.pos, name.text, tuple(self.arguments(")")), target=node)
                 else:
-                    node = Select(token.pos, node, name.text, optional=token.text == ".?")
+                    end = name.pos + len(name.text)
+                    node = Select(token.pos, node, name.text, optional=token.text == ".?", end=end)
             elif token.text in ("[", "[?"):
                 self.take()
                 index = self.expr()
-                self.expect("]")
-                node = Index(token.pos, node, index, optional=token.text == "[?")
+                closer = self.expect("]")
+                node = Index(token.pos, node, index, optional=token.text == "[?", end=closer.pos + 1)
             elif token.text == "{" and isinstance(node, Ident | Select) and _qualified(node):
                 node = self.struct(node)
             else:
