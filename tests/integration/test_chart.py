@@ -46,6 +46,7 @@ NON_DEFAULT_VALUES: dict[str, Any] = {
         "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "gpu", "effect": "NoExecute"}],
         "livenessProbe": {"enabled": False},
         "extraEnv": [{"name": "EXTRA", "value": "1"}],
+        "extraArgs": ["--log-level=debug"],
         "podAnnotations": {"example.com/team": "ml"},
         "deviceStatus": False,
     },
@@ -274,7 +275,7 @@ def test_non_default_values_reach_every_object(helm_home: Path) -> None:
     (container,) = pod["containers"]
     assert container["image"] == "registry.example.com/gpudra:1.2.3"
     assert container["imagePullPolicy"] == "Always"
-    assert container["args"] == ["--log-format=json"]
+    assert container["args"] == ["--log-format=json", "--log-level=debug"]
     env = container_env(container)
     assert env["DRIVER_NAME"] == "gpu.example.com"
     assert env["BACKEND"] == "fake"
