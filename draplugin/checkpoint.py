@@ -120,7 +120,9 @@ def read_boot_id(path: Path = DEFAULT_BOOT_ID_PATH) -> str:
     try:
         return path.read_text().strip()
     except OSError as err:
-        log.warning("event=boot_id_unreadable path=%s error=%r", path, str(err))
+        log.warning(
+            "boot ID unreadable: reboots cannot be detected", extra={"path": str(path), "error": str(err)}
+        )
         return ""
 
 
@@ -204,11 +206,9 @@ class CheckpointStore:
         newer = version > CURRENT_VERSION
         if newer:
             log.warning(
-                "event=checkpoint_newer_version path=%s version=%d understood=%d "
-                "detail='fields added by the newer release are dropped on the next write'",
-                self.path,
-                version,
-                CURRENT_VERSION,
+                "checkpoint written by a newer release: reading its v2 core; "
+                "fields it added are dropped on the next write",
+                extra={"path": str(self.path), "version": version, "understood": CURRENT_VERSION},
             )
         new_boot = bool(boot_id) and bool(self.boot_id) and boot_id != self.boot_id
         self._claims = {}
@@ -227,7 +227,9 @@ class CheckpointStore:
         try:
             os.replace(self.path, target)
         except OSError as err:
-            log.error("event=checkpoint_move_failed path=%s error=%r", self.path, str(err))
+            log.error(
+                "cannot move corrupt checkpoint aside", extra={"path": str(self.path), "error": str(err)}
+            )
             moved = None
         self._claims = {}
         self._version += 1

@@ -37,5 +37,5 @@ def reach(point: str) -> None:
     if point not in POINTS:
         raise ValueError(f"unknown crash point {point!r}")
     if os.environ.get(ENV_VAR) == point:
-        log.warning("event=crash_point point=%s pid=%d", point, os.getpid())
+        log.warning("crash point reached: killing this process", extra={"point": point, "pid": os.getpid()})
         os.kill(os.getpid(), signal.SIGKILL)

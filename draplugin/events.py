@@ -38,10 +38,10 @@ class NullEvents:
     """For runs without an API server: events go to the log only."""
 
     def claim_event(self, claim: ClaimRef, reason: str, note: str, *, warning: bool = True) -> None:
-        log.info("event=k8s_event_skipped object=claim claim=%s reason=%s", claim, reason)
+        log.info("event not posted (no API server)", extra={"claim": str(claim), "reason": reason})
 
     def node_event(self, reason: str, note: str, *, warning: bool = True) -> None:
-        log.info("event=k8s_event_skipped object=node reason=%s", reason)
+        log.info("event not posted (no API server)", extra={"object": "node", "reason": reason})
 
 
 class KubeEvents:
@@ -116,15 +116,17 @@ class KubeEvents:
         try:
             self._pool.submit(self._post, namespace, body)
         except RuntimeError:
-            log.warning("event=k8s_event_dropped reason=%s detail='event sender stopped'", reason)
+            log.warning("event dropped: sender stopped", extra={"reason": reason})
 
     def _post(self, namespace: str, body: dict[str, Any]) -> None:
         try:
             path = f"/apis/events.k8s.io/v1/namespaces/{namespace}/events"
             status, data = self._api.request("POST", path, body)
         except Exception as err:  # an event must never take anything down with it
-            log.warning("event=k8s_event_failed reason=%s error=%r", body["reason"], str(err))
+            log.warning("posting event failed", extra={"reason": body["reason"], "error": str(err)})
             return
         if not 200 <= status < 300:
             detail = data[:200].decode(errors="replace")
-            log.warning("event=k8s_event_failed reason=%s status=%d body=%r", body["reason"], status, detail)
+            log.warning(
+                "posting event failed", extra={"reason": body["reason"], "status": status, "body": detail}
+            )

@@ -133,16 +133,16 @@ class GpuDriver:
                 f"{loaded.moved_to} and starting empty: the kubelet's retries prepare running claims again"
             )
             log.error(
-                "event=checkpoint_corrupt path=%s reason=%r moved_to=%s",
-                self.checkpoint.path,
-                loaded.corrupt_reason,
-                loaded.moved_to,
+                "checkpoint corrupt: moved aside, starting empty",
+                extra={
+                    "path": str(self.checkpoint.path),
+                    "reason": loaded.corrupt_reason,
+                    "moved_to": str(loaded.moved_to),
+                },
             )
             self.events.node_event("CheckpointCorrupted", note)
         if loaded.new_boot:
-            log.info(
-                "event=new_boot claims=%d detail='prepared claims will be prepared again'", loaded.claims
-            )
+            log.info("node rebooted: known claims will be prepared again", extra={"claims": loaded.claims})
         for record in self.checkpoint.records():
             if not record.completed:
                 continue
@@ -156,11 +156,12 @@ class GpuDriver:
             except (PlanError, OSError, cdi.CdiError) as err:
                 # Keep the record (unprepare must still work) but make the next prepare redo it.
                 log.warning(
-                    "event=restore_failed claim=%s/%s uid=%s error=%r",
-                    record.namespace,
-                    record.name,
-                    record.uid,
-                    str(err),
+                    "cannot restore prepared claim; the next prepare redoes it",
+                    extra={
+                        "claim": f"{record.namespace}/{record.name}",
+                        "uid": record.uid,
+                        "error": str(err),
+                    },
                 )
                 self.checkpoint.put(
                     ClaimRecord(
@@ -172,6 +173,7 @@ class GpuDriver:
         for uid in list(self.cdi.claim_uids()):
             if uid not in known:
                 # A spec no record explains cannot be in use by a prepared claim: it leaked.
+                log.info("removing leaked CDI spec", extra={"uid": uid})
                 self.cdi.remove(uid)
                 report.specs_removed.append(uid)
         for uid in list(self.sharing.claim_uids()):
@@ -180,14 +182,16 @@ class GpuDriver:
         self.checkpoint.save()
         self.metrics.prepared_claims.set(len(self.checkpoint))
         log.info(
-            "event=recovered version=%s claims=%d new_boot=%s corrupt=%s restored=%d removed=%d demoted=%d",
-            loaded.version,
-            loaded.claims,
-            loaded.new_boot,
-            loaded.corrupt_reason is not None,
-            len(report.specs_restored),
-            len(report.specs_removed),
-            len(report.demoted),
+            "checkpoint loaded",
+            extra={
+                "version": loaded.version,
+                "claims": loaded.claims,
+                "new_boot": loaded.new_boot,
+                "corrupt": loaded.corrupt_reason is not None,
+                "specs_restored": len(report.specs_restored),
+                "specs_removed": len(report.specs_removed),
+                "demoted": len(report.demoted),
+            },
         )
         return report
 
@@ -208,16 +212,17 @@ class GpuDriver:
                 raise ClaimError(message) from None
             except Exception as err:
                 message = f"preparing claim {claim.namespace}/{claim.name} failed: {err}"
-                log.exception("event=prepare_error claim=%s", claim)
+                log.exception("prepare failed unexpectedly", extra={"claim": str(claim)})
                 self._failed("prepare", claim, "InternalError", message)
                 raise ClaimError(message) from None
         log.info(
-            "event=prepared claim=%s/%s uid=%s devices=%s ms=%.1f",
-            claim.namespace,
-            claim.name,
-            claim.uid,
-            ",".join(d.device_name for d in devices),
-            (time.perf_counter() - start) * 1e3,
+            "claim prepared",
+            extra={
+                "claim": f"{claim.namespace}/{claim.name}",
+                "uid": claim.uid,
+                "devices": ",".join(d.device_name for d in devices),
+                "ms": round((time.perf_counter() - start) * 1e3, 1),
+            },
         )
         crashpoints.reach(crashpoints.BEFORE_RETURN)
         return devices
@@ -229,7 +234,7 @@ class GpuDriver:
                     await self._unprepare(claim)
             except Exception as err:
                 message = f"unpreparing claim {claim.namespace}/{claim.name} failed: {err}"
-                log.exception("event=unprepare_error claim=%s", claim)
+                log.exception("unprepare failed unexpectedly", extra={"claim": str(claim)})
                 self.metrics.error("unprepare", "InternalError")
                 raise ClaimError(message) from None
 
@@ -243,7 +248,7 @@ class GpuDriver:
             claim, doc, driver=self.driver_name, pool=self.node_name, devices=self.devices, kind=self.cdi_kind
         )
         if not plan.devices:
-            log.info("event=nothing_to_prepare claim=%s", claim)
+            log.info("no devices of this node in the claim", extra={"claim": str(claim)})
             return []
         record = self.checkpoint.get(claim.uid)
         records = plan.device_records()
@@ -257,10 +262,12 @@ class GpuDriver:
         check_sharing(plan, self.checkpoint.records())
         if record is not None:
             log.info(
-                "event=reprepare claim=%s state=%s same_devices=%s",
-                claim,
-                record.state,
-                record.devices == records,
+                "preparing a known claim again",
+                extra={
+                    "claim": str(claim),
+                    "state": record.state.value,
+                    "same_devices": record.devices == records,
+                },
             )
         self.checkpoint.put(
             ClaimRecord(claim.uid, claim.namespace, claim.name, ClaimState.PREPARE_STARTED, records)
@@ -288,9 +295,8 @@ class GpuDriver:
         spec = render_spec(plan, self.sharing.host_dir_for(plan), self.cdi_kind)
         if self.cdi.write(plan.claim.uid, spec):
             log.info(
-                "event=cdi_spec_written claim_uid=%s path=%s",
-                plan.claim.uid,
-                self.cdi.path_for(plan.claim.uid),
+                "CDI spec written",
+                extra={"uid": plan.claim.uid, "path": str(self.cdi.path_for(plan.claim.uid))},
             )
 
     async def _unprepare(self, claim: ClaimRef) -> None:
@@ -303,29 +309,30 @@ class GpuDriver:
             self.metrics.prepared_claims.set(len(self.checkpoint))
             await self.checkpoint.commit()
         log.info(
-            "event=unprepared claim=%s/%s uid=%s known=%s spec_removed=%s",
-            claim.namespace,
-            claim.name,
-            claim.uid,
-            known,
-            removed,
+            "claim unprepared",
+            extra={
+                "claim": f"{claim.namespace}/{claim.name}",
+                "uid": claim.uid,
+                "known": known,
+                "spec_removed": removed,
+            },
         )
 
     def _failed(self, operation: str, claim: ClaimRef, reason: str, message: str) -> None:
         log.warning(
-            "event=%s_failed claim=%s/%s uid=%s reason=%s error=%r",
-            operation,
-            claim.namespace,
-            claim.name,
-            claim.uid,
-            reason,
-            message,
+            f"{operation} failed",
+            extra={
+                "claim": f"{claim.namespace}/{claim.name}",
+                "uid": claim.uid,
+                "reason": reason,
+                "error": message,
+            },
         )
         self.metrics.error(operation, reason)
         try:
             self.events.claim_event(claim, reason, message)
         except Exception:  # events are best effort by contract; never let one fail the claim twice
-            log.exception("event=k8s_event_error claim=%s", claim)
+            log.exception("posting the failure event failed", extra={"claim": str(claim)})
 
     def prepared_claims(self) -> Iterator[ClaimRecord]:
         return self.checkpoint.records()

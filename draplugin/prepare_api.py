@@ -56,7 +56,7 @@ class RawApi:
             body=body,
             auth_settings=["BearerToken"],
         )
-        response = self._client.call_api(*params, _request_timeout=REQUEST_TIMEOUT_S)
+        response = self._client.call_api(*params[:4], _request_timeout=REQUEST_TIMEOUT_S)
         data: bytes | None = response.read()  # type: ignore[no-untyped-call]
         return int(response.status), bytes(data or b"")
 

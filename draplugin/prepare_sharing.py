@@ -57,7 +57,7 @@ class SharingState:
         directory = self.mps_dir(claim_uid)
         if directory.exists():
             shutil.rmtree(directory)
-            log.info("event=sharing_released claim_uid=%s strategy=MPS", claim_uid)
+            log.info("sharing state released", extra={"claim_uid": claim_uid, "strategy": "MPS"})
 
     def claim_uids(self) -> Iterator[str]:
         """Claims that have sharing state on disk (to clean up what no record explains)."""

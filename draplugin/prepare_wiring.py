@@ -73,10 +73,12 @@ def driver_from_settings(settings: Settings) -> GpuDriver:
     )
     driver.recover()
     log.info(
-        "event=driver_ready backend=%s devices=%d cdi_root=%s state_dir=%s",
-        settings.backend,
-        len(devices),
-        settings.cdi_root,
-        settings.state_dir,
+        "prepare driver ready",
+        extra={
+            "backend": settings.backend,
+            "devices": len(devices),
+            "cdi_root": str(settings.cdi_root),
+            "state_dir": str(settings.state_dir),
+        },
     )
     return driver
