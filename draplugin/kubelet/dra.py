@@ -10,10 +10,11 @@ flood the driver.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import Counter as Tally
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final, Protocol
 
@@ -111,12 +112,39 @@ def _check_devices(devices: object) -> tuple[PreparedDevice, ...]:
     return checked
 
 
+class KeyedLocks:
+    """One lock per key, alive only while someone holds or waits for it."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+
+    @contextlib.asynccontextmanager
+    async def hold(self, key: str) -> AsyncIterator[None]:
+        lock, users = self._locks.get(key, (asyncio.Lock(), 0))
+        self._locks[key] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[key]
+            if users == 1:
+                del self._locks[key]
+            else:
+                self._locks[key] = (lock, users - 1)
+
+    def __len__(self) -> int:
+        return len(self._locks)
+
+
 class ClaimRunner:
     """Runs a batch of per-claim driver calls concurrently and collects one outcome per UID.
 
     A batch that has started runs to completion even if the kubelet gives up on
     the call (timeout, disconnect): stopping a prepare half-way helps nobody,
     and the kubelet's retry then finds the work done (drivers are idempotent).
+
+    Calls for the same claim UID never overlap, across requests and API
+    versions: a retry waits for the attempt still running in the background.
     """
 
     def __init__(self, driver: Driver, max_concurrent_claims: int = DEFAULT_MAX_CONCURRENT_CLAIMS) -> None:
@@ -124,6 +152,7 @@ class ClaimRunner:
             raise ValueError("max_concurrent_claims must be at least 1")
         self._driver = driver
         self._limit = asyncio.Semaphore(max_concurrent_claims)
+        self._per_claim = KeyedLocks()
         self._batches: set[asyncio.Future[list[tuple[str, ClaimOutcome]]]] = set()
 
     async def prepare(self, claims: Sequence[ClaimMessage]) -> dict[str, ClaimOutcome]:
@@ -151,7 +180,8 @@ class ClaimRunner:
             log.warning("rejected claim in request", extra={"operation": operation, "uid": uid, "error": msg})
 
         async def guarded(claim: ClaimRef) -> tuple[str, ClaimOutcome]:
-            async with self._limit:
+            # Claim lock first: waiting for the same claim must not occupy a concurrency slot.
+            async with self._per_claim.hold(claim.uid), self._limit:
                 try:
                     return claim.uid, await action(claim)
                 except Exception as exc:

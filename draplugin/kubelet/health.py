@@ -111,12 +111,10 @@ class LivenessHealth:
 
     def __init__(self) -> None:
         self.servicer = grpc_health.aio.HealthServicer()
-        self._initialized = False
 
     async def start(self) -> None:
         # The servicer starts out SERVING; we are not, until the kubelet says so.
         await self.servicer.set(OVERALL_SERVICE, health_pb2.HealthCheckResponse.NOT_SERVING)
-        self._initialized = True
 
     async def on_registration(self, status: RegistrationStatus) -> None:
         serving = health_pb2.HealthCheckResponse.SERVING if status.registered else (

@@ -501,3 +501,36 @@ async def test_kubelet_leaving_the_health_stream_closes_the_source(kubelet_root:
         assert await stream.read() != grpc.aio.EOF
         stream.cancel()
         await closed.wait()
+
+
+async def test_the_same_claim_is_never_handled_twice_at_once(
+    server: KubeletPluginServer, plugin: RegisteredPlugin
+) -> None:
+    overlap: list[str] = []
+    active: set[str] = set()
+
+    class Tracking(FakeDriver):
+        async def prepare_claim(self, claim: ClaimRef) -> Sequence[PreparedDevice]:
+            if claim.uid in active:
+                overlap.append(claim.uid)
+            active.add(claim.uid)
+            try:
+                await asyncio.sleep(0.01)
+                return self.devices_for(claim)
+            finally:
+                active.discard(claim.uid)
+
+        async def unprepare_claim(self, claim: ClaimRef) -> None:
+            if claim.uid in active:
+                overlap.append(claim.uid)
+            active.add(claim.uid)
+            await asyncio.sleep(0.01)
+            active.discard(claim.uid)
+
+    server._runner._driver = Tracking()
+    shared = [claim(1), claim(2)]
+    await asyncio.gather(
+        plugin.prepare(shared), plugin.prepare(shared), plugin.unprepare(shared), plugin.prepare([claim(3)])
+    )
+    assert overlap == []
+    assert len(server._runner._per_claim) == 0, "per-claim locks are dropped when idle"
