@@ -54,7 +54,7 @@ def test_apiserver_rejects_device_class_with_cel_syntax_error(kube_cluster: Cont
     message = rejection_message(kube_cluster, device_class('device.attributes["x"].foo =='))
     assert "spec.selectors[0].cel.expression" in message
     assert "compilation failed" in message
-    assert "Syntax error" in message
+    assert "Syntax error: mismatched input '<EOF>'" in message
 
 
 def test_apiserver_rejects_device_class_with_cel_type_error(kube_cluster: ControlPlane) -> None:
