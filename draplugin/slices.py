@@ -628,6 +628,8 @@ class SlicePublisher:
                         self._dirty.set()
                 backoff.reset()
             except ApiError as err:
+                if self._stop.is_set():
+                    return
                 if err.status == 410:  # too old: relist through a sync, which refreshes the version
                     self._list_version = ""
                     self._dirty.set()

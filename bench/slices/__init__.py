@@ -1,0 +1,1 @@
+"""Benchmark: publishing 1,024 devices as ResourceSlices, and API writes while idle."""
