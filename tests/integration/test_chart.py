@@ -37,6 +37,7 @@ NON_DEFAULT_VALUES: dict[str, Any] = {
     "logFormat": "json",
     "kubeletPlugin": {
         "backend": "fake",
+        "fakeGpus": {"gpus": [{"model": "L4", "count": 2}]},
         "kubeletRootDir": "/data/kubelet",
         "cdiRoot": "/etc/cdi",
         "stateDir": "/data/gpudra",
@@ -296,7 +297,13 @@ def test_non_default_values_reach_every_object(helm_home: Path) -> None:
     }
     assert pod["nodeSelector"] == {"example.com/gpu": "yes"}
     assert pod["imagePullSecrets"] == [{"name": "regcred"}]
-    assert ds["spec"]["template"]["metadata"]["annotations"] == {"example.com/team": "ml"}
+    annotations = ds["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["example.com/team"] == "ml"
+    assert "checksum/fake-gpus" in annotations
+    assert env["DRAPLUGIN_FAKE_CONFIG"] == "/etc/draplugin/fake-gpus.yaml"
+    fake = only(objects, "ConfigMap")
+    assert yaml.safe_load(fake["data"]["fake-gpus.yaml"]) == {"gpus": [{"model": "L4", "count": 2}]}
+    assert {"name": "fake-gpus", "configMap": {"name": fake["metadata"]["name"]}} in pod["volumes"]
 
     deployment = only(objects, "Deployment")
     assert deployment["spec"]["replicas"] == 2
