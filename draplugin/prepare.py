@@ -170,9 +170,18 @@ class GpuDriver:
                 )
                 report.demoted.append(record.uid)
         known = {record.uid for record in self.checkpoint.records()}
-        for uid in list(self.cdi.claim_uids()):
-            if uid not in known:
-                # A spec no record explains cannot be in use by a prepared claim: it leaked.
+        unexplained = [uid for uid in self.cdi.claim_uids() if uid not in known]
+        if loaded.corrupt_reason is not None:
+            # The records are lost, not absent: these specs may belong to running pods whose
+            # containers still need them to restart. The kubelet's unprepare removes each one.
+            if unexplained:
+                log.warning(
+                    "keeping CDI specs the lost checkpoint knew about", extra={"specs": len(unexplained)}
+                )
+        else:
+            for uid in unexplained:
+                # With an intact checkpoint every spec has a record (it is written first), so a
+                # spec without one is left over from a removal that was interrupted: it leaked.
                 log.info("removing leaked CDI spec", extra={"uid": uid})
                 self.cdi.remove(uid)
                 report.specs_removed.append(uid)

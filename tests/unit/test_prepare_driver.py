@@ -348,16 +348,21 @@ async def test_new_boot_redoes_prepare_and_unprepare_still_works(node: Node) -> 
 
 
 async def test_corrupt_checkpoint_is_reported_and_rebuilt(node: Node) -> None:
-    node.checkpoint_path.parent.mkdir(parents=True)
+    running = node.claims.add(two_gpu_claim(uid="uid-running", name="running"))
+    await node.driver().prepare_claim(running)
     node.checkpoint_path.write_text('{"version": 2, "claims": [')
     driver = node.driver()
+    # the running claim's spec stays (its containers may restart); the kubelet's unprepare removes it
+    assert node.spec_files() == ["gpu.draplugin.dev-claim_uid-running.json"]
     assert [reason for reason, _ in node.events.node_events] == ["CheckpointCorrupted"]
     assert "moved to" in node.events.node_events[0][1]
     assert len(list(node.checkpoint_path.parent.glob("checkpoint.json.corrupt-*"))) == 1
     assert json.loads(node.checkpoint_path.read_text())["claims"] == []
     # and the kubelet's retry fills it again
-    await driver.prepare_claim(node.claims.add(two_gpu_claim()))
+    await driver.prepare_claim(node.claims.add(claim_doc(uid="uid-1", results=[result("gpu", "gpu-3")])))
     assert driver.checkpoint.get("uid-1") is not None
+    await driver.unprepare_claim(running)
+    assert node.spec_files() == ["gpu.draplugin.dev-claim_uid-1.json"]
 
 
 async def test_changed_allocation_for_same_uid_is_redone(node: Node) -> None:
