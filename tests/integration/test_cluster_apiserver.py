@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import Any
 
@@ -31,7 +32,10 @@ def rejection_message(cluster: ControlPlane, body: dict[str, Any]) -> str:
     with cluster.api_client() as api, pytest.raises(ApiException) as caught:
         KubeJSON(api).create(DEVICE_CLASSES, body)
     assert caught.value.status == 422, caught.value.body
-    return str(caught.value.body)
+    status = json.loads(str(caught.value.body))
+    assert status["reason"] == "Invalid"
+    message: str = status["message"]
+    return message
 
 
 def test_apiserver_serves_resource_v1(kube_cluster: ControlPlane) -> None:
