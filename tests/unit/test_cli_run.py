@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import os
 import shutil
 import signal
@@ -35,6 +36,16 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for option in config.RUN_OPTIONS:
         monkeypatch.delenv(option.env, raising=False)
     monkeypatch.delenv(cli.DRIVER_FACTORY_ENV, raising=False)
+
+
+@pytest.fixture(autouse=True)
+def restore_logging() -> Iterator[None]:
+    """`run` configures the root logger; later tests must not inherit a handler on a closed capture."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
 
 @pytest.fixture
@@ -154,9 +165,23 @@ def test_unknown_flag_and_missing_subcommand_are_usage_errors(capsys: pytest.Cap
     assert "COMMAND" in capsys.readouterr().err
 
 
-def test_run_without_a_driver_fails_clearly(capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    ("factory", "message"),
+    [
+        ("tests.kubelet_client", "must look like module:function"),
+        ("tests.no_such_module:factory", "cannot be loaded"),
+        ("tests.kubelet_client:no_such_factory", "cannot be loaded"),
+        ("tests.kubelet_client:KUBELET_SUPPORTED", "is not callable"),
+    ],
+)
+def test_run_exits_1_when_the_driver_cannot_be_built(
+    factory: str, message: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv(cli.DRIVER_FACTORY_ENV, factory)
     assert cli.main(["run", "--node-name", "node-1", "--metrics-port", "0"]) == 1
-    assert "no driver wired yet" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert 'msg="cannot build the driver"' in err
+    assert message in err
 
 
 def test_subcommands_register_in_one_table() -> None:
