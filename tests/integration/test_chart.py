@@ -25,6 +25,7 @@ from tests.kube.binaries import REPO_ROOT, bin_dir, pinned_kubernetes_version
 from tests.kube.controlplane import ControlPlane
 
 CHART = REPO_ROOT / "deploy" / "helm" / "draplugin"
+FAKE_GPU_VALUES = REPO_ROOT / "deploy" / "helm" / "values-fake-gpus.yaml"
 HELM_BUILD_COMMAND = "tests/cluster/build_helm.sh"
 DRIVER = "gpu.draplugin.dev"
 
@@ -338,6 +339,16 @@ def test_non_default_values_reach_every_object(helm_home: Path) -> None:
     assert any('"gpu.example.com"' in v["expression"] for v in policy["spec"]["validations"])
 
 
+def test_fake_gpu_values_file_matches_the_examples_inventory(helm_home: Path) -> None:
+    """deploy/helm/values-fake-gpus.yaml runs the inventory the examples' READMEs describe."""
+    objects = render_chart(helm_home, yaml.safe_load(FAKE_GPU_VALUES.read_text()))
+    inventory = yaml.safe_load(only(objects, "ConfigMap")["data"]["fake-gpus.yaml"])
+    assert inventory == yaml.safe_load((REPO_ROOT / "examples" / "fake-gpus.yaml").read_text())
+    pod = only(objects, "DaemonSet")["spec"]["template"]["spec"]
+    assert "nodeSelector" not in pod
+    assert container_env(pod["containers"][0])["BACKEND"] == "fake"
+
+
 def test_components_can_be_switched_off(helm_home: Path) -> None:
     objects = render_chart(
         helm_home,
@@ -364,7 +375,11 @@ def dynamic_client(kube_cluster: ControlPlane) -> Iterator[DynamicClient]:
 
 
 @pytest.mark.cluster
-@pytest.mark.parametrize("values", [None, NON_DEFAULT_VALUES], ids=["default", "non-default"])
+@pytest.mark.parametrize(
+    "values",
+    [None, NON_DEFAULT_VALUES, yaml.safe_load(FAKE_GPU_VALUES.read_text())],
+    ids=["default", "non-default", "values-fake-gpus"],
+)
 def test_api_server_accepts_every_rendered_object(
     helm_home: Path, dynamic_client: DynamicClient, test_namespace: str, values: dict[str, Any] | None
 ) -> None:
