@@ -18,6 +18,7 @@ venv: $(VENV)/.installed
 # Cached under ~/.cache/draplugin-kube/<version>; a no-op when inputs are unchanged.
 kube:
 	$(KUBE_BUILD) >/dev/null
+	tests/cluster/build_helm.sh >/dev/null
 
 proto: venv
 	$(PY) -m draplugin.kubelet.protogen
