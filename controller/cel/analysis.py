@@ -86,6 +86,17 @@ def analyze(expression: str) -> Analysis:
 
 
 def evident_type(node: Node) -> str | None:
+    path = _literal_device_path(node)
+    if path is not None:
+        if path == ["driver"]:
+            return "string"
+        if path == ["allowMultipleAllocations"]:
+            return "bool"
+        if len(path) == 3 and path[0] == "capacity":
+            return "kubernetes.Quantity"
+        if 1 <= len(path) <= 2 and path[0] in ("attributes", "capacity"):
+            return "map"
+        return None
     if isinstance(node, Literal):
         return node.kind if node.kind != "null" else "null_type"
     if isinstance(node, ListLit):
@@ -135,6 +146,21 @@ def features(tree: Node) -> set[str]:
             elif node.name in ("dyn", "type", "duration", "timestamp", "bytes") and node.target is None:
                 found.add(f"{node.name}()")
     return found
+
+
+def _literal_device_path(node: Node) -> list[str] | None:
+    steps: list[str] = []
+    while isinstance(node, Select | Index):
+        if isinstance(node, Select):
+            steps.append(node.field)
+        elif isinstance(node.index, Literal) and isinstance(node.index.value, str):
+            steps.append(node.index.value)
+        else:
+            return None
+        node = node.operand
+    if isinstance(node, Ident) and node.name == "device":
+        return list(reversed(steps))
+    return None
 
 
 def _is_bind(node: Call) -> bool:
@@ -264,6 +290,8 @@ class _Reads:
         if args and isinstance(args[0], Literal) and isinstance(args[0].value, str):
             problem = regexlib.regex_error(args[0].value)
             if problem is not None:
+                if node.name == "matches":
+                    raise self.error(args[0], f"compilation failed: invalid matches argument ({problem})")
                 raise self.error(args[0], f"compilation failed: {problem}")
 
 
@@ -307,6 +335,11 @@ class _Cost:
             return init_cost + body_cost, body_size
         results = [self.estimate(part, scope) for part in syntax.children(node)]
         cost = sum(c for c, _ in results) + 1
+        unsized = node.name == "join" or (node.name in _ELEMENT_SCANS and _has_unsized_elements(node.target))
+        if unsized:
+            # The API server's estimator has no size for these string elements, so a function
+            # whose cost scales with element size is unbounded (observed with kube-apiserver 1.37).
+            return UNBOUNDED, UNBOUNDED
         sizes = [s for _, s in results]
         size = max(sizes, default=0)
         if node.name == "_+_":
@@ -352,6 +385,16 @@ class _Cost:
             size = limit.value if isinstance(limit, Literal) and isinstance(limit.value, int) else UNBOUNDED
             cost += math.ceil(max(size, 0) / 10)
         return cost, size
+
+
+_ELEMENT_SCANS = frozenset({"isSorted", "min", "max", "sum", "indexOf", "lastIndexOf"})
+
+
+def _has_unsized_elements(target: Node | None) -> bool:
+    """Lists whose string elements cel-go cannot size: literals of strings, split/findAll results."""
+    if isinstance(target, ListLit):
+        return any(isinstance(item, Literal) and item.kind in ("string", "bytes") for item in target.items)
+    return isinstance(target, Call) and target.name in ("split", "findAll")
 
 
 def _add(*parts: int) -> int:

@@ -227,5 +227,5 @@ class CelpyEngine:
         if unknown:
             raise CompileError(f"undeclared reference to '{unknown[0]}' ({NAME} has no such function)")
         if info.evident_type not in (None, "bool"):
-            raise CompileError(f"must evaluate to bool, not {info.evident_type}")
+            raise CompileError(f"must evaluate to bool or the unknown type, not {info.evident_type}")
         return CelpyProgram(self._env.program(ast, functions=_FUNCTIONS))

@@ -249,7 +249,10 @@ class CppEngine:
             raise compile_error(str(err)) from None
         result = compiled.return_type()
         if result not in (cel.Type.BOOL, cel.Type.DYN):
-            raise CompileError(f"must evaluate to bool, not {_type_name(result)}")
+            raise CompileError(f"must evaluate to bool or the unknown type, not {_type_name(result)}")
+        if info.evident_type not in (None, "bool"):
+            # `device` is a map of dyn here; upstream knows e.g. capacity values are Quantity.
+            raise CompileError(f"must evaluate to bool or the unknown type, not {info.evident_type}")
         if info.domain_lookups:
             compiled = _environment().compile(tolerant_lookups(expression, info.domain_lookups))
         return CppProgram(compiled)

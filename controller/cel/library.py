@@ -194,13 +194,8 @@ def _list_functions() -> list[Function]:
             ),
         ),
         Function("distinct", (_member("list_distinct", [L], L, listlib.distinct),)),
-        Function(
-            "reverse",
-            (
-                _member("list_reverse", [L], L, listlib.reverse),
-                _member("string_reverse", [STR], STR, stringlib.reverse),
-            ),
-        ),
+        # ext.Strings is at version 2 upstream, so there is no string reverse().
+        Function("reverse", (_member("list_reverse", [L], L, listlib.reverse),)),
         Function("sort", (_member("list_sort", [L], L, listlib.sort),)),
         Function("lists.range", (_global("lists_range", [INT], L, listlib.range_of),)),
         Function("sets.contains", (_global("sets_contains", [L, L], B, listlib.sets_contains),)),

@@ -122,9 +122,7 @@ def _compile_cached(expression: str, engine_name: str) -> Selector:
     info = _analyze(expression, engine)
     program = engine.compile(expression, info)
     if info.cost > MAX_COST:
-        raise CompileError(
-            f"estimated cost {info.cost} exceeds the cost limit {MAX_COST}: expression too complex"
-        )
+        raise CompileError(f"too complex, exceeds cost limit (estimated cost {info.cost} > {MAX_COST})")
     log.debug(
         "compiled CEL selector",
         extra={"engine": engine_name, "cost": info.cost, "memoized": info.reads is not None},

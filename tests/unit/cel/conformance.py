@@ -67,6 +67,10 @@ class Case:
     device: str = "h100"
     celpy: Outcome | None = None
     message: str | None = None
+    # Part of the Kubernetes library but rejected in *new* expressions by kube-apiserver 1.37
+    # (observed: quantity sign() is "no matching overload" there); the controller still
+    # evaluates it, as the scheduler's stored-expressions environment would.
+    gated_in_apiserver: bool = False
 
     def outcome(self, engine: str) -> Outcome:
         if engine == "cel-python" and self.celpy is not None:
@@ -74,8 +78,8 @@ class Case:
         return self.expect
 
     @property
-    def upstream_compiles(self) -> bool:
-        return self.expect != COMPILE
+    def apiserver_accepts(self) -> bool:
+        return self.expect != COMPILE and not self.gated_in_apiserver
 
 
 A = 'device.attributes["gpu.example.com"]'
@@ -103,10 +107,10 @@ CASES: tuple[Case, ...] = (
     Case("device.allowMultipleAllocations", False),
     Case("device.allowMultipleAllocations", True, device="shared"),
     Case("!device.allowMultipleAllocations", True, device="bare"),
-    Case(f'size({A}) == 7', True),
-    Case(f'size({A}) == 4', True, device="a100"),
-    Case(f'size({C}) == 2', True),
-    Case('size(device.attributes) == 2', True),
+    Case(f"size({A}) == 7", True),
+    Case(f"size({A}) == 4", True, device="a100"),
+    Case(f"size({C}) == 2", True),
+    Case("size(device.attributes) == 2", True),
     Case(f'"model" in {A}', True),
     Case(f'"nosuch" in {A}', False),
     Case(f"has({A}.model)", True),
@@ -139,11 +143,11 @@ CASES: tuple[Case, ...] = (
     Case('device.driver == "x" ) ', COMPILE),
     Case("undefinedvar", COMPILE, message="undeclared reference"),
     Case("nosuchfunction(1) == 1", COMPILE, message="undeclared reference"),
-    Case("1 + 1", COMPILE, message="must evaluate to bool"),
+    Case("1 + 1", COMPILE, message="must evaluate to bool or the unknown type, not int"),
     Case('"string"', COMPILE, message="must evaluate to bool"),
     Case("[true]", COMPILE, message="must evaluate to bool"),
     Case("1", COMPILE),
-    Case('"a".matches("(")', COMPILE, message="error parsing regexp"),
+    Case('"a".matches("(")', COMPILE, message="invalid matches argument"),
     Case('"a".find("[") == ""', COMPILE, message="error parsing regexp"),
     Case('quantity(1) == quantity("1")', COMPILE, celpy=RUNTIME),
     Case('"a" > 1', COMPILE, celpy=RUNTIME),
@@ -168,7 +172,10 @@ CASES: tuple[Case, ...] = (
     Case(f'{A}.model + "x" == "H100x"', True),
     Case(f"{A}.model", RUNTIME, message="could not be converted to bool"),
     Case(f"{A}.index", RUNTIME, message="could not be converted to bool"),
-    Case(f"{C}.memory", RUNTIME, message="could not be converted to bool"),
+    Case(
+        f"{C}.memory", COMPILE, message="must evaluate to bool or the unknown type, not kubernetes.Quantity"
+    ),
+    Case("device.driver", COMPILE, message="must evaluate to bool or the unknown type, not string"),
     Case(f"{A}.index < 1.5", True, celpy=RUNTIME),
     Case(f"{A}.index == 0u", True, celpy=RUNTIME),
     # --- arithmetic ------------------------------------------------------------------------
@@ -183,7 +190,7 @@ CASES: tuple[Case, ...] = (
     Case('int("42") == 42', True),
     Case('string(42) == "42"', True),
     Case('double("1.5") == 1.5', True),
-    Case('int("x") == 1', RUNTIME),
+    Case(f"int({A}.model) == 1", RUNTIME),
     Case('size("héllo") == 5', True),
     Case("size([1, 2, 3]) == 3", True),
     Case('b"abc" == b"abc"', True),
@@ -214,27 +221,33 @@ CASES: tuple[Case, ...] = (
     Case('quantity("1500m").isGreaterThan(quantity("1"))', True),
     Case('quantity("1n").isGreaterThan(quantity("0"))', True),
     Case('quantity("1u") == quantity("1000n")', True),
-    Case('quantity("-1").sign() == -1', True),
-    Case('quantity("0").sign() == 0', True),
-    Case('quantity("3Ki").sign() == 1', True),
+    Case('quantity("-1").sign() == -1', True, gated_in_apiserver=True),
+    Case('quantity("0").sign() == 0', True, gated_in_apiserver=True),
+    Case('quantity("3Ki").sign() == 1', True, gated_in_apiserver=True),
     Case('quantity("1.5").isInteger()', False),
     Case('quantity("1k").isInteger()', True),
     Case('quantity("1.5").asInteger() == 1', RUNTIME, message="cannot convert value to integer"),
     Case('quantity("8Ei").asInteger() == 9223372036854775807', True),
-    Case('quantity("8Ei").add(quantity("8Ei")).asInteger() > 0', RUNTIME, message="cannot convert value to integer"),
+    Case(
+        'quantity("8Ei").add(quantity("8Ei")).asInteger() > 0',
+        RUNTIME,
+        message="cannot convert value to integer",
+    ),
     Case('quantity("1.5").asApproximateFloat() == 1.5', True),
     Case('quantity("1Ki").asApproximateFloat() == 1024.0', True),
     Case('quantity("1Gi").add(quantity("1Gi")) == quantity("2Gi")', True),
     Case('quantity("1Gi").add(1) == quantity("1073741825")', True),
     Case('quantity("1Gi").sub(quantity("512Mi")) == quantity("512Mi")', True),
-    Case('quantity("10").sub(11).sign() == -1', True),
+    Case('quantity("10").sub(11).sign() == -1', True, gated_in_apiserver=True),
     Case(f'{C}.memory.sub(quantity("40Gi")).isGreaterThan(quantity("32Gi"))', True),
     Case('isQuantity("10Gi")', True),
     Case('isQuantity("10Zi")', False),
     Case('isQuantity("")', False),
     Case('isQuantity("1.2.3")', False),
     Case('quantity("1kk") == quantity("1")', RUNTIME, message="unable to parse quantity's suffix"),
-    Case('quantity("10Zi") == quantity("1")', RUNTIME, message="quantities must match the regular expression"),
+    Case(
+        'quantity("10Zi") == quantity("1")', RUNTIME, message="quantities must match the regular expression"
+    ),
     Case('quantity("abc") == quantity("1")', RUNTIME, message="quantities must match the regular expression"),
     # --- semver library --------------------------------------------------------------------
     Case(f'{A}.driverVersion.isGreaterThan(semver("535.0.0"))', True),
@@ -271,15 +284,19 @@ CASES: tuple[Case, ...] = (
     # --- lists library ---------------------------------------------------------------------
     Case("[1, 2, 3].isSorted()", True),
     Case("[3, 1].isSorted()", False),
-    Case('["a", "b"].isSorted()', True),
+    Case('["a", "b"].isSorted()', COMPILE, message="too complex, exceeds cost limit"),
     Case("[1, 2, 3].sum() == 6", True),
     Case("[1.5, 2.5].sum() == 4.0", True),
     Case("[3, 1, 2].min() == 1", True),
     Case("[3, 1, 2].max() == 3", True),
-    Case('["b", "a"].min() == "a"', True),
+    Case('["b", "a"].min() == "a"', COMPILE, message="too complex, exceeds cost limit"),
     Case("[1, 2, 1].indexOf(1) == 0", True),
     Case("[1, 2, 1].lastIndexOf(1) == 2", True),
-    Case('["x"].indexOf("y") == -1', True),
+    Case('["x"].indexOf("y") == -1', COMPILE, message="too complex, exceeds cost limit"),
+    Case(f'[{A}.model].indexOf("H100") == 0', True),
+    Case('["b", "a"].sort() == ["a", "b"]', True),
+    Case('"b,a".split(",").sort() == ["a", "b"]', True),
+    Case('"x,y".split(",").indexOf("y") == 1', COMPILE, message="too complex, exceeds cost limit"),
     Case("[1, 2, 3].filter(x, x > 1).size() == 2", True),
     Case("[1, 2, 3].map(x, x * 2) == [2, 4, 6]", True),
     Case("[1, 2, 3].exists_one(x, x == 2)", True),
@@ -294,15 +311,18 @@ CASES: tuple[Case, ...] = (
     Case("[1, 2].reverse() == [2, 1]", True),
     Case("[1, 2, 3, 4].slice(1, 3) == [2, 3]", True),
     Case("lists.range(3) == [0, 1, 2]", True, celpy=UNSUPPORTED),
-    Case('sets.contains([1, 2, 3], [2])', True, celpy=UNSUPPORTED),
-    Case('sets.intersects([1, 2], [2, 5])', True, celpy=UNSUPPORTED),
+    Case("sets.contains([1, 2, 3], [2])", True, celpy=UNSUPPORTED),
+    Case("sets.intersects([1, 2], [2, 5])", True, celpy=UNSUPPORTED),
     # --- strings extension -----------------------------------------------------------------
     Case(f'{A}.model.lowerAscii() == "h100"', True),
     Case(f'{A}.uuid.upperAscii() == "GPU-6F1A-0000"', True),
     Case('"a,b,c".split(",") == ["a", "b", "c"]', True),
     Case('"a,b,c".split(",", 2) == ["a", "b,c"]', True),
-    Case('["a", "b"].join("-") == "a-b"', True),
-    Case('["a", "b"].join() == "ab"', True),
+    Case('["a", "b"].join("-") == "a-b"', COMPILE, message="too complex, exceeds cost limit"),
+    Case('"a b".split(" ").join("-") == "a-b"', COMPILE, message="too complex, exceeds cost limit"),
+    # join() has no size estimate for its elements upstream: always over the cost limit.
+    Case(f'[{A}.model, {A}.uuid].join("/") == "H100/GPU-6f1a-0000"', COMPILE, message="exceeds cost limit"),
+    Case(f'[{A}.model, {A}.uuid].join() == "H100GPU-6f1a-0000"', COMPILE, message="exceeds cost limit"),
     Case('"  x ".trim() == "x"', True),
     Case('"hello".replace("l", "L") == "heLLo"', True),
     Case('"hello".replace("l", "L", 1) == "heLlo"', True),
@@ -315,7 +335,7 @@ CASES: tuple[Case, ...] = (
     Case('"hello".charAt(10) == ""', RUNTIME, message="index out of range"),
     Case(f'{A}.productName.split(" ")[1] == "H100"', True),
     Case('"%s has %d GPUs".format(["node", 8]) == "node has 8 GPUs"', True),
-    Case('"abc".reverse() == "cba"', True),
+    Case('"abc".reverse() == "cba"', COMPILE, celpy=RUNTIME),
     Case('strings.quote("a\\nb") == "\\"a\\\\nb\\""', True, celpy=UNSUPPORTED),
     # --- regex -----------------------------------------------------------------------------
     Case(f'{A}.model.matches("^H[0-9]+$")', True),
@@ -325,20 +345,24 @@ CASES: tuple[Case, ...] = (
     Case('"abc".find("x") == ""', True),
     Case('"a1b22c333".findAll("[0-9]+") == ["1", "22", "333"]', True),
     Case('"a1b22c333".findAll("[0-9]+", 2) == ["1", "22"]', True),
-    Case(f'{A}.uuid.matches(device.driver)', False),
+    Case(f"{A}.uuid.matches(device.driver)", False),
     # --- optionals (cel-python lacks them) -------------------------------------------------
     Case(f'{A}.?model.orValue("") == "H100"', True, celpy=UNSUPPORTED),
     Case(f'{A}.?nosuch.orValue("none") == "none"', True, celpy=UNSUPPORTED),
-    Case(f'{A}.?nosuch.hasValue()', False, celpy=UNSUPPORTED),
+    Case(f"{A}.?nosuch.hasValue()", False, celpy=UNSUPPORTED),
     Case('device.attributes["other.dev"].?model.orValue("") == ""', True, celpy=UNSUPPORTED),
     Case(f'{A}[?"index"].orValue(-1) == 0', True, celpy=UNSUPPORTED),
     Case(f"{C}.?memory.hasValue()", False, device="bare", celpy=UNSUPPORTED),
-    Case('optional.of(1).value() == 1', True, celpy=UNSUPPORTED),
+    Case("optional.of(1).value() == 1", True, celpy=UNSUPPORTED),
     Case("optional.none().orValue(2) == 2", True, celpy=UNSUPPORTED),
     # --- cel.bind ---------------------------------------------------------------------------
     Case(f'cel.bind(m, {A}.model, m == "H100" || m == "H200")', True, celpy=UNSUPPORTED),
-    Case(f'cel.bind(mem, {C}.memory, mem.isGreaterThan(quantity("40Gi")) && mem.isLessThan(quantity("100Gi")))', True,
-         celpy=UNSUPPORTED),
+    Case(
+        f'cel.bind(mem, {C}.memory, mem.isGreaterThan(quantity("40Gi"))'
+        ' && mem.isLessThan(quantity("100Gi")))',
+        True,
+        celpy=UNSUPPORTED,
+    ),
     Case("cel.bind(x, 1, cel.bind(y, x + 1, y == 2))", True, celpy=UNSUPPORTED),
     # --- realistic DeviceClass selectors ---------------------------------------------------
     Case(
@@ -351,9 +375,11 @@ CASES: tuple[Case, ...] = (
         True,
         device="shared",
     ),
-    Case(f'{A}.mig == false && {A}.index < 4', True),
-    Case(f'{A}.mig == false && {A}.index < 4', False, device="a100"),
+    Case(f"{A}.mig == false && {A}.index < 4", True),
+    Case(f"{A}.mig == false && {A}.index < 4", False, device="a100"),
     Case(f'has({A}.driverVersion) && {A}.driverVersion.isGreaterThan(semver("540.0.0"))', True),
-    Case(f'has({A}.driverVersion) && {A}.driverVersion.isGreaterThan(semver("540.0.0"))', False, device="bare"),
+    Case(
+        f'has({A}.driverVersion) && {A}.driverVersion.isGreaterThan(semver("540.0.0"))', False, device="bare"
+    ),
     Case('device.attributes["numa.example.org"].node in [0, 1]', True),
 )
