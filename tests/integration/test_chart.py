@@ -240,7 +240,7 @@ def test_daemonset_defaults(helm_home: Path) -> None:
     assert env["STATE_DIR"] == "/var/lib/draplugin"
     assert env["BACKEND"] == "nvml"
     assert env["METRICS_PORT"] == "8080"
-    assert "/driver-root/usr/lib64" in env["LD_LIBRARY_PATH"]
+    assert env["NVML_LIB_PATH"] == "/driver-root"
     # Kubelet gRPC probes on the plugin's TCP health port (they cannot dial unix sockets).
     assert env["HEALTHCHECK_PORT"] == "51515"
     assert container["livenessProbe"]["grpc"] == {"port": 51515}
@@ -283,7 +283,7 @@ def test_non_default_values_reach_every_object(helm_home: Path) -> None:
     assert env["BACKEND"] == "fake"
     assert env["KUBELET_ROOT_DIR"] == "/data/kubelet"
     assert env["EXTRA"] == "1"
-    assert "LD_LIBRARY_PATH" not in env
+    assert "NVML_LIB_PATH" not in env
     assert "livenessProbe" not in container
     assert "startupProbe" not in container
     assert "HEALTHCHECK_PORT" not in env
