@@ -20,7 +20,7 @@ import signal
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, Protocol
 
 from prometheus_client import start_http_server
 
@@ -101,12 +101,15 @@ def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
     for option in config.RUN_OPTIONS:
         default = f", default {option.default}" if option.default is not None else ""
         # default=None: an absent flag must fall through to the environment variable.
+        # A switch given alone means "true"; it still takes an explicit value (--flag=false).
         parser.add_argument(
             option.flag,
             dest=option.dest,
             default=None,
             metavar=option.env,
             help=f"{option.help} [env {option.env}{default}]",
+            nargs="?" if option.boolean else None,
+            const="true" if option.boolean else None,
         )
 
 
@@ -128,8 +131,27 @@ def _metrics_endpoint(port: int) -> Iterator[None]:
         thread.join(timeout=5)
 
 
+class Service(Protocol):
+    """What `serve_service` runs: the plugin server alone, or the whole node daemon."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
 async def serve(settings: Settings, driver: Driver, stop: asyncio.Event | None = None) -> int:
-    """Serve until `stop` is set or SIGTERM/SIGINT arrives; then remove our sockets and return."""
+    """Serve `driver` alone (no devices, no ResourceSlices) until `stop` or SIGTERM/SIGINT."""
+    options = PluginServerOptions(
+        driver_name=settings.driver_name,
+        kubelet_root_dir=settings.kubelet_root_dir,
+        pod_uid=settings.pod_uid,
+        healthcheck_port=settings.healthcheck_port,
+    )
+    return await serve_service(settings, KubeletPluginServer(driver, options), stop)
+
+
+async def serve_service(settings: Settings, service: Service, stop: asyncio.Event | None = None) -> int:
+    """Run `service` until `stop` is set or SIGTERM/SIGINT arrives; then stop it (sockets removed)."""
     stop = stop if stop is not None else asyncio.Event()
     loop = asyncio.get_running_loop()
     handled: list[signal.Signals] = []
@@ -137,21 +159,14 @@ async def serve(settings: Settings, driver: Driver, stop: asyncio.Event | None =
         with contextlib.suppress(NotImplementedError, RuntimeError):  # not the main thread, or no signals
             loop.add_signal_handler(signum, stop.set)
             handled.append(signum)
-    options = PluginServerOptions(
-        driver_name=settings.driver_name,
-        kubelet_root_dir=settings.kubelet_root_dir,
-        pod_uid=settings.pod_uid,
-        healthcheck_port=settings.healthcheck_port,
-    )
     try:
         with _metrics_endpoint(settings.metrics_port):
-            server = KubeletPluginServer(driver, options)
-            await server.start()
+            await service.start()
             try:
                 await stop.wait()
                 log.info("shutting down")
             finally:
-                await server.stop()
+                await service.stop()
     except (PluginServerError, SocketPathError) as exc:
         log.error("cannot serve the kubelet plugin", extra={"error": str(exc)})
         return EXIT_FAILURE
@@ -173,18 +188,29 @@ def _run(args: argparse.Namespace) -> int:
         "starting",
         extra={"driver": settings.driver_name, "node": settings.node_name, "backend": settings.backend},
     )
+    if os.environ.get(DRIVER_FACTORY_ENV):
+        # The test hook replaces the whole device side: serve its driver alone.
+        try:
+            driver = build_driver(settings)
+        except DriverUnavailable as exc:
+            log.error("cannot build the driver", extra={"error": str(exc)})
+            return EXIT_FAILURE
+        return asyncio.run(serve(settings, driver))
+    # Imported here: the node daemon pulls in the device backends and the Kubernetes client.
+    from draplugin.node import NodeUnavailable, build_node
+
     try:
-        driver = build_driver(settings)
-    except DriverUnavailable as exc:
-        log.error("cannot build the driver", extra={"error": str(exc)})
+        node = build_node(settings)
+    except NodeUnavailable as exc:
+        log.error("cannot build the node daemon", extra={"error": str(exc)})
         return EXIT_FAILURE
-    return asyncio.run(serve(settings, driver))
+    return asyncio.run(serve_service(settings, node))
 
 
 register_subcommand(
     Subcommand(
         name="run",
-        help="serve the kubelet plugin (registration and DRA gRPC sockets)",
+        help="run the node daemon: publish ResourceSlices, watch device health, serve the kubelet plugin",
         add_arguments=_add_run_arguments,
         handler=_run,
     )

@@ -43,6 +43,8 @@ class Option:
     env: str
     default: str | None
     help: str
+    # A switch: `--flag` alone means true; `--flag=false` and the variable take a value.
+    boolean: bool = False
 
     @property
     def dest(self) -> str:
@@ -62,7 +64,31 @@ RUN_OPTIONS: Final = (
     Option("--metrics-port", "METRICS_PORT", str(DEFAULT_METRICS_PORT), "Prometheus port; 0 disables"),
     Option("--pod-uid", "POD_UID", None, "this pod's UID, for per-pod sockets during rolling updates"),
     Option("--healthcheck-port", "HEALTHCHECK_PORT", None, "TCP port for gRPC liveness; 0/unset disables"),
+    Option(
+        "--delete-slices-on-shutdown",
+        "DELETE_SLICES_ON_SHUTDOWN",
+        "false",
+        "delete this node's ResourceSlices on exit (off: a restart keeps them, so scheduling goes on)",
+        boolean=True,
+    ),
+    # The fake backend's variable names are the chart's (DRAPLUGIN_FAKE_CONFIG).
+    Option("--fake-gpus", "DRAPLUGIN_FAKE_GPUS", None, "fake backend: number of identical fake GPUs"),
+    Option("--fake-model", "DRAPLUGIN_FAKE_MODEL", None, "fake backend: model of the --fake-gpus GPUs"),
+    Option("--fake-config", "DRAPLUGIN_FAKE_CONFIG", None, "fake backend: YAML file describing the GPUs"),
+    Option(
+        "--fake-fault-file",
+        "DRAPLUGIN_FAKE_FAULT_FILE",
+        None,
+        "fake backend: YAML `device: xid` file of injected faults (default <state-dir>/fake-faults.yaml)",
+    ),
+    Option("--nvml-lib-path", "NVML_LIB_PATH", None, "nvml backend: libnvidia-ml.so.1 or the driver root"),
 )
+
+FAKE_FAULT_FILE_NAME: Final = "fake-faults.yaml"
+# Upper bound for --fake-gpus: a typo like 10000 should fail at start, not publish 79 slices.
+FAKE_GPUS_MAX: Final = 1024
+_TRUE: Final = ("true", "1", "yes", "on")
+_FALSE: Final = ("false", "0", "no", "off")
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +105,33 @@ class Settings:
     metrics_port: int
     pod_uid: str | None
     healthcheck_port: int | None
+    delete_slices_on_shutdown: bool = False
+    fake_gpus: int | None = None
+    fake_model: str | None = None
+    fake_config: Path | None = None
+    fake_fault_file: Path | None = None
+    nvml_lib_path: str | None = None
+
+    def backend_options(self) -> dict[str, object]:
+        """Keyword options for `draplugin.devices.load_backend(self.backend, ...)`."""
+        options: dict[str, object] = {}
+        if self.backend == "fake":
+            if self.fake_config is not None:
+                options["config_file"] = str(self.fake_config)
+            if self.fake_gpus is not None:
+                options["gpus"] = self.fake_gpus
+            if self.fake_model is not None:
+                options["model"] = self.fake_model
+        elif self.nvml_lib_path is not None:
+            options["lib_path"] = self.nvml_lib_path
+        return options
+
+    @property
+    def fault_file(self) -> Path | None:
+        """Where the fake backend reads injected faults; None for real hardware."""
+        if self.backend != "fake":
+            return None
+        return self.fake_fault_file or self.state_dir / FAKE_FAULT_FILE_NAME
 
 
 def resolve(flags: Mapping[str, str | None], environ: Mapping[str, str]) -> dict[str, str | None]:
@@ -140,6 +193,65 @@ def _dns_subdomain(dest: str, raw: str, max_len: int) -> str:
     return raw
 
 
+def _boolean(dest: str, raw: str) -> bool:
+    lowered = raw.strip().lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise ConfigError(f"{_name_of(dest)}: {raw!r} is not a boolean (true or false)")
+
+
+def _count(dest: str, raw: str, maximum: int) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{_name_of(dest)}: {raw!r} is not a whole number") from None
+    if not 1 <= value <= maximum:
+        raise ConfigError(f"{_name_of(dest)}: {value} is outside 1-{maximum}")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class _BackendSettings:
+    fake_gpus: int | None
+    fake_model: str | None
+    fake_config: Path | None
+    fake_fault_file: Path | None
+    nvml_lib_path: str | None
+
+
+def _backend_settings(values: Mapping[str, str | None], backend: str) -> _BackendSettings:
+    """The backend-specific settings, checked against the chosen backend and each other."""
+    fake = {dest: values.get(dest) or None for dest in ("fake_gpus", "fake_model", "fake_config")}
+    fake["fake_fault_file"] = values.get("fake_fault_file") or None
+    nvml_lib_path = values.get("nvml_lib_path") or None
+    if backend != "fake":
+        given = [dest for dest, raw in fake.items() if raw is not None]
+        if given:
+            raise ConfigError(f"{_name_of(given[0])} only applies to --backend fake (BACKEND=fake)")
+    elif nvml_lib_path is not None:
+        raise ConfigError(f"{_name_of('nvml_lib_path')} only applies to --backend nvml")
+    if fake["fake_config"] is not None and (fake["fake_gpus"] or fake["fake_model"]):
+        other = "fake_gpus" if fake["fake_gpus"] else "fake_model"
+        raise ConfigError(
+            f"{_name_of('fake_config')} and {_name_of(other)} exclude each other: the file describes the GPUs"
+        )
+    fake_config = Path(fake["fake_config"]) if fake["fake_config"] else None
+    if fake_config is not None and not fake_config.is_file():
+        raise ConfigError(f"{_name_of('fake_config')}: {fake_config} is not a readable file")
+    fault_file = Path(fake["fake_fault_file"]) if fake["fake_fault_file"] else None
+    if fault_file is not None and not fault_file.is_absolute():
+        raise ConfigError(f"{_name_of('fake_fault_file')}: {str(fault_file)!r} must be an absolute path")
+    return _BackendSettings(
+        fake_gpus=_count("fake_gpus", fake["fake_gpus"], FAKE_GPUS_MAX) if fake["fake_gpus"] else None,
+        fake_model=fake["fake_model"],
+        fake_config=fake_config,
+        fake_fault_file=fault_file,
+        nvml_lib_path=nvml_lib_path,
+    )
+
+
 def validate(values: Mapping[str, str | None]) -> Settings:
     """Turn resolved raw values into `Settings`, or raise `ConfigError` naming the bad setting."""
 
@@ -161,19 +273,29 @@ def validate(values: Mapping[str, str | None]) -> Settings:
     health_raw = values.get("healthcheck_port")
     healthcheck_port = _port("healthcheck_port", health_raw) if health_raw else 0
 
+    backend = _choice("backend", required("backend"), BACKENDS)
+    chosen = _backend_settings(values, backend)
+    delete_raw = values.get("delete_slices_on_shutdown") or "false"
+
     return Settings(
         driver_name=_dns_subdomain("driver_name", required("driver_name"), DRIVER_NAME_MAX),
         node_name=_dns_subdomain("node_name", required("node_name"), NODE_NAME_MAX),
         kubelet_root_dir=_absolute_dir("kubelet_root_dir", required("kubelet_root_dir")),
         state_dir=_absolute_dir("state_dir", required("state_dir")),
         cdi_root=_absolute_dir("cdi_root", required("cdi_root")),
-        backend=_choice("backend", required("backend"), BACKENDS),
+        backend=backend,
         kubeconfig=kubeconfig,
         log_format=_choice("log_format", required("log_format"), LOG_FORMATS),
         log_level=_choice("log_level", required("log_level"), LOG_LEVELS),
         metrics_port=_port("metrics_port", required("metrics_port")),
         pod_uid=pod_uid,
         healthcheck_port=healthcheck_port or None,
+        delete_slices_on_shutdown=_boolean("delete_slices_on_shutdown", delete_raw),
+        fake_gpus=chosen.fake_gpus,
+        fake_model=chosen.fake_model,
+        fake_config=chosen.fake_config,
+        fake_fault_file=chosen.fake_fault_file,
+        nvml_lib_path=chosen.nvml_lib_path,
     )
 
 

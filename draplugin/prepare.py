@@ -204,6 +204,25 @@ class GpuDriver:
         )
         return report
 
+    def reload_state(self) -> None:
+        """Re-read the checkpoint, which another plugin process on this node may have changed.
+
+        Two plugin pods serve side by side during a rolling update; the protocol
+        layer then serializes their calls with a file lock and calls this first
+        under it, so each batch starts from what the other process committed.
+        Only the claim records are re-read: CDI specs and sharing state live on
+        disk already and are repaired by the next prepare of their claim.
+        """
+        loaded = self.checkpoint.load()
+        if loaded.corrupt_reason is not None:
+            note = (
+                f"checkpoint {self.checkpoint.path} is unreadable ({loaded.corrupt_reason}); moved to "
+                f"{loaded.moved_to}: the kubelet's retries prepare running claims again"
+            )
+            log.error("checkpoint corrupt on reload: moved aside", extra={"reason": loaded.corrupt_reason})
+            self.events.node_event("CheckpointCorrupted", note)
+        self.metrics.prepared_claims.set(len(self.checkpoint))
+
     # --- Driver protocol --------------------------------------------------------------------------
 
     async def prepare_claim(self, claim: ClaimRef) -> Sequence[PreparedDevice]:

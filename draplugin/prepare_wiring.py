@@ -15,7 +15,7 @@ from typing import Any
 from draplugin.cdi import SpecStore
 from draplugin.checkpoint import DEFAULT_BOOT_ID_PATH, CheckpointStore, read_boot_id
 from draplugin.config import Settings
-from draplugin.devices import load_backend
+from draplugin.devices import DeviceBackend, load_backend
 from draplugin.events import KubeEvents
 from draplugin.kube import load_api_client
 from draplugin.metrics import ClaimMetrics
@@ -50,10 +50,15 @@ def backend_options(backend: str, environ: dict[str, str] | None = None) -> dict
     return options
 
 
-def driver_from_settings(settings: Settings) -> GpuDriver:
-    """Everything the driver needs, then start-up recovery (checkpoint, CDI specs) before serving."""
+def driver_from_settings(settings: Settings, backend: DeviceBackend | None = None) -> GpuDriver:
+    """Everything the driver needs, then start-up recovery (checkpoint, CDI specs) before serving.
+
+    `backend`: the node daemon passes the backend it publishes from, so the
+    driver prepares exactly the devices the ResourceSlices offer.
+    """
     try:
-        backend = load_backend(settings.backend, settings.node_name, **backend_options(settings.backend))
+        if backend is None:
+            backend = load_backend(settings.backend, settings.node_name, **backend_options(settings.backend))
         devices = backend.discover()
         api_client = load_api_client(str(settings.kubeconfig) if settings.kubeconfig else None)
     except (ValueError, RuntimeError) as err:

@@ -26,6 +26,7 @@ from draplugin.kubelet._proto.dra.v1 import api_pb2_grpc as v1_grpc
 from draplugin.kubelet._proto.dra.v1beta1 import api_pb2 as v1beta1
 from draplugin.kubelet._proto.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
 from draplugin.kubelet.interface import ClaimError, ClaimRef, Driver, PreparedDevice
+from draplugin.kubelet.serialize import CallSerializer, state_reloader_of
 
 DEFAULT_MAX_CONCURRENT_CLAIMS: Final = 32
 
@@ -145,12 +146,24 @@ class ClaimRunner:
 
     Calls for the same claim UID never overlap, across requests and API
     versions: a retry waits for the attempt still running in the background.
+
+    With a `serializer` (two plugin processes on one node during a rolling
+    update) whole batches run one at a time across processes, and a driver
+    that can reload its state does so first: the other process may have
+    changed it since our last batch.
     """
 
-    def __init__(self, driver: Driver, max_concurrent_claims: int = DEFAULT_MAX_CONCURRENT_CLAIMS) -> None:
+    def __init__(
+        self,
+        driver: Driver,
+        max_concurrent_claims: int = DEFAULT_MAX_CONCURRENT_CLAIMS,
+        serializer: CallSerializer | None = None,
+    ) -> None:
         if max_concurrent_claims < 1:
             raise ValueError("max_concurrent_claims must be at least 1")
         self._driver = driver
+        self._serializer = serializer
+        self._reload_state = state_reloader_of(driver)
         self._limit = asyncio.Semaphore(max_concurrent_claims)
         self._per_claim = KeyedLocks()
         self._batches: set[asyncio.Future[list[tuple[str, ClaimOutcome]]]] = set()
@@ -189,7 +202,15 @@ class ClaimRunner:
                         log.exception("driver raised", extra={"operation": operation, "claim": str(claim)})
                     return claim.uid, ClaimOutcome(error=_error_text(exc))
 
-        batch = asyncio.gather(*(guarded(c) for c in runnable))
+        async def serialized() -> list[tuple[str, ClaimOutcome]]:
+            if self._serializer is None or not runnable:
+                return await asyncio.gather(*(guarded(c) for c in runnable))
+            async with self._serializer.hold():
+                if self._reload_state is not None:
+                    self._reload_state()
+                return await asyncio.gather(*(guarded(c) for c in runnable))
+
+        batch: asyncio.Future[list[tuple[str, ClaimOutcome]]] = asyncio.ensure_future(serialized())
         self._batches.add(batch)
         batch.add_done_callback(self._batches.discard)
         try:

@@ -27,6 +27,7 @@ from draplugin.kubelet.dra import DEFAULT_MAX_CONCURRENT_CLAIMS, ClaimRunner, DR
 from draplugin.kubelet.health import DeviceHealthServicer, LivenessHealth
 from draplugin.kubelet.interface import Driver, HealthSource
 from draplugin.kubelet.registration import RegistrationServicer, RegistrationState, supported_versions
+from draplugin.kubelet.serialize import FileLockSerializer, lock_path
 
 DEFAULT_GRACE_SECONDS: Final = 5.0
 
@@ -73,7 +74,13 @@ class KubeletPluginServer:
         self.paths = sockets.socket_paths(options.kubelet_root_dir, options.driver_name, options.pod_uid)
         self.registration = RegistrationState()
         self.liveness = LivenessHealth()
-        self._runner = ClaimRunner(driver, options.max_concurrent_claims)
+        # A pod UID means another instance may serve beside us (rolling update): serialize with it.
+        serializer = (
+            FileLockSerializer(lock_path(options.kubelet_root_dir, options.driver_name))
+            if options.pod_uid is not None
+            else None
+        )
+        self._runner = ClaimRunner(driver, options.max_concurrent_claims, serializer)
         self._health_source = health_source if health_source is not None else health_source_of(driver)
         self._device_health = (
             DeviceHealthServicer(self._health_source) if self._health_source is not None else None

@@ -1,0 +1,204 @@
+"""The node daemon behind `draplugin run`: every part of the plugin on one node, wired together.
+
+Start order follows the data: the backend discovers the devices; the health
+tracker marks faulty ones; the slice publisher offers them to the scheduler
+(with health taints) and keeps doing so in its own threads; the prepare driver
+serves the same devices; the kubelet plugin server comes last, because once
+its registration socket exists the kubelet sends work. Stop order is the
+reverse: the server goes first (no new kubelet calls, sockets removed), then
+health monitoring, then the publisher (which deletes our slices only when
+asked: a restarting plugin should not make its devices vanish from the
+scheduler's view), then the backend.
+
+The API server is only needed by the publisher and by prepare, and both retry:
+a plugin that starts while the API server is unreachable (or before the
+kubelet has created its Node) serves the kubelet anyway, logs why slices are
+not published yet, and catches up on its own. Prepare fails per claim, with
+the API error in the message, until then.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable
+from typing import Final
+
+from draplugin.config import Settings
+from draplugin.devices import DeviceBackend, load_backend
+from draplugin.devices.health import FaultFile, HealthReporter, HealthTracker
+from draplugin.kubelet.interface import Driver
+from draplugin.kubelet.server import KubeletPluginServer, PluginServerOptions
+from draplugin.slices import KubeSliceApi, SliceApi, SliceMetrics, SlicePublisher, backend_source
+
+log = logging.getLogger(__name__)
+
+FAULT_POLL_SECONDS: Final = 1.0
+THREAD_JOIN_SECONDS: Final = 5.0
+
+DriverFactory = Callable[[Settings, DeviceBackend], Driver]
+HealthMonitor = Callable[[threading.Event], None]
+
+
+class NodeUnavailable(RuntimeError):
+    """The daemon cannot be built: no device backend, no API credentials, or no prepare driver."""
+
+
+def build_backend(settings: Settings) -> DeviceBackend:
+    """The device backend the settings name (NVML library or fake inventory loaded here)."""
+    try:
+        return load_backend(settings.backend, settings.node_name, **settings.backend_options())
+    except (ValueError, RuntimeError, OSError) as err:
+        raise NodeUnavailable(f"{settings.backend} device backend: {err}") from err
+
+
+def prepare_driver(settings: Settings, backend: DeviceBackend) -> Driver:
+    """The prepare driver for the devices `backend` publishes (recovered from its checkpoint)."""
+    # Imported here: the prepare side pulls in the Kubernetes client and the CDI writer.
+    from draplugin.prepare_wiring import WiringError, driver_from_settings
+
+    try:
+        return driver_from_settings(settings, backend)
+    except WiringError as err:
+        raise NodeUnavailable(str(err)) from err
+
+
+def kube_slice_api(settings: Settings) -> SliceApi:
+    """ResourceSlice access with the settings' credentials. Loading them does not contact the server."""
+    from draplugin.kube import load_api_client
+
+    try:
+        client = load_api_client(str(settings.kubeconfig) if settings.kubeconfig else None)
+    except Exception as err:  # KubeConfigError, or the client library's own errors on a bad file
+        raise NodeUnavailable(f"no API server credentials: {err}") from err
+    return KubeSliceApi(client)
+
+
+def health_monitor(
+    settings: Settings, backend: DeviceBackend, tracker: HealthTracker
+) -> HealthMonitor | None:
+    """What feeds the tracker: NVML events on real GPUs, the fault file for fake ones."""
+    fault_file = settings.fault_file
+    if fault_file is not None:
+        faults = FaultFile(fault_file, tracker)
+        faults.poll()  # faults already in the file are in the first published slices
+
+        def poll_faults(stop: threading.Event) -> None:
+            faults.run(stop, FAULT_POLL_SECONDS)
+
+        return poll_faults
+    monitor = getattr(backend, "monitor_health", None)
+    if callable(monitor):
+
+        def watch_events(stop: threading.Event) -> None:
+            monitor(tracker, stop)
+
+        return watch_events
+    return None
+
+
+def plugin_server_options(settings: Settings) -> PluginServerOptions:
+    return PluginServerOptions(
+        driver_name=settings.driver_name,
+        kubelet_root_dir=settings.kubelet_root_dir,
+        pod_uid=settings.pod_uid,
+        healthcheck_port=settings.healthcheck_port,
+    )
+
+
+class NodeDaemon:
+    """Backend → health → ResourceSlice publisher → prepare driver → kubelet plugin server."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        backend: DeviceBackend,
+        slice_api: SliceApi,
+        driver_factory: DriverFactory = prepare_driver,
+        slice_metrics: SliceMetrics | None = None,
+    ) -> None:
+        self.settings = settings
+        self.backend = backend
+        self.tracker = HealthTracker(settings.driver_name)
+        self._monitor = health_monitor(settings, backend, self.tracker)
+        self.publisher = SlicePublisher(
+            slice_api,
+            node_name=settings.node_name,
+            driver=settings.driver_name,
+            source=backend_source(backend, self.tracker.apply),
+            # With health monitoring a device may gain a taint at any time; planning for
+            # it up front keeps slice boundaries still when one does.
+            expect_taints=self._monitor is not None,
+            metrics=slice_metrics,
+        )
+        # A health change republishes the slice holding the device (an in-place update).
+        self.tracker.add_listener(self.publisher.trigger)
+        self.health = HealthReporter(self.tracker, backend, pool_name=settings.node_name)
+        self.driver = driver_factory(settings, backend)
+        self.server = KubeletPluginServer(
+            self.driver, plugin_server_options(settings), health_source=self.health
+        )
+        self._stop_monitor = threading.Event()
+        self._monitor_thread: threading.Thread | None = None
+        self._started = False
+
+    async def start(self) -> None:
+        """Start every part; if one fails, stop the ones already running and re-raise."""
+        devices = self.backend.discover()
+        log.info(
+            "node daemon starting",
+            extra={
+                "node": self.settings.node_name,
+                "driver": self.settings.driver_name,
+                "backend": self.backend.name,
+                "devices": len(devices),
+                "fault_file": str(self.settings.fault_file) if self.settings.fault_file else None,
+            },
+        )
+        self._started = True
+        try:
+            if self._monitor is not None:
+                self._stop_monitor.clear()
+                self._monitor_thread = threading.Thread(
+                    target=self._monitor, args=(self._stop_monitor,), name="health-monitor", daemon=True
+                )
+                self._monitor_thread.start()
+            # Threads of its own: it retries API errors with backoff (Node not created yet,
+            # API server unreachable) without holding up the kubelet.
+            self.publisher.start()
+            await self.server.start()
+        except BaseException:
+            await self.stop(delete_slices=False)
+            raise
+
+    async def stop(self, *, delete_slices: bool | None = None) -> None:
+        """Stop in reverse order. Safe to call more than once."""
+        if not self._started:
+            return
+        self._started = False
+        delete = self.settings.delete_slices_on_shutdown if delete_slices is None else delete_slices
+        await self.server.stop()
+        self._stop_monitor.set()
+        if self._monitor_thread is not None:
+            await asyncio.to_thread(self._monitor_thread.join, THREAD_JOIN_SECONDS)
+            self._monitor_thread = None
+        await asyncio.to_thread(self.publisher.stop, delete=delete, timeout_s=THREAD_JOIN_SECONDS)
+        close = getattr(self.backend, "close", None)
+        if callable(close):
+            close()
+        log.info("node daemon stopped", extra={"slices_deleted": delete})
+
+
+def build_node(settings: Settings) -> NodeDaemon:
+    """The daemon for these settings. Raises `NodeUnavailable` with the reason."""
+    slice_api = kube_slice_api(settings)
+    backend = build_backend(settings)
+    try:
+        return NodeDaemon(settings, backend=backend, slice_api=slice_api)
+    except BaseException:
+        close = getattr(backend, "close", None)
+        if callable(close):
+            close()
+        raise
