@@ -1,0 +1,118 @@
+"""`draplugin run` settings of the node daemon: slice cleanup switch, fake and NVML backend options."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from draplugin import cli, config
+from draplugin.config import ConfigError
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for option in config.RUN_OPTIONS:
+        monkeypatch.delenv(option.env, raising=False)
+    monkeypatch.delenv(cli.DRIVER_FACTORY_ENV, raising=False)
+
+
+def parse(*args: str) -> dict[str, str | None]:
+    namespace = cli.build_parser().parse_args(["run", *args])
+    return {k: v for k, v in vars(namespace).items() if k not in ("handler", "command")}
+
+
+def test_defaults_keep_slices_and_inject_faults_from_the_state_dir() -> None:
+    settings = config.load({"node_name": "n", "backend": "fake"}, environ={})
+    assert settings.delete_slices_on_shutdown is False
+    assert settings.backend_options() == {}
+    assert settings.fault_file == Path("/var/lib/draplugin/fake-faults.yaml")
+    nvml = config.load({"node_name": "n"}, environ={})
+    assert nvml.fault_file is None and nvml.backend_options() == {}
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--delete-slices-on-shutdown"], True),
+        (["--delete-slices-on-shutdown=false"], False),
+        (["--delete-slices-on-shutdown", "yes"], True),
+        ([], False),
+    ],
+)
+def test_delete_slices_switch(args: list[str], expected: bool) -> None:
+    settings = config.load(parse("--node-name", "n", *args), environ={})
+    assert settings.delete_slices_on_shutdown is expected
+
+
+def test_delete_slices_from_the_environment_and_flag_wins() -> None:
+    environ = {"DELETE_SLICES_ON_SHUTDOWN": "true"}
+    assert config.load({"node_name": "n"}, environ).delete_slices_on_shutdown is True
+    flags = parse("--node-name", "n", "--delete-slices-on-shutdown=off")
+    assert config.load(flags, environ).delete_slices_on_shutdown is False
+
+
+def test_fake_options_reach_the_backend(tmp_path: Path) -> None:
+    settings = config.load(
+        parse("--node-name", "n", "--backend", "fake", "--fake-gpus", "4", "--fake-model", "L4"), environ={}
+    )
+    assert settings.backend_options() == {"gpus": 4, "model": "L4"}
+    inventory = tmp_path / "gpus.yaml"
+    inventory.write_text("gpus: []\n")
+    from_chart = config.load(
+        {"node_name": "n", "backend": "fake"},
+        {"DRAPLUGIN_FAKE_CONFIG": str(inventory), "DRAPLUGIN_FAKE_FAULT_FILE": str(tmp_path / "f.yaml")},
+    )
+    assert from_chart.backend_options() == {"config_file": str(inventory)}
+    assert from_chart.fault_file == tmp_path / "f.yaml"
+
+
+def test_nvml_library_path_reaches_the_backend() -> None:
+    settings = config.load(parse("--node-name", "n", "--nvml-lib-path", "/run/nvidia/driver"), environ={})
+    assert settings.backend_options() == {"lib_path": "/run/nvidia/driver"}
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        ({"fake_gpus": "4"}, "--fake-gpus (DRAPLUGIN_FAKE_GPUS) only applies to --backend fake"),
+        ({"backend": "fake", "nvml_lib_path": "/x"}, "--nvml-lib-path (NVML_LIB_PATH) only applies to"),
+        ({"backend": "fake", "fake_gpus": "four"}, "(DRAPLUGIN_FAKE_GPUS): 'four' is not a whole"),
+        ({"backend": "fake", "fake_gpus": "0"}, "--fake-gpus (DRAPLUGIN_FAKE_GPUS): 0 is outside 1-1024"),
+        ({"backend": "fake", "fake_config": "/nonexistent.yaml"}, "/nonexistent.yaml is not a readable file"),
+        ({"backend": "fake", "fake_fault_file": "faults.yaml"}, "'faults.yaml' must be an absolute path"),
+        ({"delete_slices_on_shutdown": "maybe"}, "DELETE_SLICES_ON_SHUTDOWN): 'maybe' is not a boolean"),
+    ],
+)
+def test_bad_node_options_name_the_setting(flags: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        config.load({"node_name": "n", **flags}, environ={})
+    assert message in str(caught.value)
+
+
+def test_fake_config_excludes_gpu_count(tmp_path: Path) -> None:
+    inventory = tmp_path / "gpus.yaml"
+    inventory.write_text("gpus: []\n")
+    with pytest.raises(ConfigError, match="exclude each other"):
+        config.load(
+            {"node_name": "n", "backend": "fake", "fake_config": str(inventory), "fake_gpus": "2"}, environ={}
+        )
+
+
+def test_run_exits_1_naming_the_backend_problem(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        "clusters: [{name: c, cluster: {server: 'https://127.0.0.1:1'}}]\n"
+        "users: [{name: u, user: {token: t}}]\ncontexts: [{name: c, context: {cluster: c, user: u}}]\n"
+    )
+    code = cli.main(
+        [
+            *("run", "--node-name", "n", "--backend", "fake", "--fake-model", "no-such-gpu"),
+            *("--kubeconfig", str(kubeconfig), "--metrics-port", "0", "--state-dir", str(tmp_path)),
+        ]
+    )
+    assert code == 1
+    err = capsys.readouterr().err
+    assert 'msg="cannot build the node daemon"' in err
+    assert "unknown model 'no-such-gpu'" in err
