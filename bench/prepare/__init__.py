@@ -1,0 +1,1 @@
+"""Prepare/unprepare latency and memory against a real API server."""
