@@ -1,0 +1,435 @@
+"""Every example applied on a local cluster with a real kubelet, and its README's outcome checked.
+
+The node runs `draplugin run --backend fake` with the inventory of
+examples/fake-gpus.yaml (the one the READMEs describe), the DeviceClasses are
+the chart's (examples/deviceclasses.yaml), and the manifests are applied as
+they are, into a fresh namespace per example. What the container runtime sees
+is read from the recording fake CRI (the CDI device IDs) and resolved with the
+reference CDI library (`cdicheck`), as containerd and CRI-O would.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes.client.exceptions import ApiException
+
+from draplugin.demo import (
+    DEVICE_CLASSES,
+    FAKE_GPUS,
+    PluginProcess,
+    collection_path,
+    load_manifests,
+    publishing_slices,
+)
+from tests.kube.controlplane import ControlPlane
+from tests.kube.kubelet import KubeletNode
+from tests.kube.objects import create_namespace, delete_namespace
+from tests.kube.rest import KubeJSON
+from tests.kube.wait import wait_for
+
+pytestmark = pytest.mark.kubelet
+
+DRIVER = "gpu.draplugin.dev"
+RESOURCE = "/apis/resource.k8s.io/v1"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+POD_TIMEOUT = 120.0
+WHOLE_GPUS = {"gpu-0", "gpu-1", "gpu-2"}  # gpu-3 is split into MIG devices
+
+
+# --- fixtures -----------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def api(kube_cluster: ControlPlane) -> Iterator[KubeJSON]:
+    with kube_cluster.api_client() as client:
+        yield KubeJSON(client)
+
+
+@pytest.fixture(scope="module")
+def plugin(
+    kube_cluster: ControlPlane, kubelet_node: KubeletNode, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[PluginProcess]:
+    process = PluginProcess(
+        kubeconfig=kube_cluster.kubeconfig,
+        node_name=kubelet_node.name,
+        kubelet_root_dir=kubelet_node.root_dir,
+        cdi_root=kubelet_node.cdi_root,
+        state_dir=tmp_path_factory.mktemp("examples-plugin"),
+        fake_config=FAKE_GPUS,
+    )
+    process.start()
+    process.wait_registered()
+    with kube_cluster.api_client() as client, publishing_slices(client, kubelet_node.name, FAKE_GPUS, DRIVER):
+        try:
+            yield process
+        finally:
+            process.stop()
+
+
+@pytest.fixture(scope="module")
+def device_classes(api: KubeJSON, plugin: PluginProcess) -> Iterator[list[str]]:
+    """The chart's DeviceClasses; ones that already exist (another test's) are used as they are."""
+    created: list[str] = []
+    names: list[str] = []
+    for doc in load_manifests(DEVICE_CLASSES):
+        names.append(doc["metadata"]["name"])
+        try:
+            api.create(collection_path(doc, ""), doc)
+            created.append(doc["metadata"]["name"])
+        except ApiException as err:
+            if err.status != 409:
+                raise
+    yield names
+    for name in created:
+        api.delete(f"{RESOURCE}/deviceclasses/{name}")
+
+
+@pytest.fixture
+def namespace(kube_cluster: ControlPlane, api: KubeJSON, device_classes: list[str]) -> Iterator[str]:
+    """A fresh namespace; at the end its pods go first (so the plugin unprepares), then its claims."""
+    with kube_cluster.api_client() as client:
+        name = create_namespace(client, prefix="example-")
+        try:
+            yield name
+        finally:
+            release_everything(api, name)
+            delete_namespace(client, name)
+
+
+def release_everything(api: KubeJSON, namespace: str) -> None:
+    """Leave every GPU free for the next example: pods gone (unprepared), claims gone (deallocated)."""
+    pods = f"/api/v1/namespaces/{namespace}/pods"
+    claims = f"{RESOURCE}/namespaces/{namespace}/resourceclaims"
+    for pod in api.get(pods)["items"]:
+        api.request("DELETE", f"{pods}/{pod['metadata']['name']}", query={"gracePeriodSeconds": "0"})
+    wait_for(f"the pods of {namespace} to be gone", lambda: not api.get(pods)["items"], POD_TIMEOUT)
+    for claim in api.get(claims)["items"]:  # standalone claims outlive their pods
+        api.delete(f"{claims}/{claim['metadata']['name']}")
+    wait_for(f"the claims of {namespace} to be gone", lambda: not api.get(claims)["items"], POD_TIMEOUT)
+
+
+# --- helpers ------------------------------------------------------------------------------------------
+
+
+def apply_example(api: KubeJSON, example: str, namespace: str) -> list[dict[str, Any]]:
+    """Create the example's objects in `namespace`; a Namespace in it lends its labels to `namespace`."""
+    docs = [doc for path in sorted((EXAMPLES / example).glob("*.yaml")) for doc in load_manifests(path)]
+    assert docs, f"examples/{example} has no manifests"
+    for doc in docs:
+        if doc["kind"] == "Namespace":
+            labels = {"metadata": {"labels": doc["metadata"]["labels"]}}
+            merge_patch(api, f"/api/v1/namespaces/{namespace}", labels)
+            continue
+        api.create(collection_path(doc, namespace), doc)
+    return docs
+
+
+def merge_patch(api: KubeJSON, path: str, patch: dict[str, Any]) -> None:
+    method, url, headers, body, _ = api.api.param_serialize(
+        method="PATCH",
+        resource_path=path,
+        header_params={"Content-Type": "application/merge-patch+json", "Accept": "application/json"},
+        body=patch,
+        auth_settings=["BearerToken"],
+    )
+    response = api.api.call_api(method, url, header_params=headers, body=body)
+    response.read()  # type: ignore[no-untyped-call]
+    assert response.status == 200, response.status
+
+
+def wait_running(api: KubeJSON, namespace: str, name: str) -> dict[str, Any]:
+    def running() -> dict[str, Any] | None:
+        pod = api.get(f"/api/v1/namespaces/{namespace}/pods/{name}")
+        return pod if pod["status"].get("phase") == "Running" else None
+
+    pod: dict[str, Any] = wait_for(f"pod {namespace}/{name} to be Running", running, POD_TIMEOUT)
+    return pod
+
+
+def claims_of(api: KubeJSON, namespace: str, pod: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The pod's claims by their name in the pod spec."""
+    statuses = pod["status"].get("resourceClaimStatuses") or []
+    generated = {s["name"]: s.get("resourceClaimName") for s in statuses}
+    out: dict[str, dict[str, Any]] = {}
+    for ref in pod["spec"]["resourceClaims"]:
+        name = ref.get("resourceClaimName") or generated[ref["name"]]
+        out[ref["name"]] = api.get(f"{RESOURCE}/namespaces/{namespace}/resourceclaims/{name}")
+    return out
+
+
+def results(claim: dict[str, Any]) -> list[dict[str, Any]]:
+    allocation = claim["status"].get("allocation")
+    assert allocation, f"claim {claim['metadata']['name']} is not allocated"
+    found: list[dict[str, Any]] = allocation["devices"]["results"]
+    return found
+
+
+def devices(claim: dict[str, Any]) -> list[str]:
+    return sorted(r["device"] for r in results(claim))
+
+
+def cdi_ids(claim: dict[str, Any]) -> list[str]:
+    return sorted(f"{DRIVER}/gpu={claim['metadata']['uid']}-{device}" for device in devices(claim))
+
+
+def container_cdi(node: KubeletNode, namespace: str, pod: str) -> dict[str, list[str]]:
+    """The CDI device IDs the kubelet gave each container of the pod (the runtime's record)."""
+    records = [r for r in node.container_records() if r["podNamespace"] == namespace and r["podName"] == pod]
+    return {r["containerName"]: sorted(r["cdiDevices"]) for r in records}
+
+
+def runtime_env(cluster: ControlPlane, node: KubeletNode, cdi_devices: list[str]) -> dict[str, str]:
+    """The environment the runtime adds for these CDI devices, resolved by the reference CDI library."""
+    command = [str(cluster.bin_dir / "cdicheck"), "--cdi-dir", str(node.cdi_root)]
+    for device in cdi_devices:
+        command += ["--device", device]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=30, check=False)
+    assert done.returncode == 0, done.stderr
+    edits: dict[str, Any] = json.loads(done.stdout)["edits"]
+    return dict(entry.split("=", 1) for entry in edits.get("env") or [])
+
+
+def env_key(device: str) -> str:
+    return device.upper().replace("-", "_")
+
+
+def pod_events(api: KubeJSON, namespace: str, pod: str) -> list[dict[str, Any]]:
+    query = {"fieldSelector": f"involvedObject.kind=Pod,involvedObject.name={pod}"}
+    items: list[dict[str, Any]] = api.get(f"/api/v1/namespaces/{namespace}/events", query)["items"]
+    return items
+
+
+# --- the examples -------------------------------------------------------------------------------------
+
+
+def test_01_single_gpu(
+    kube_cluster: ControlPlane, kubelet_node: KubeletNode, api: KubeJSON, namespace: str
+) -> None:
+    apply_example(api, "01-single-gpu", namespace)
+    pod = wait_running(api, namespace, "single-gpu")
+    claim = claims_of(api, namespace, pod)["gpu"]
+    (device,) = devices(claim)
+    assert device in WHOLE_GPUS
+    assert container_cdi(kubelet_node, namespace, "single-gpu") == {"app": cdi_ids(claim)}
+    env = runtime_env(kube_cluster, kubelet_node, cdi_ids(claim))
+    key = env_key(device)
+    assert env[f"DRAPLUGIN_DEVICE_{key}_NAME"] == device
+    assert env[f"DRAPLUGIN_DEVICE_{key}_UUID"].startswith("GPU-")
+    assert env[f"DRAPLUGIN_DEVICE_{key}_SHARING"] == "Exclusive"
+
+
+def test_02_shared_claim_two_containers(kubelet_node: KubeletNode, api: KubeJSON, namespace: str) -> None:
+    apply_example(api, "02-shared-claim-two-containers", namespace)
+    pod = wait_running(api, namespace, "two-containers")
+    claim = claims_of(api, namespace, pod)["gpu"]
+    assert len(devices(claim)) == 1
+    ids = cdi_ids(claim)
+    assert container_cdi(kubelet_node, namespace, "two-containers") == {"trainer": ids, "profiler": ids}
+
+
+def test_03_preallocated_claim_shared_by_two_pods(
+    kube_cluster: ControlPlane, kubelet_node: KubeletNode, api: KubeJSON, namespace: str, tmp_path: Path
+) -> None:
+    controller = subprocess.Popen(
+        [
+            str(Path(sys.executable).parent / "dra-controller"),
+            *("run", "--kubeconfig", str(kube_cluster.kubeconfig), "--driver-name", DRIVER),
+        ],
+        stdout=(tmp_path / "controller.log").open("w"),
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        docs = load_manifests(EXAMPLES / "03-preallocated-shared-claim" / "shared-claim.yaml")
+        claim_doc = next(d for d in docs if d["kind"] == "ResourceClaim")
+        api.create(collection_path(claim_doc, namespace), claim_doc)
+        claim_path = f"{RESOURCE}/namespaces/{namespace}/resourceclaims/team-gpu"
+
+        def allocated() -> dict[str, Any] | None:
+            if controller.poll() is not None:
+                log = (tmp_path / "controller.log").read_text()
+                raise AssertionError(f"dra-controller run exited {controller.returncode}: {log}")
+            claim = api.get(claim_path)
+            return claim if claim["status"].get("allocation") else None
+
+        # Allocated by the controller, with no pod around.
+        claim = wait_for("dra-controller to pre-allocate team-gpu", allocated, 60)
+        assert not claim["status"].get("reservedFor")
+        (device,) = devices(claim)
+        assert device in WHOLE_GPUS
+
+        for doc in docs:
+            if doc["kind"] == "Pod":
+                api.create(collection_path(doc, namespace), doc)
+        pods = [wait_running(api, namespace, name) for name in ("notebook", "dashboard")]
+        claim = api.get(claim_path)
+        assert devices(claim) == [device], "the allocation must not change once pods use the claim"
+        assert {r["uid"] for r in claim["status"]["reservedFor"]} == {p["metadata"]["uid"] for p in pods}
+        for name in ("notebook", "dashboard"):
+            assert container_cdi(kubelet_node, namespace, name) == {"app": cdi_ids(claim)}
+    finally:
+        controller.terminate()
+        controller.wait(timeout=30)
+
+
+def test_04_select_by_model_and_memory(api: KubeJSON, namespace: str) -> None:
+    apply_example(api, "04-select-by-model-and-memory", namespace)
+    by_model = claims_of(api, namespace, wait_running(api, namespace, "a100-pod"))["gpu"]
+    by_memory = claims_of(api, namespace, wait_running(api, namespace, "big-memory-pod"))["gpu"]
+    assert devices(by_model)[0] in {"gpu-1", "gpu-2"}  # the two A100-SXM4-40GB
+    assert devices(by_memory) == ["gpu-0"]  # the H100 (81559Mi); the A100s have 40Gi
+
+
+def test_05_same_pcie_root_is_pending_on_the_fake_node(api: KubeJSON, namespace: str) -> None:
+    """Every fake GPU has its own PCIe root, so no pair satisfies the constraint (README)."""
+    apply_example(api, "05-same-pcie-root", namespace)
+
+    def unschedulable() -> str | None:
+        pod = api.get(f"/api/v1/namespaces/{namespace}/pods/gpu-pair")
+        for condition in pod["status"].get("conditions") or []:
+            if condition["type"] == "PodScheduled" and condition["status"] == "False":
+                message: str = condition.get("message", "")
+                return message or None
+        return None
+
+    message = wait_for("the scheduler to report gpu-pair unschedulable", unschedulable, POD_TIMEOUT)
+    assert "cannot allocate all claims" in message
+    pod = api.get(f"/api/v1/namespaces/{namespace}/pods/gpu-pair")
+    assert pod["status"]["phase"] == "Pending"
+    assert not pod["spec"].get("nodeName")
+
+
+def test_06_first_available_prefers_the_h100(
+    kubelet_node: KubeletNode, api: KubeJSON, namespace: str
+) -> None:
+    apply_example(api, "06-first-available-fallback", namespace)
+    claim = claims_of(api, namespace, wait_running(api, namespace, "fallback"))["gpu"]
+    assert [(r["request"], r["device"]) for r in results(claim)] == [("gpu/h100", "gpu-0")]
+    assert container_cdi(kubelet_node, namespace, "fallback") == {"app": cdi_ids(claim)}
+
+
+def test_06_first_available_falls_back_to_two_a100(api: KubeJSON, namespace: str) -> None:
+    """With the H100 taken (by example 04's memory selector), the claim gets two A100s."""
+    for doc in load_manifests(EXAMPLES / "04-select-by-model-and-memory" / "select.yaml"):
+        if doc["metadata"]["name"] in ("by-memory", "big-memory-pod"):
+            api.create(collection_path(doc, namespace), doc)
+    holder = claims_of(api, namespace, wait_running(api, namespace, "big-memory-pod"))["gpu"]
+    assert devices(holder) == ["gpu-0"]
+    apply_example(api, "06-first-available-fallback", namespace)
+    claim = claims_of(api, namespace, wait_running(api, namespace, "fallback"))["gpu"]
+    assert sorted((r["request"], r["device"]) for r in results(claim)) == [
+        ("gpu/two-a100", "gpu-1"),
+        ("gpu/two-a100", "gpu-2"),
+    ]
+
+
+def test_07_all_gpus_on_node(kubelet_node: KubeletNode, api: KubeJSON, namespace: str) -> None:
+    apply_example(api, "07-all-gpus-on-node", namespace)
+    claim = claims_of(api, namespace, wait_running(api, namespace, "whole-node"))["gpus"]
+    assert set(devices(claim)) == WHOLE_GPUS
+    assert container_cdi(kubelet_node, namespace, "whole-node") == {"app": cdi_ids(claim)}
+
+
+def test_08_mig_device(
+    kube_cluster: ControlPlane, kubelet_node: KubeletNode, api: KubeJSON, namespace: str
+) -> None:
+    apply_example(api, "08-mig-device", namespace)
+    claim = claims_of(api, namespace, wait_running(api, namespace, "mig-pod"))["mig"]
+    (device,) = devices(claim)
+    assert device in {"gpu-3-mig-1g10gb-0", "gpu-3-mig-1g10gb-1"}
+    env = runtime_env(kube_cluster, kubelet_node, cdi_ids(claim))
+    key = env_key(device)
+    assert env[f"DRAPLUGIN_DEVICE_{key}_KIND"] == "mig"
+    assert env[f"DRAPLUGIN_DEVICE_{key}_PARENT_UUID"].startswith("GPU-")
+    assert env[f"DRAPLUGIN_DEVICE_{key}_UUID"].startswith("MIG-")
+
+
+def test_09_time_slicing(
+    kube_cluster: ControlPlane, kubelet_node: KubeletNode, api: KubeJSON, namespace: str
+) -> None:
+    apply_example(api, "09-time-slicing", namespace)
+    claim = claims_of(api, namespace, wait_running(api, namespace, "time-sliced"))["gpu"]
+    (device,) = devices(claim)
+    ids = cdi_ids(claim)
+    assert container_cdi(kubelet_node, namespace, "time-sliced") == {"worker-a": ids, "worker-b": ids}
+    env = runtime_env(kube_cluster, kubelet_node, ids)
+    assert env[f"DRAPLUGIN_DEVICE_{env_key(device)}_SHARING"] == "TimeSlicing"
+    assert env[f"DRAPLUGIN_DEVICE_{env_key(device)}_TIMESLICE_INTERVAL"] == "Long"
+
+
+def test_10_mps(kube_cluster: ControlPlane, kubelet_node: KubeletNode, api: KubeJSON, namespace: str) -> None:
+    apply_example(api, "10-mps", namespace)
+    claim = claims_of(api, namespace, wait_running(api, namespace, "mps"))["gpu"]
+    (device,) = devices(claim)
+    ids = cdi_ids(claim)
+    assert container_cdi(kubelet_node, namespace, "mps") == {"inference-a": ids, "inference-b": ids}
+    env = runtime_env(kube_cluster, kubelet_node, ids)
+    key = env_key(device)
+    assert env[f"DRAPLUGIN_DEVICE_{key}_SHARING"] == "MPS"
+    assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
+    assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"{env[f'DRAPLUGIN_DEVICE_{key}_UUID']}=10240M"
+    assert env["CUDA_MPS_PIPE_DIRECTORY"]
+
+
+def test_11_admin_access_sees_every_gpu_even_in_use(
+    kube_cluster: ControlPlane, kubelet_node: KubeletNode, api: KubeJSON, namespace: str
+) -> None:
+    # A workload holds a GPU first; the monitor must still get all of them.
+    apply_example(api, "01-single-gpu", namespace)
+    busy = devices(claims_of(api, namespace, wait_running(api, namespace, "single-gpu"))["gpu"])
+    apply_example(api, "11-admin-access-monitoring", namespace)
+    claim = claims_of(api, namespace, wait_running(api, namespace, "gpu-monitor"))["gpus"]
+    assert set(devices(claim)) == WHOLE_GPUS
+    assert set(busy) <= WHOLE_GPUS
+    assert all(r.get("adminAccess") is True for r in results(claim))
+    assert container_cdi(kubelet_node, namespace, "gpu-monitor") == {"exporter": cdi_ids(claim)}
+
+
+def test_11_admin_access_refused_without_the_namespace_label(
+    kube_cluster: ControlPlane, api: KubeJSON
+) -> None:
+    docs = load_manifests(EXAMPLES / "11-admin-access-monitoring" / "monitor.yaml")
+    template = next(d for d in docs if d["kind"] == "ResourceClaimTemplate")
+    with kube_cluster.api_client() as client:
+        unlabelled = create_namespace(client, prefix="no-admin-")
+        try:
+            with pytest.raises(ApiException) as info:
+                api.create(collection_path(template, unlabelled), template)
+        finally:
+            delete_namespace(client, unlabelled)
+    assert info.value.status in (403, 422)
+    assert "admin" in str(info.value.body).lower()
+
+
+def test_12_bad_opaque_config_is_reported_on_the_pod(
+    kubelet_node: KubeletNode, api: KubeJSON, namespace: str
+) -> None:
+    apply_example(api, "12-bad-opaque-config", namespace)
+
+    def prepare_failed() -> str | None:
+        for event in pod_events(api, namespace, "bad-config"):
+            if event["reason"] == "FailedPrepareDynamicResources":
+                message: str = event["message"]
+                return message
+        return None
+
+    message = wait_for("a FailedPrepareDynamicResources event on bad-config", prepare_failed, POD_TIMEOUT)
+    assert (
+        "spec.devices.config[0].opaque.parameters.sharing.strategy: "
+        "must be one of Exclusive, TimeSlicing, MPS, got 'TimeSlice'"
+    ) in message
+    pod = api.get(f"/api/v1/namespaces/{namespace}/pods/bad-config")
+    assert pod["status"]["phase"] == "Pending"  # ContainerCreating: no container was started
+    assert container_cdi(kubelet_node, namespace, "bad-config") == {}
+
+
+def test_every_example_has_a_test() -> None:
+    tested = {name.split("_")[1] for name in globals() if name.startswith("test_") and name[5:7].isdigit()}
+    examples = {path.name[:2] for path in EXAMPLES.iterdir() if path.is_dir() and path.name[:2].isdigit()}
+    assert examples == tested, f"examples without a test: {sorted(examples - tested)}"
