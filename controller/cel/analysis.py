@@ -52,9 +52,9 @@ class Analysis:
     free_names: frozenset[str] = frozenset()
     # The result type when it is evident from the syntax alone (a literal, arithmetic), else None.
     evident_type: str | None = None
-    # Domain lookups `device.attributes[d]` / `device.capacity.d` (outside has()), as
-    # (start, end) offsets of the `[d]` / `.d` text, for engines that must rewrite them.
-    domain_lookups: tuple[tuple[int, int], ...] = ()
+    # Domain lookups `device.attributes[d]` / `device.capacity.d` (outside has()), as offsets
+    # (start of `device`, start of `[d]` / `.d`, end), for engines that must rewrite them.
+    domain_lookups: tuple[tuple[int, int, int], ...] = ()
 
 
 def analyze(expression: str) -> Analysis:
@@ -185,7 +185,7 @@ class _Reads:
         self.domains: set[str] = set()
         self.unknown = False
         self.free: set[str] = set()
-        self.lookups: set[tuple[int, int]] = set()
+        self.lookups: set[tuple[int, int, int]] = set()
 
     def error(self, node: Node, message: str) -> CompileError:
         line, column = syntax.position(self.source, node.pos)
@@ -247,14 +247,16 @@ class _Reads:
             path = self.device_path(current.args[0], scope)
             tested = current.args[0]
             if isinstance(tested, Select):
-                self.lookups = before | {span for span in self.lookups if span != (tested.pos, tested.end)}
+                self.lookups = before | {
+                    span for span in self.lookups if span[1:] != (tested.pos, tested.end)
+                }
             return path
         if not (isinstance(current, Ident) and current.name == "device" and "device" not in scope):
             return None
         chain.reverse()
         if len(chain) >= 2 and steps[-1] in ("attributes", "capacity") and not chain[1].optional:
             lookup = chain[1]
-            self.lookups.add((lookup.pos, lookup.end))
+            self.lookups.add((current.pos, lookup.pos, lookup.end))
         return list(reversed(steps))
 
     def record(self, node: Node, path: list[Node | str], scope: frozenset[str]) -> None:

@@ -142,6 +142,24 @@ def _function(function: Function) -> Callable[..., Any]:
 _FUNCTIONS: dict[str, Callable[..., Any]] = {f.name: _function(f) for f in FUNCTIONS if "." not in f.name}
 
 
+def _string_predicate(name: str, test: Callable[[str, str], bool]) -> Callable[..., Any]:
+    # celpy's own versions reject the plain `str` its `+` operator returns.
+    def call(text: Any, other: Any) -> Any:
+        for arg in (text, other):
+            if isinstance(arg, CELEvalError):
+                return arg
+        if not isinstance(text, str) or not isinstance(other, str):
+            return CELEvalError(f"no such overload: {name}", TypeError, None)
+        return celtypes.BoolType(test(str(text), str(other)))
+
+    return call
+
+
+_FUNCTIONS["contains"] = _string_predicate("contains", lambda a, b: b in a)
+_FUNCTIONS["startsWith"] = _string_predicate("startsWith", str.startswith)
+_FUNCTIONS["endsWith"] = _string_predicate("endsWith", str.endswith)
+
+
 def runtime_message(error: Any) -> str:
     text = str(error.args[0]) if getattr(error, "args", None) else str(error)
     key = re.match(r"no such member in mapping: '(.*)'", text)

@@ -7,6 +7,7 @@ Quantity and Semver cross into cel-cpp as tiny protobuf messages (`kubernetes.Qu
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Callable, Mapping
 from functools import lru_cache
@@ -26,6 +27,7 @@ from cel_expr_python import cel  # isort: skip  (optional dependency, imported l
 from cel_expr_python.ext import ext_bindings, ext_math, ext_optional  # isort: skip
 
 NAME = "cel-expr-python"
+log = logging.getLogger(__name__)
 _QUANTITY_TYPE = "kubernetes.Quantity"
 _SEMVER_TYPE = "kubernetes.Semver"
 
@@ -254,19 +256,30 @@ class CppEngine:
             # `device` is a map of dyn here; upstream knows e.g. capacity values are Quantity.
             raise CompileError(f"must evaluate to bool or the unknown type, not {info.evident_type}")
         if info.domain_lookups:
-            compiled = _environment().compile(tolerant_lookups(expression, info.domain_lookups))
+            rewritten = tolerant_lookups(expression, info.domain_lookups)
+            try:
+                compiled = _environment().compile(rewritten)
+            except RuntimeError as err:
+                # Never expected; the original program is still correct for known domains.
+                log.warning("CEL rewrite for unknown domains failed", extra={"error": str(err)[:200]})
         return CppProgram(compiled)
 
 
-def tolerant_lookups(expression: str, spans: tuple[tuple[int, int], ...]) -> str:
-    """Rewrite `device.attributes[d]` to `device.attributes[?d].orValue({})` (and `.d` to `.?d...`).
+def tolerant_lookups(expression: str, spans: tuple[tuple[int, int, int], ...]) -> str:
+    """Rewrite `device.attributes[d]` to `dyn(device.attributes[?d].orValue({}))` (`.d` likewise).
 
     Upstream's attribute and capacity maps answer an unknown domain with an empty map,
     while cel-cpp maps are plain: an optional lookup with an empty-map default gives the
     same answers for literal and computed domains alike, and leaves `in`/`size()` exact.
+    `dyn(...)` keeps the checker from inferring a narrower type from the `{}` default.
     """
+    # (offset, rank, text): at one offset (`[` of an outer lookup right before a nested
+    # `device`), the lower rank must end up first, so it is inserted last.
+    insertions: list[tuple[int, int, str]] = []
+    for operand, start, end in spans:
+        insertions += [(operand, 1, "dyn("), (start + 1, 0, "?"), (end, 2, ".orValue({}))")]
     out = expression
-    for start, end in sorted(spans, reverse=True):
-        opener = "[?" if out[start] == "[" else ".?"
-        out = out[:start] + opener + out[start + 1 : end] + ".orValue({})" + out[end:]
+    # Pure insertions at original offsets, applied right to left, so nesting cannot shift them.
+    for offset, _, text in sorted(insertions, reverse=True):
+        out = out[:offset] + text + out[offset:]
     return out

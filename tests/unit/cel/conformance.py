@@ -131,6 +131,15 @@ CASES: tuple[Case, ...] = (
     Case(f'{A}.model == "H100"', RUNTIME, device="bare", message="no such key: model"),
     Case(f'has({A}.model) && {A}.model == "H100"', False, device="bare"),
     Case(f'!has({A}.model) || {A}.model == "H100"', True, device="bare"),
+    Case('has(device.attributes["other" + ".dev"].model)', False),
+    Case('device.attributes[device.driver].model == "H100"', True),
+    Case("device.attributes[device.driver].model == 1", RUNTIME, device="bare", message="no such key: model"),
+    Case('size(device.capacity[device.driver + "x"]) == 0', True),
+    Case('device.attributes[["numa.example.org"][0]].node == 1', True),
+    Case(
+        'device.attributes[device.attributes["gpu.example.com"].model].x', RUNTIME, message="no such key: x"
+    ),
+    Case('"other.dev" in device.attributes', False),
     Case(f'{A}.exists(k, k == "model")', True),
     Case(f'{A}.all(k, k != "other")', True),
     Case(f'{A}.exists(k, k == "model")', False, device="bare"),
