@@ -82,15 +82,14 @@ class MatchAttribute:
 class DistinctAttribute:
     """Devices of the named requests have pairwise different values of one attribute.
 
-    Values are remembered per main request name, like kube-scheduler does: a
-    second device of the same request replaces the first one's entry.
+    Every chosen device counts, also several of the same request: kube-scheduler
+    1.37 rejects such a claim when the values run out (checked against it).
     """
 
     def __init__(self, attribute: str, requests: Sequence[str]) -> None:
         self.attribute = attribute
         self.requests = frozenset(requests)
-        self._values: dict[str, AttributeValue] = {}
-        self._count = 0
+        self._values: list[AttributeValue] = []
 
     def describe(self) -> str:
         return f"distinctAttribute {self.attribute}"
@@ -101,19 +100,16 @@ class DistinctAttribute:
         value = lookup_attribute(device, device_id, self.attribute)
         if value is None:
             return False
-        if self._count > 0:
-            if value[0] not in _SCALAR_TYPES:
-                return False
-            if any(existing == value for existing in self._values.values()):
-                return False
-        self._values[request] = value
-        self._count += 1
+        if self._values and (value[0] not in _SCALAR_TYPES or value in self._values):
+            return False
+        self._values.append(value)
         return True
 
     def remove(self, request: str, subrequest: str, device: JSON, device_id: DeviceID) -> None:
         if _applies(self.requests, request, subrequest):
-            self._values.pop(request, None)
-            self._count -= 1
+            value = lookup_attribute(device, device_id, self.attribute)
+            if value in self._values:
+                self._values.remove(value)
 
 
 def build_constraints(claim: JSON) -> list[Constraint]:

@@ -354,3 +354,11 @@ def test_all_nodes_slice_needs_no_node_selector(node: Node | None) -> None:
     outcome = run([claim("c", [exactly("gpu")])], slices=slices, node=node)
     assert outcome.ok
     assert "nodeSelector" not in outcome.allocations[0]
+
+
+def test_distinct_attribute_counts_every_device_of_a_request() -> None:
+    # Two devices of one request plus one of another: three different numa values
+    # are needed, and the node has only two.
+    constraint = {"distinctAttribute": f"{D}/numa"}
+    outcome = run([claim("c", [exactly("a", count=2), exactly("b")], constraints=[constraint])])
+    assert outcome.failure is not None and not outcome.failure.error
