@@ -1,0 +1,1 @@
+"""Allocation throughput benchmark (`python -m bench.allocate`)."""
