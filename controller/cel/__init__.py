@@ -3,7 +3,23 @@
     selector = compile_selector('device.attributes["gpu.example.com"].model == "H100"')
     selector.matches("gpu.example.com", device_json)   # bool, or EvaluationError
 
-Engines: cel-expr-python (default) and cel-python (fallback; DRA_CEL_ENGINE=cel-python).
+* The `device` variable is upstream's: driver, attributes[domain][id],
+  capacity[domain][id] (Quantity), allowMultipleAllocations; unqualified names belong to
+  the driver's domain; an unknown domain reads as an empty map, an unknown key is a
+  runtime error (EvaluationError, never a silent false).
+* Libraries (one Python implementation, shared by both engines): Kubernetes quantity,
+  semver, lists and regex (find/findAll), ext.Strings v2, ext.Lists and ext.Sets,
+  optionals and cel.bind (cel-expr-python only).
+* Limits: expressions over 10 KiB are rejected; cost is a compile-time *estimate*
+  (controller.cel.analysis) against upstream's 1,000,000 limit, rejected as "too complex,
+  exceeds cost limit". At run time, cel-cpp's comprehension budget and size guards in
+  every library function (strings/lists over 1,000,000 elements) bound the work, and
+  regular expressions run on RE2 (linear time).
+* Engines: cel-expr-python (default) and cel-python (fallback; DRA_CEL_ENGINE=cel-python,
+  or automatic when cel_expr_python cannot be imported).
+* Speed: compiled selectors are cached (LRU); results are memoized per selector on
+  exactly the device values the expression can read, so identical devices that differ
+  only in name/UUID/index are evaluated once.
 """
 
 from controller.cel.errors import CompileError, EvaluationError

@@ -17,12 +17,9 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from controller.cel import regexlib, syntax
-from controller.cel.device import split_name
 from controller.cel.errors import CompileError
 from controller.cel.syntax import Call, Ident, Index, ListLit, Literal, MapLit, Node, Select, StructLit
 
@@ -401,48 +398,3 @@ def _has_unsized_elements(target: Node | None) -> bool:
 
 def _add(*parts: int) -> int:
     return sum(parts)
-
-
-def memo_key(info: Analysis, driver: str, device: Mapping[str, Any]) -> Hashable | None:
-    """Everything the expression can observe about this device, as a hashable value."""
-    if info.reads is None or not isinstance(device, Mapping):
-        return None
-    key: list[Hashable] = [driver]
-    for field, domain, ident in info.reads:
-        if field in ("driver", "allowMultipleAllocations"):
-            key.append(_freeze(device.get(field)) if field != "driver" else driver)
-            continue
-        table = device.get(field)
-        if table is None:
-            key.append(None)
-            continue
-        if not isinstance(table, Mapping):
-            return None
-        if domain == WILDCARD:
-            key.append(_freeze(table))
-        elif ident == WILDCARD:
-            key.append(
-                tuple(
-                    sorted(
-                        (name, _freeze(value))
-                        for name, value in table.items()
-                        if split_name(name, driver)[0] == domain
-                    )
-                )
-            )
-        else:
-            qualified = table.get(f"{domain}/{ident}")
-            key.append(_freeze(qualified))
-            if domain == driver:
-                key.append(_freeze(table.get(ident)))
-    return tuple(key)
-
-
-def _freeze(value: object) -> Hashable:
-    if isinstance(value, Mapping):
-        return tuple(sorted((str(k), _freeze(v)) for k, v in value.items()))
-    if isinstance(value, list | tuple):
-        return tuple(_freeze(v) for v in value)
-    if isinstance(value, Hashable):
-        return (type(value).__name__, value)
-    return repr(value)

@@ -16,6 +16,7 @@ from controller.cel.semver import Semver, SemverError
 
 _SCALAR_FIELDS = ("int", "bool", "string", "version")
 _LIST_FIELDS = {"ints": "int", "bools": "bool", "strings": "string", "versions": "version"}
+_EXPECTED: dict[str, type] = {"int": int, "bool": bool, "string": str, "version": str}
 
 
 class DeviceShapeError(ValueError):
@@ -71,6 +72,11 @@ def _mapping(device: Mapping[str, Any], field: str) -> Mapping[str, Any]:
 
 
 def _attribute_value(name: str, attr: object, semver: Callable[[Semver], object]) -> object:
+    if type(attr) is dict and len(attr) == 1:
+        # The usual shape, {"string": "H100"}: skip probing every possible field.
+        ((field, raw),) = attr.items()
+        if field in _SCALAR_FIELDS and raw is not None:
+            return _scalar(name, field, raw, semver)
     if not isinstance(attr, Mapping):
         raise DeviceShapeError(f"attribute {name!r} must be an object")
     present = [key for key in (*_SCALAR_FIELDS, *_LIST_FIELDS) if attr.get(key) is not None]
@@ -86,8 +92,7 @@ def _attribute_value(name: str, attr: object, semver: Callable[[Semver], object]
 
 
 def _scalar(name: str, field: str, raw: object, semver: Callable[[Semver], object]) -> object:
-    expected: dict[str, type | tuple[type, ...]] = {"int": int, "bool": bool, "string": str, "version": str}
-    if not isinstance(raw, expected[field]) or (field == "int" and isinstance(raw, bool)):
+    if not isinstance(raw, _EXPECTED[field]) or (field == "int" and isinstance(raw, bool)):
         raise DeviceShapeError(f"attribute {name!r}: {field} value {raw!r} has the wrong type")
     if field == "version":
         try:

@@ -101,21 +101,19 @@ def _cel_type(kind: Kind) -> Any:
     }[kind]
 
 
-def _matches_kind(kind: Kind, value: Any) -> bool:
-    checks: dict[Kind, Callable[[Any], bool]] = {
-        Kind.STRING: lambda v: isinstance(v, str),
-        Kind.INT: lambda v: isinstance(v, int) and not isinstance(v, bool),
-        Kind.UINT: lambda v: isinstance(v, int) and not isinstance(v, bool),
-        Kind.DOUBLE: lambda v: isinstance(v, float),
-        Kind.BOOL: lambda v: isinstance(v, bool),
-        Kind.BYTES: lambda v: isinstance(v, bytes),
-        Kind.QUANTITY: lambda v: isinstance(v, Quantity),
-        Kind.SEMVER: lambda v: isinstance(v, Semver),
-        Kind.LIST: lambda v: isinstance(v, list),
-        Kind.LIST_STRING: lambda v: isinstance(v, list),
-        Kind.ANY: lambda v: True,
-    }
-    return checks[kind](value)
+_KIND_CHECKS: dict[Kind, Callable[[Any], bool]] = {
+    Kind.STRING: lambda v: isinstance(v, str),
+    Kind.INT: lambda v: isinstance(v, int) and not isinstance(v, bool),
+    Kind.UINT: lambda v: isinstance(v, int) and not isinstance(v, bool),
+    Kind.DOUBLE: lambda v: isinstance(v, float),
+    Kind.BOOL: lambda v: isinstance(v, bool),
+    Kind.BYTES: lambda v: isinstance(v, bytes),
+    Kind.QUANTITY: lambda v: isinstance(v, Quantity),
+    Kind.SEMVER: lambda v: isinstance(v, Semver),
+    Kind.LIST: lambda v: isinstance(v, list),
+    Kind.LIST_STRING: lambda v: isinstance(v, list),
+    Kind.ANY: lambda v: True,
+}
 
 
 def _dispatcher(function: Function) -> Callable[..., Any]:
@@ -126,7 +124,7 @@ def _dispatcher(function: Function) -> Callable[..., Any]:
         args = [to_python(arg) for arg in raw]
         for overload in overloads:
             if len(overload.params) == len(args) and all(
-                _matches_kind(kind, arg) for kind, arg in zip(overload.params, args, strict=True)
+                _KIND_CHECKS[kind](arg) for kind, arg in zip(overload.params, args, strict=True)
             ):
                 try:
                     return to_cel(overload.impl(*args))

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections import OrderedDict
 from collections.abc import Hashable, Mapping
 from functools import cache, lru_cache
 from typing import Any
@@ -14,6 +13,7 @@ from controller.cel import analysis
 from controller.cel.device import device_name
 from controller.cel.engine import Engine, EvalFailure, Program
 from controller.cel.errors import CompileError, EngineUnavailable, EvaluationError
+from controller.cel.memo import KeyPlan
 from controller.cel.syntax import ParseFailure
 
 log = logging.getLogger(__name__)
@@ -29,6 +29,7 @@ ENGINES = (CPP_ENGINE, CELPY_ENGINE)
 
 _COMPILE_CACHE_SIZE = 256
 _MEMO_SIZE = 4096
+_MAX_PLANS = 64
 
 
 def default_engine() -> str:
@@ -66,7 +67,8 @@ class Selector:
         self.engine = engine
         self._program = program
         self._info = info
-        self._memo: OrderedDict[Hashable, bool | str] = OrderedDict()
+        self._memo: dict[Hashable, bool | str] = {}
+        self._plans: dict[str, KeyPlan] = {}
         self._lock = threading.Lock()
 
     @property
@@ -75,16 +77,14 @@ class Selector:
 
     def matches(self, driver: str, device: Mapping[str, Any]) -> bool:
         """True if the device is selected; EvaluationError on any runtime error or non-bool result."""
-        key = analysis.memo_key(self._info, driver, device)
+        key = self._key(driver, device)
         if key is not None:
-            with self._lock:
-                cached = self._memo.get(key)
-                if cached is not None:
-                    self._memo.move_to_end(key)
+            # Reads need no lock: dict lookups are atomic, and a racing miss only evaluates twice.
+            cached = self._memo.get(key)
             if cached is not None:
-                if isinstance(cached, str):
+                if cached.__class__ is str:
                     raise EvaluationError(device_name(device), cached)
-                return cached
+                return cached  # type: ignore[return-value]
         outcome: bool | str
         try:
             outcome = self._program.evaluate(driver, device)
@@ -92,12 +92,31 @@ class Selector:
             outcome = str(err)
         if key is not None:
             with self._lock:
+                if len(self._memo) >= _MEMO_SIZE:
+                    # Oldest first (insertion order): cheaper than LRU bookkeeping on every hit.
+                    del self._memo[next(iter(self._memo))]
                 self._memo[key] = outcome
-                if len(self._memo) > _MEMO_SIZE:
-                    self._memo.popitem(last=False)
         if isinstance(outcome, str):
             raise EvaluationError(device_name(device), outcome)
         return outcome
+
+    def _key(self, driver: str, device: Mapping[str, Any]) -> Hashable | None:
+        if self._info.reads is None or not (type(device) is dict or isinstance(device, Mapping)):
+            return None
+        plan = self._plans.get(driver)
+        if plan is None:
+            plan = KeyPlan(self._info.reads, driver)
+            with self._lock:
+                if len(self._plans) < _MAX_PLANS:
+                    self._plans[driver] = plan
+        return plan.key(device)
+
+    def matches_uncached(self, driver: str, device: Mapping[str, Any]) -> bool:
+        """`matches` without memoization (benchmarks, and checking the memo itself)."""
+        try:
+            return self._program.evaluate(driver, device)
+        except EvalFailure as err:
+            raise EvaluationError(device_name(device), str(err)) from None
 
     def __repr__(self) -> str:
         return f"Selector({self.expression!r}, engine={self.engine!r})"

@@ -81,7 +81,8 @@ def test_memoized_errors_still_name_each_device() -> None:
 
 def test_reads_are_collected_statically() -> None:
     info = analyze(
-        'device.attributes["a.dev"].x == 1 && device.capacity["b.dev"]["y"].isInteger() && device.driver == "d"'
+        'device.attributes["a.dev"].x == 1 && device.capacity["b.dev"]["y"].isInteger()'
+        ' && device.driver == "d"'
     )
     assert info.reads == (("attributes", "a.dev", "x"), ("capacity", "b.dev", "y"), ("driver", "", ""))
     assert analyze('"k" in device.attributes["a.dev"]').reads == (("attributes", "a.dev", "*"),)
@@ -188,3 +189,16 @@ def test_invalid_device_shape_is_an_evaluation_error() -> None:
     compiled = compile_selector(MODEL)
     with pytest.raises(EvaluationError, match="invalid device"):
         compiled.matches(DRIVER, {"name": "bad", "attributes": {"model": {"string": "H100", "int": 1}}})
+
+
+def test_memo_never_hides_an_invalid_value_type() -> None:
+    compiled = compile_selector('device.attributes["gpu.example.com"].index == 1')
+    assert compiled.matches(DRIVER, {"name": "ok", "attributes": {"index": {"int": 1}}})
+    with pytest.raises(EvaluationError, match="invalid device"):
+        compiled.matches(DRIVER, {"name": "bad", "attributes": {"index": {"int": True}}})
+
+
+def test_matches_uncached_agrees_with_matches() -> None:
+    compiled = compile_selector(MODEL)
+    for device in (gpu("a"), gpu("b", "A100")):
+        assert compiled.matches_uncached(DRIVER, device) == compiled.matches(DRIVER, device)

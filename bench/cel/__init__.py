@@ -1,0 +1,1 @@
+"""CEL selector benchmark: raw engine speed vs. memoized selectors on realistic GPU fleets."""
