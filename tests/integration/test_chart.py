@@ -349,6 +349,16 @@ def test_fake_gpu_values_file_matches_the_examples_inventory(helm_home: Path) ->
     assert container_env(pod["containers"][0])["BACKEND"] == "fake"
 
 
+def test_examples_deviceclasses_file_is_what_the_chart_installs(helm_home: Path) -> None:
+    """examples/deviceclasses.yaml (used offline by dra-controller and by the e2e tests) is current."""
+    rendered = render_chart(helm_home, show_only=["templates/deviceclasses.yaml"])
+    for obj in rendered:
+        obj["metadata"].pop("labels", None)
+    text = (REPO_ROOT / "examples" / "deviceclasses.yaml").read_text()
+    committed = [doc for doc in yaml.safe_load_all(text) if doc]
+    assert committed == rendered
+
+
 def test_components_can_be_switched_off(helm_home: Path) -> None:
     objects = render_chart(
         helm_home,
