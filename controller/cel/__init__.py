@@ -8,7 +8,8 @@
   the driver's domain; an unknown domain reads as an empty map, an unknown key is a
   runtime error (EvaluationError, never a silent false).
 * Libraries (one Python implementation, shared by both engines): Kubernetes quantity,
-  semver, lists and regex (find/findAll), ext.Strings v2, ext.Lists and ext.Sets,
+  semver, lists, regex (find/findAll), IP/CIDR, URL, ext.Strings v2 (with format),
+  ext.Lists and ext.Sets,
   optionals and cel.bind (cel-expr-python only).
 * Limits: expressions over 10 KiB are rejected; cost is a compile-time *estimate*
   (controller.cel.analysis) against upstream's 1,000,000 limit, rejected as "too complex,

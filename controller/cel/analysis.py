@@ -27,6 +27,8 @@ DEVICE_FIELDS = ("driver", "attributes", "capacity", "allowMultipleAllocations")
 MACROS = ("all", "exists", "exists_one", "map", "filter")
 WILDCARD = "*"
 _NAMESPACES = ("cel", "lists", "sets", "strings", "math", "optional")
+# Functions whose name has a dot although their first part is also a function (`ip(...)`).
+_NAMESPACED_FUNCTIONS = frozenset({"ip.isCanonical"})
 
 # Upper bounds the API guarantees; they size the cost estimate.
 MAX_MAP_ENTRIES = 32
@@ -134,8 +136,8 @@ def features(tree: Node) -> set[str]:
                 found.add("optional values")
             elif qualified.startswith("math."):
                 found.add("math extension")
-            elif qualified.split(".")[0] in ("lists", "sets", "strings") and "." in qualified:
-                found.add("namespaced functions (lists.*, sets.*, strings.*)")
+            elif qualified in _NAMESPACED_FUNCTIONS or _in_namespace(qualified, ("lists", "sets", "strings")):
+                found.add("namespaced functions (lists.*, sets.*, strings.*, ip.isCanonical)")
             elif (
                 node.target is not None and node.name in MACROS and len(node.args) == 3 and node.name != "map"
             ) or node.name in ("transformList", "transformMap", "transformMapEntry"):
@@ -158,6 +160,11 @@ def _literal_device_path(node: Node) -> list[str] | None:
     if isinstance(node, Ident) and node.name == "device":
         return list(reversed(steps))
     return None
+
+
+def _in_namespace(qualified: str, namespaces: tuple[str, ...]) -> bool:
+    namespace, dot, _ = qualified.partition(".")
+    return bool(dot) and namespace in namespaces
 
 
 def _is_bind(node: Call) -> bool:
@@ -203,7 +210,7 @@ class _Reads:
                 return
             if (
                 isinstance(node.target, Ident)
-                and node.target.name in _NAMESPACES
+                and (node.target.name in _NAMESPACES or _call_name(node) in _NAMESPACED_FUNCTIONS)
                 and node.target.name not in scope
             ):
                 for arg in node.args:

@@ -22,6 +22,7 @@ from controller.cel.device import DeviceShapeError, build_view
 from controller.cel.engine import EvalFailure, not_bool_error
 from controller.cel.errors import CompileError, LibraryError
 from controller.cel.library import FUNCTIONS, Function, Kind
+from controller.cel.netlib import CIDR, IP, URL
 from controller.cel.quantity import Quantity
 from controller.cel.semver import Semver
 
@@ -102,19 +103,25 @@ def _kind_ok(kind: Kind, value: Any) -> bool:
         return True
     if kind in (Kind.LIST, Kind.LIST_STRING):
         return isinstance(value, list)
-    python_type: dict[Kind, type | tuple[type, ...]] = {
-        Kind.STRING: str,
-        Kind.INT: int,
-        Kind.UINT: int,
-        Kind.DOUBLE: float,
-        Kind.BOOL: bool,
-        Kind.BYTES: bytes,
-        Kind.QUANTITY: Quantity,
-        Kind.SEMVER: Semver,
-    }
     if kind in (Kind.INT, Kind.UINT) and isinstance(value, bool):
         return False
-    return isinstance(value, python_type[kind])
+    return isinstance(value, _PYTHON_TYPES[kind])
+
+
+_PYTHON_TYPES: dict[Kind, type] = {
+    Kind.STRING: str,
+    Kind.INT: int,
+    Kind.UINT: int,
+    Kind.DOUBLE: float,
+    Kind.BOOL: bool,
+    Kind.BYTES: bytes,
+    Kind.QUANTITY: Quantity,
+    Kind.SEMVER: Semver,
+    Kind.IP: IP,
+    Kind.CIDR: CIDR,
+    Kind.URL: URL,
+    Kind.MAP_STRING_LIST: dict,
+}
 
 
 def _function(function: Function) -> Callable[..., Any]:
@@ -217,6 +224,9 @@ def _type_name(value: Any) -> str:
         (celtypes.MapType, "map"),
         (Quantity, "kubernetes.Quantity"),
         (Semver, "kubernetes.Semver"),
+        (IP, "net.IP"),
+        (CIDR, "net.CIDR"),
+        (URL, "kubernetes.URL"),
     ):
         if isinstance(value, kind):
             return name

@@ -20,6 +20,7 @@ from controller.cel.device import DeviceShapeError, build_view
 from controller.cel.engine import EvalFailure, not_bool_error
 from controller.cel.errors import CompileError, LibraryError
 from controller.cel.library import FUNCTIONS, SCALAR_KINDS, Function, Kind, Overload
+from controller.cel.netlib import CIDR, IP, URL
 from controller.cel.quantity import Quantity
 from controller.cel.semver import Semver
 
@@ -32,25 +33,38 @@ _QUANTITY_TYPE = "kubernetes.Quantity"
 _SEMVER_TYPE = "kubernetes.Semver"
 
 
-def _message_classes() -> tuple[Any, Any, Any]:
-    proto = descriptor_pb2.FileDescriptorProto(name="controller/cel/kubernetes.proto", package="kubernetes")
-    proto.syntax = "proto3"
-    for name in ("Quantity", "Semver"):
-        message = proto.message_type.add(name=name)
-        message.field.add(
-            name="canonical",
-            number=1,
-            type=descriptor_pb2.FieldDescriptorProto.TYPE_STRING,
-            label=descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL,
-        )
+def _message_classes() -> tuple[Any, dict[str, Any]]:
+    """Library value types as one-field protobuf messages, under their upstream CEL names."""
     pool = descriptor_pool.DescriptorPool()
-    pool.Add(proto)
-    quantity = message_factory.GetMessageClass(pool.FindMessageTypeByName(_QUANTITY_TYPE))
-    semver = message_factory.GetMessageClass(pool.FindMessageTypeByName(_SEMVER_TYPE))
-    return pool, quantity, semver
+    classes: dict[str, Any] = {}
+    for package, names in (("kubernetes", ("Quantity", "Semver", "URL")), ("net", ("IP", "CIDR"))):
+        proto = descriptor_pb2.FileDescriptorProto(name=f"controller/cel/{package}.proto", package=package)
+        proto.syntax = "proto3"
+        for name in names:
+            message = proto.message_type.add(name=name)
+            message.field.add(
+                name="canonical",
+                number=1,
+                type=descriptor_pb2.FieldDescriptorProto.TYPE_STRING,
+                label=descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL,
+            )
+        pool.Add(proto)
+        for name in names:
+            full = f"{package}.{name}"
+            classes[full] = message_factory.GetMessageClass(pool.FindMessageTypeByName(full))
+    return pool, classes
 
 
-_POOL, _QuantityMsg, _SemverMsg = _message_classes()
+_POOL, _MESSAGE_CLASSES = _message_classes()
+_QuantityMsg = _MESSAGE_CLASSES[_QUANTITY_TYPE]
+_SemverMsg = _MESSAGE_CLASSES[_SEMVER_TYPE]
+# Library value type <-> message class, for the types without a hot path of their own.
+_OTHER_VALUES: dict[type, Any] = {
+    IP: _MESSAGE_CLASSES["net.IP"],
+    CIDR: _MESSAGE_CLASSES["net.CIDR"],
+    URL: _MESSAGE_CLASSES["kubernetes.URL"],
+}
+_OTHER_MESSAGES: dict[Any, type[IP] | type[CIDR] | type[URL]] = {m: v for v, m in _OTHER_VALUES.items()}
 
 
 @lru_cache(maxsize=4096)
@@ -71,6 +85,9 @@ def to_python(value: Any) -> Any:
         return Semver.from_canonical(value.canonical)
     if isinstance(value, list):
         return [to_python(item) for item in value]
+    kind = _OTHER_MESSAGES.get(type(value))
+    if kind is not None:
+        return kind.from_canonical(value.canonical)
     return value
 
 
@@ -82,6 +99,11 @@ def to_cel(value: Any) -> Any:
         return _semver_msg(value)
     if isinstance(value, list):
         return [to_cel(item) for item in value]
+    if isinstance(value, dict):
+        return {key: to_cel(item) for key, item in value.items()}
+    message = _OTHER_VALUES.get(type(value))
+    if message is not None:
+        return message(canonical=value.canonical())
     return value
 
 
@@ -97,6 +119,10 @@ def _cel_type(kind: Kind) -> Any:
         Kind.SEMVER: cel.Type(_SEMVER_TYPE),
         Kind.LIST: cel.Type.List(cel.Type.DYN),
         Kind.LIST_STRING: cel.Type.List(cel.Type.STRING),
+        Kind.MAP_STRING_LIST: cel.Type.Map(cel.Type.STRING, cel.Type.List(cel.Type.STRING)),
+        Kind.IP: cel.Type("net.IP"),
+        Kind.CIDR: cel.Type("net.CIDR"),
+        Kind.URL: cel.Type("kubernetes.URL"),
         Kind.ANY: cel.Type.DYN,
     }[kind]
 
@@ -112,6 +138,10 @@ _KIND_CHECKS: dict[Kind, Callable[[Any], bool]] = {
     Kind.SEMVER: lambda v: isinstance(v, Semver),
     Kind.LIST: lambda v: isinstance(v, list),
     Kind.LIST_STRING: lambda v: isinstance(v, list),
+    Kind.MAP_STRING_LIST: lambda v: isinstance(v, dict),
+    Kind.IP: lambda v: isinstance(v, IP),
+    Kind.CIDR: lambda v: isinstance(v, CIDR),
+    Kind.URL: lambda v: isinstance(v, URL),
     Kind.ANY: lambda v: True,
 }
 
@@ -149,7 +179,7 @@ def _expand(overload: Overload) -> list[tuple[str, tuple[Kind, ...]]]:
 
 
 def _runtime_key(params: tuple[Kind, ...], member: bool) -> tuple[object, ...]:
-    message_kinds = (Kind.QUANTITY, Kind.SEMVER)
+    message_kinds = (Kind.QUANTITY, Kind.SEMVER, Kind.IP, Kind.CIDR, Kind.URL)
     return (member, tuple("message" if k in message_kinds else k for k in params))
 
 

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
-from controller.cel import listlib, regexlib, stringlib
+from controller.cel import listlib, netlib, regexlib, stringlib
 from controller.cel.errors import LibraryError
 from controller.cel.quantity import Quantity, QuantityError, is_quantity
 from controller.cel.semver import Semver, SemverError, is_semver
@@ -28,6 +28,10 @@ class Kind(Enum):
     SEMVER = "Semver"
     LIST = "list"
     LIST_STRING = "list(string)"
+    MAP_STRING_LIST = "map(string, list(string))"
+    IP = "net.IP"
+    CIDR = "net.CIDR"
+    URL = "kubernetes.URL"
     # Any scalar: engines with static dispatch expand this into one overload per kind.
     ANY = "any"
 
@@ -41,6 +45,9 @@ SCALAR_KINDS = (
     Kind.BYTES,
     Kind.QUANTITY,
     Kind.SEMVER,
+    Kind.IP,
+    Kind.CIDR,
+    Kind.URL,
 )
 
 
@@ -252,12 +259,66 @@ def _string_functions() -> list[Function]:
     ]
 
 
+def _network_functions() -> list[Function]:
+    ip, cidr, url = Kind.IP, Kind.CIDR, Kind.URL
+    predicates = [
+        ("isUnspecified", netlib.is_unspecified),
+        ("isLoopback", netlib.is_loopback),
+        ("isLinkLocalMulticast", netlib.is_link_local_multicast),
+        ("isLinkLocalUnicast", netlib.is_link_local_unicast),
+        ("isGlobalUnicast", netlib.is_global_unicast),
+    ]
+    url_parts = [
+        ("getScheme", netlib.get_scheme),
+        ("getHost", netlib.get_host),
+        ("getHostname", netlib.get_hostname),
+        ("getPort", netlib.get_port),
+        ("getEscapedPath", netlib.get_escaped_path),
+    ]
+    return [
+        Function(
+            "ip",
+            (
+                _global("string_to_ip", [STR], ip, netlib.parse_ip),
+                _member("cidr_ip", [cidr], ip, netlib.cidr_ip),
+            ),
+        ),
+        Function("isIP", (_global("is_ip", [STR], B, netlib.is_ip),)),
+        Function("ip.isCanonical", (_global("ip_is_canonical", [STR], B, netlib.is_canonical),)),
+        Function("family", (_member("ip_family", [ip], INT, netlib.family),)),
+        *(Function(name, (_member(f"ip_{name}", [ip], B, fn),)) for name, fn in predicates),
+        Function("cidr", (_global("string_to_cidr", [STR], cidr, netlib.parse_cidr),)),
+        Function("isCIDR", (_global("is_cidr", [STR], B, netlib.is_cidr),)),
+        Function(
+            "containsIP",
+            (
+                _member("cidr_contains_ip_ip", [cidr, ip], B, netlib.contains_ip),
+                _member("cidr_contains_ip_string", [cidr, STR], B, netlib.contains_ip),
+            ),
+        ),
+        Function(
+            "containsCIDR",
+            (
+                _member("cidr_contains_cidr", [cidr, cidr], B, netlib.contains_cidr),
+                _member("cidr_contains_cidr_string", [cidr, STR], B, netlib.contains_cidr),
+            ),
+        ),
+        Function("prefixLength", (_member("cidr_prefix_length", [cidr], INT, netlib.prefix_length),)),
+        Function("masked", (_member("cidr_masked", [cidr], cidr, netlib.masked),)),
+        Function("url", (_global("string_to_url", [STR], url, netlib.parse_url),)),
+        Function("isURL", (_global("is_url_string", [STR], B, netlib.is_url),)),
+        *(Function(name, (_member(f"url_{name}", [url], STR, fn),)) for name, fn in url_parts),
+        Function("getQuery", (_member("url_get_query", [url], Kind.MAP_STRING_LIST, netlib.get_query),)),
+    ]
+
+
 FUNCTIONS: tuple[Function, ...] = tuple(
     _quantity_functions()
     + _semver_functions()
     + _comparison_functions()
     + _list_functions()
     + _string_functions()
+    + _network_functions()
 )
 
 FUNCTION_NAMES: frozenset[str] = frozenset(f.name for f in FUNCTIONS)
