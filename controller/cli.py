@@ -39,6 +39,7 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "controller.commands_simulate",
     "controller.commands_explain",
     "controller.commands_lint",
+    "controller.commands_run",
 )
 
 
@@ -71,4 +72,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run as `python -m controller.cli`, this file is `__main__`, while the subcommand modules
+    # register with `controller.cli`, a second copy: use that copy, which holds the registry.
+    from controller.cli import main as registered_main
+
+    sys.exit(registered_main())

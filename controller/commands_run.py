@@ -1,0 +1,184 @@
+"""`dra-controller run`: the controller daemon (pre-allocation, repair, events, metrics).
+
+Every flag has an environment mirror (`DRA_CONTROLLER_<FLAG>`); a flag on the
+command line wins over the environment. SIGTERM or SIGINT releases the leader
+Lease and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from controller.cli import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, Subcommand, register_subcommand
+
+log = logging.getLogger(__name__)
+
+ENV_PREFIX = "DRA_CONTROLLER_"
+
+
+class SettingError(ValueError):
+    """A flag or environment value that cannot be used; the message names it."""
+
+
+@dataclass(frozen=True)
+class Option:
+    flag: str
+    help: str
+    default: str | None
+    parse: Callable[[str], Any] = str
+
+    @property
+    def dest(self) -> str:
+        return self.flag.lstrip("-").replace("-", "_")
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.dest.upper()
+
+
+def _port(value: str) -> int:
+    port = int(value)
+    if not 0 <= port <= 65535:
+        raise ValueError("must be 0 (off) to 65535")
+    return port
+
+
+def _seconds(value: str) -> float:
+    seconds = float(value)
+    if not seconds >= 0:
+        raise ValueError("must be a number of seconds >= 0")
+    return seconds
+
+
+def _log_format(value: str) -> str:
+    if value not in ("text", "json"):
+        raise ValueError("must be text or json")
+    return value
+
+
+def _log_level(value: str) -> str:
+    if value not in ("debug", "info", "warning", "error"):
+        raise ValueError("must be debug, info, warning or error")
+    return value
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("--kubeconfig", "kubeconfig file (default: in-cluster, else $KUBECONFIG / ~/.kube/config)", None),
+    Option("--context", "kubeconfig context to use", None),
+    Option("--namespace", "only handle claims (and pods) in this namespace (default: all namespaces)", None),
+    Option(
+        "--lease-name", "name of the coordination.k8s.io Lease used for leader election", "dra-controller"
+    ),
+    Option("--lease-namespace", "namespace of the Lease (default: $POD_NAMESPACE, else kube-system)", None),
+    Option("--identity", "this replica's name in the Lease (default: hostname plus a random suffix)", None),
+    Option("--metrics-port", "port for /metrics and /healthz (0: off)", "8080", _port),
+    Option(
+        "--event-after-seconds",
+        "post a CannotAllocate Event once a claim a pending pod uses stays unallocated this long",
+        "60",
+        _seconds,
+    ),
+    Option(
+        "--event-interval-seconds", "at most one such Event per claim per this many seconds", "600", _seconds
+    ),
+    Option("--log-format", "text or json", "text", _log_format),
+    Option("--log-level", "debug, info, warning or error", "info", _log_level),
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    for option in OPTIONS:
+        default = f", default {option.default}" if option.default is not None else ""
+        # default=None so an absent flag falls through to the environment variable.
+        parser.add_argument(
+            option.flag, dest=option.dest, default=None, metavar=option.env.removeprefix(ENV_PREFIX),
+            help=f"{option.help} [env {option.env}{default}]",
+        )  # fmt: skip
+
+
+def resolve(args: argparse.Namespace, environ: dict[str, str] | None = None) -> dict[str, Any]:
+    """Flag, else environment, else default; each value parsed and checked."""
+    env = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    for option in OPTIONS:
+        raw = getattr(args, option.dest, None)
+        source = option.flag
+        if raw is None and env.get(option.env):
+            raw, source = env[option.env], option.env
+        if raw is None:
+            raw = option.default
+        if raw is None:
+            values[option.dest] = None
+            continue
+        try:
+            values[option.dest] = option.parse(raw)
+        except ValueError as err:
+            raise SettingError(f"{source}={raw!r}: {err}") from err
+    if values["lease_namespace"] is None:
+        values["lease_namespace"] = env.get("POD_NAMESPACE") or "kube-system"
+    if values["identity"] is None:
+        values["identity"] = f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
+    return values
+
+
+def run(args: argparse.Namespace) -> int:
+    from draplugin.logs import setup_logging
+
+    try:
+        values = resolve(args)
+    except SettingError as err:
+        sys.stderr.write(f"dra-controller run: error: {err}\n")
+        return EXIT_USAGE
+    setup_logging(values["log_format"], values["log_level"])
+
+    from controller.objects import ApiJSON
+    from controller.reconcile_daemon import ControllerDaemon, DaemonSettings
+    from draplugin.kube import KubeConfigError, load_api_client
+
+    try:
+        api = load_api_client(values["kubeconfig"], values["context"])
+    except KubeConfigError as err:
+        log.error("cannot reach the cluster", extra={"error": str(err)})
+        return EXIT_FAILURE
+    settings = DaemonSettings(
+        identity=values["identity"],
+        lease_name=values["lease_name"],
+        lease_namespace=values["lease_namespace"],
+        namespace=values["namespace"],
+        metrics_port=values["metrics_port"],
+        event_after_s=values["event_after_seconds"],
+        event_interval_s=values["event_interval_seconds"],
+    )
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    daemon = ControllerDaemon(ApiJSON(api), settings)
+    try:
+        daemon.start()
+    except OSError as err:
+        log.error("cannot start", extra={"error": str(err)})
+        return EXIT_FAILURE
+    daemon.wait(stop)
+    log.info("shutting down")
+    daemon.stop()
+    return EXIT_OK
+
+
+register_subcommand(
+    Subcommand(
+        name="run",
+        help="run the controller: pre-allocate annotated claims, explain stuck claims in Events",
+        add_arguments=add_arguments,
+        handler=run,
+    )
+)

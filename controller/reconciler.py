@@ -1,0 +1,539 @@
+"""The controller's decisions: pre-allocate annotated claims, repair double
+allocations, release what it allocated, and explain claims that stay stuck.
+
+One `reconcile()` pass works on a snapshot of the watch caches and decides
+everything from scratch (level-triggered): a missed event, a crash or a new
+leader costs nothing but the next pass.
+
+Pre-allocation
+    A standalone ResourceClaim annotated `gpu.draplugin.dev/preallocate` with
+    a node name (or `any`) is allocated by us before any pod exists, with the
+    same allocator kube-scheduler's semantics are copied into, treating every
+    claim that already has `status.allocation` as in use. Pods (and containers)
+    that reference the claim then share it: the scheduler reuses an allocated
+    claim as is and only adds the pod to `status.reservedFor`, on a node that
+    fits `allocation.nodeSelector`.
+
+    Writes, each with the resourceVersion the decision was based on (409 →
+    re-read, decide again):
+      1. metadata: annotation `gpu.draplugin.dev/allocated-by: dra-controller`
+         and finalizer `gpu.draplugin.dev/preallocation` (the finalizer keeps
+         a claim that pods use from vanishing while they run);
+      2. status: `status.allocation`.
+    Marking first makes a crash between the two harmless: a marked claim
+    without allocation is either allocated on the next pass or unmarked.
+
+    We add no `resource.kubernetes.io/delete-protection` finalizer on purpose:
+    with it, kube-controller-manager deallocates a claim as soon as its
+    reservations drop to empty, and a pinned claim would lose its devices
+    between two pods.
+
+Deallocation rule (claims we allocated, recognised by the annotation)
+    Clear `status.allocation`, then remove the annotation and finalizer, when
+      - `status.reservedFor` is empty (no pod holds the claim), and
+      - no pending pod references the claim (the scheduler may be about to
+        reserve it), and
+      - the user released the pin (removed the `preallocate` annotation) or
+        deleted the claim.
+    A claim whose reservations drop to empty but that is still annotated
+    stays allocated: that is what pinning is for. Deleting a claim that pods
+    still use waits for them (the finalizer), as upstream's finalizer does.
+
+Double allocation
+    If a device of a claim we allocated is also allocated (whole, not as a
+    share, not admin access) to another claim, and our claim is not reserved,
+    we deallocate ours; the same pass allocates it again elsewhere. If our
+    claim is already in use the conflict is logged and counted for a human.
+
+Events
+    A claim that stays unallocated for `event_after_s` while a pending pod
+    references it gets a `CannotAllocate` Warning whose note is explain's
+    one-line summary (which filter removed how many devices); at most one per
+    claim per `event_interval_s`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from controller.allocation.nodes import Node
+from controller.allocation.pools import DeviceID
+from controller.allocation.requests import claim_ref
+from controller.allocator import Allocator
+from controller.explain import explain_claim
+from controller.metrics import ControllerMetrics
+from controller.reconcile_api import ClaimApi, Conflict, NotFound
+from controller.reconcile_events import REASON, EventLimiter, cannot_allocate_event
+
+log = logging.getLogger(__name__)
+
+JSON = dict[str, Any]
+
+PREALLOCATE_ANNOTATION = "gpu.draplugin.dev/preallocate"
+ALLOCATED_BY_ANNOTATION = "gpu.draplugin.dev/allocated-by"
+ALLOCATED_BY = "dra-controller"
+FINALIZER = "gpu.draplugin.dev/preallocation"
+ANY_NODE = "any"
+MAX_CONFLICT_RETRIES = 3
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What one pass decides on: the caches' contents at one moment."""
+
+    device_classes: Sequence[JSON] = ()
+    slices: Sequence[JSON] = ()
+    claims: Sequence[JSON] = ()
+    pending_pods: Sequence[JSON] = ()
+
+
+@dataclass(frozen=True)
+class ReconcilerSettings:
+    identity: str = "dra-controller"
+    namespace: str | None = None  # only claims in this namespace; None = all
+    event_after_s: float = 60.0
+    event_interval_s: float = 600.0
+
+
+@dataclass
+class PassReport:
+    """What one pass did (for logs and tests)."""
+
+    allocated: list[str] = field(default_factory=list)
+    unschedulable: list[str] = field(default_factory=list)
+    deallocated: list[str] = field(default_factory=list)
+    unmarked: list[str] = field(default_factory=list)
+    conflicts: list[str] = field(default_factory=list)
+    events: list[str] = field(default_factory=list)
+    skipped: bool = False
+
+
+# ------------------------------------------------------------------ claim helpers
+
+
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    meta: Mapping[str, Any] = obj.get("metadata") or {}
+    return meta
+
+
+def _annotations(claim: Mapping[str, Any]) -> Mapping[str, str]:
+    annotations: Mapping[str, str] = _meta(claim).get("annotations") or {}
+    return annotations
+
+
+def _status(claim: Mapping[str, Any]) -> Mapping[str, Any]:
+    status: Mapping[str, Any] = claim.get("status") or {}
+    return status
+
+
+def is_allocated(claim: Mapping[str, Any]) -> bool:
+    return bool(_status(claim).get("allocation"))
+
+
+def is_ours(claim: Mapping[str, Any]) -> bool:
+    return _annotations(claim).get(ALLOCATED_BY_ANNOTATION) == ALLOCATED_BY
+
+
+def is_reserved(claim: Mapping[str, Any]) -> bool:
+    return bool(_status(claim).get("reservedFor"))
+
+
+def is_deleting(claim: Mapping[str, Any]) -> bool:
+    return bool(_meta(claim).get("deletionTimestamp"))
+
+
+def claim_key(claim: Mapping[str, Any]) -> str:
+    meta = _meta(claim)
+    return f"{meta.get('namespace', 'default')}/{meta.get('name', '')}"
+
+
+def whole_devices(claim: Mapping[str, Any]) -> list[DeviceID]:
+    """Devices the claim holds exclusively (not admin access, not a share of a device)."""
+    allocation = _status(claim).get("allocation") or {}
+    return [
+        DeviceID(str(r.get("driver", "")), str(r.get("pool", "")), str(r.get("device", "")))
+        for r in (allocation.get("devices") or {}).get("results") or []
+        if not r.get("adminAccess") and not r.get("shareID")
+    ]
+
+
+def pod_claim_names(pod: Mapping[str, Any]) -> list[str]:
+    """Names of the ResourceClaims a pod uses (template claims once the controller created them)."""
+    generated = {
+        str(s.get("name")): s.get("resourceClaimName")
+        for s in (pod.get("status") or {}).get("resourceClaimStatuses") or []
+    }
+    names: list[str] = []
+    for entry in (pod.get("spec") or {}).get("resourceClaims") or []:
+        name = entry.get("resourceClaimName") or generated.get(str(entry.get("name")))
+        if name:
+            names.append(str(name))
+    return names
+
+
+class Reconciler:
+    """Decides and writes; `reconcile()` is one pass. Not thread-safe: one caller."""
+
+    def __init__(
+        self,
+        api: ClaimApi,
+        snapshot: Callable[[], Snapshot],
+        *,
+        metrics: ControllerMetrics,
+        settings: ReconcilerSettings | None = None,
+        is_leader: Callable[[], bool] = lambda: True,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._api = api
+        self._snapshot = snapshot
+        self._metrics = metrics
+        self.settings = settings or ReconcilerSettings()
+        self._is_leader = is_leader
+        self._clock = clock
+        self._events = EventLimiter(self.settings.event_after_s, self.settings.event_interval_s)
+        # Our writes the watch cache may not have delivered yet: key -> (stale versions, object).
+        self._written: dict[str, tuple[set[str], JSON]] = {}
+        self._invalid_logged: set[str] = set()
+
+    # ---------------------------------------------------------------- one pass
+
+    def reconcile(self) -> PassReport:
+        report = PassReport()
+        if not self._is_leader():
+            report.skipped = True
+            self._metrics.reconciles.labels("skipped-not-leader").inc()
+            return report
+        started = self._clock()
+        try:
+            self._pass(self._snapshot(), report)
+        except Exception:
+            self._metrics.reconciles.labels("error").inc()
+            raise
+        self._metrics.reconciles.labels("success").inc()
+        self._metrics.reconcile_duration.observe(max(0.0, self._clock() - started))
+        return report
+
+    def _pass(self, snap: Snapshot, report: PassReport) -> None:
+        claims = {claim_key(c): c for c in self._with_own_writes(snap.claims) if self._in_scope(c)}
+        pending_refs = self._pending_references(snap.pending_pods)
+
+        self._repair_double_allocations(claims, report)
+        self._release(claims, pending_refs, report)
+
+        candidates = sorted(
+            (c for c in claims.values() if self._wants_allocation(c)),
+            key=lambda c: (str(_meta(c).get("creationTimestamp", "")), claim_key(c)),
+        )
+        waiting = [c for c in claims.values() if claim_key(c) in pending_refs and not is_allocated(c)]
+        if not candidates and not waiting:
+            self._events.due([], self._clock())
+            return
+        allocator = Allocator(
+            device_classes=snap.device_classes,
+            slices=snap.slices,
+            allocated_claims=[c for c in claims.values() if is_allocated(c)]
+            + [c for c in self._out_of_scope_allocated(snap.claims)],
+        )
+        for claim in candidates:
+            if not self._is_leader():
+                return
+            self._preallocate(allocator, claims, claim, report)
+        self._post_events(allocator, claims, pending_refs, report)
+
+    # ---------------------------------------------------------------- inputs
+
+    def _in_scope(self, claim: Mapping[str, Any]) -> bool:
+        namespace = self.settings.namespace
+        return namespace is None or _meta(claim).get("namespace") == namespace
+
+    def _out_of_scope_allocated(self, claims: Iterable[JSON]) -> list[JSON]:
+        # Devices allocated in other namespaces are in use too, whatever our scope.
+        if self.settings.namespace is None:
+            return []
+        return [c for c in claims if not self._in_scope(c) and is_allocated(c)]
+
+    def _with_own_writes(self, claims: Iterable[JSON]) -> list[JSON]:
+        """The cached claims, with our recent writes in place of versions the cache still shows.
+
+        A written object replaces the cached one only while the cache shows a
+        version from before the write; any other version means the cache has
+        caught up (or someone wrote after us), and the entry is dropped. No
+        resourceVersion ordering is assumed (versions are opaque).
+        """
+        result: list[JSON] = []
+        seen: set[str] = set()
+        for claim in claims:
+            key = claim_key(claim)
+            seen.add(key)
+            written = self._written.get(key)
+            if written is not None:
+                stale, obj = written
+                if str(_meta(claim).get("resourceVersion")) in stale:
+                    result.append(obj)
+                    continue
+                del self._written[key]
+            result.append(claim)
+        for key in set(self._written) - seen:
+            del self._written[key]  # deleted, or not yet in the cache (we never create claims)
+        return result
+
+    def _remember(self, before: Mapping[str, Any], after: JSON) -> None:
+        key = claim_key(after)
+        stale = {str(_meta(before).get("resourceVersion"))}
+        previous = self._written.get(key)
+        if previous is not None:
+            stale |= previous[0]
+        self._written[key] = (stale, after)
+
+    def _pending_references(self, pods: Iterable[JSON]) -> set[str]:
+        refs: set[str] = set()
+        for pod in pods:
+            if (pod.get("status") or {}).get("phase", "Pending") != "Pending":
+                continue
+            namespace = _meta(pod).get("namespace", "default")
+            refs.update(f"{namespace}/{name}" for name in pod_claim_names(pod))
+        return refs
+
+    def _wants_allocation(self, claim: Mapping[str, Any]) -> bool:
+        return (
+            PREALLOCATE_ANNOTATION in _annotations(claim)
+            and not is_allocated(claim)
+            and not is_deleting(claim)
+        )
+
+    # ---------------------------------------------------------------- double allocation
+
+    def _repair_double_allocations(self, claims: dict[str, JSON], report: PassReport) -> None:
+        holders: dict[DeviceID, list[str]] = {}
+        for key, claim in claims.items():
+            for device in whole_devices(claim):
+                holders.setdefault(device, []).append(key)
+        for device, keys in holders.items():
+            if len(keys) < 2:
+                continue
+            ours = [k for k in keys if is_ours(claims[k])]
+            if not ours:
+                continue  # not our allocation: the scheduler's business
+            self._metrics.double_allocations.inc()
+            others = [k for k in keys if k not in ours]
+            # Keep one holder: a reserved claim if there is one, else a claim that is not ours.
+            keep = next((k for k in keys if is_reserved(claims[k])), others[0] if others else ours[0])
+            for key in ours:
+                claim = claims[key]
+                if key == keep or not is_allocated(claim):
+                    continue
+                if is_reserved(claim):
+                    log.error(
+                        "device allocated twice and both claims are in use; not touching either",
+                        extra={"device": str(device), "claims": ",".join(keys)},
+                    )
+                    continue
+                log.warning(
+                    "device allocated twice; deallocating our unreserved claim to retry",
+                    extra={"device": str(device), "claim": key, "kept": keep},
+                )
+                updated = self._deallocate(claim, "double-allocation", report, unmark=False)
+                if updated is not None:
+                    claims[key] = updated
+
+    # ---------------------------------------------------------------- release
+
+    def _release(self, claims: dict[str, JSON], pending_refs: set[str], report: PassReport) -> None:
+        for key, claim in list(claims.items()):
+            if not is_ours(claim):
+                continue
+            released = PREALLOCATE_ANNOTATION not in _annotations(claim) or is_deleting(claim)
+            if not released or is_reserved(claim) or key in pending_refs:
+                continue
+            if is_allocated(claim):
+                reason = "deleted" if is_deleting(claim) else "released"
+                updated = self._deallocate(claim, reason, report, unmark=True)
+            else:
+                updated = self._unmark(claim, report)
+            if updated is not None:
+                claims[key] = updated
+
+    def _deallocate(self, claim: JSON, reason: str, report: PassReport, *, unmark: bool) -> JSON | None:
+        """Clear the allocation if the claim is still unreserved (resourceVersion checked)."""
+        namespace, name = str(_meta(claim).get("namespace")), str(_meta(claim).get("name"))
+        if not self._is_leader():
+            return None
+        try:
+            updated = self._api.patch_claim_status(
+                namespace,
+                name,
+                {
+                    "metadata": {"resourceVersion": _meta(claim).get("resourceVersion")},
+                    "status": {"allocation": None},
+                },
+            )
+        except Conflict:
+            report.conflicts.append(claim_key(claim))
+            return None  # changed meanwhile (maybe reserved): the next pass decides again
+        except NotFound:
+            return None
+        self._remember(claim, updated)
+        self._metrics.deallocations.labels(reason).inc()
+        report.deallocated.append(claim_key(claim))
+        log.info("deallocated claim", extra={"claim": claim_key(claim), "reason": reason})
+        if unmark:
+            return self._unmark(updated, report) or updated
+        return updated
+
+    def _unmark(self, claim: JSON, report: PassReport) -> JSON | None:
+        meta = _meta(claim)
+        if not self._is_leader():
+            return None
+        finalizers = [f for f in meta.get("finalizers") or [] if f != FINALIZER]
+        try:
+            updated = self._api.patch_claim(
+                str(meta.get("namespace")),
+                str(meta.get("name")),
+                {
+                    "metadata": {
+                        "resourceVersion": meta.get("resourceVersion"),
+                        "annotations": {ALLOCATED_BY_ANNOTATION: None},
+                        "finalizers": finalizers,
+                    }
+                },
+            )
+        except (Conflict, NotFound):
+            return None
+        if not is_deleting(claim):  # a deleting claim may now be gone for good
+            self._remember(claim, updated)
+        report.unmarked.append(claim_key(claim))
+        return updated
+
+    # ---------------------------------------------------------------- pre-allocation
+
+    def _target_nodes(self, allocator: Allocator, claim: Mapping[str, Any]) -> list[Node | None] | None:
+        """Nodes to try, in order; None when the annotation is not usable (logged once)."""
+        value = _annotations(claim).get(PREALLOCATE_ANNOTATION, "").strip()
+        key = claim_key(claim)
+        if value == ANY_NODE:
+            names = allocator.node_names()
+            return [Node(n) for n in names] if names else [None]
+        if not value or len(value) > 253 or not all(c.isalnum() or c in "-." for c in value):
+            if key not in self._invalid_logged:
+                self._invalid_logged.add(key)
+                log.warning(
+                    "claim cannot be pre-allocated: annotation value must be a node name or 'any'",
+                    extra={"claim": key, "annotation": PREALLOCATE_ANNOTATION, "value": value},
+                )
+            self._metrics.allocation_attempts.labels("invalid").inc()
+            return None
+        node = self._api.get_node(value)
+        # An unknown node keeps its name: node-local slices name it even before the Node exists.
+        return [Node.from_object(node) if node is not None else Node(value)]
+
+    def _preallocate(
+        self, allocator: Allocator, claims: dict[str, JSON], claim: JSON, report: PassReport
+    ) -> None:
+        key = claim_key(claim)
+        nodes = self._target_nodes(allocator, claim)
+        if nodes is None:
+            return
+        outcome = None
+        for node in nodes:
+            outcome = allocator.allocate([claim], node)
+            if outcome.ok:
+                break
+        if outcome is None or not outcome.ok:
+            error = outcome is not None and outcome.failure is not None and outcome.failure.error
+            self._metrics.allocation_attempts.labels("error" if error else "unschedulable").inc()
+            report.unschedulable.append(key)
+            log.debug(
+                "claim cannot be pre-allocated now",
+                extra={
+                    "claim": key,
+                    "reason": outcome.failure.message if outcome and outcome.failure else "",
+                },
+            )
+            return
+        allocation = outcome.allocations[0]
+        written = self._write_allocation(claim, allocation, report)
+        if written is None:
+            return
+        claims[key] = written
+        allocator.commit(written, allocation)
+        self._metrics.allocation_attempts.labels("allocated").inc()
+        report.allocated.append(key)
+        log.info(
+            "pre-allocated claim",
+            extra={
+                "claim": key,
+                "node": outcome.node or "",
+                "devices": len((allocation.get("devices") or {}).get("results") or []),
+            },
+        )
+
+    def _write_allocation(self, claim: JSON, allocation: JSON, report: PassReport) -> JSON | None:
+        """Mark, then write status.allocation; on 409 re-read and retry while the claim still wants it."""
+        current: JSON | None = claim
+        for _ in range(MAX_CONFLICT_RETRIES):
+            if current is None or not self._wants_allocation(current) or not self._is_leader():
+                return None
+            meta = _meta(current)
+            namespace, name = str(meta.get("namespace")), str(meta.get("name"))
+            try:
+                marked = current
+                if not is_ours(current) or FINALIZER not in (meta.get("finalizers") or []):
+                    finalizers = [*(meta.get("finalizers") or [])]
+                    if FINALIZER not in finalizers:
+                        finalizers.append(FINALIZER)
+                    marked = self._api.patch_claim(namespace, name, {
+                        "metadata": {
+                            "resourceVersion": meta.get("resourceVersion"),
+                            "annotations": {ALLOCATED_BY_ANNOTATION: ALLOCATED_BY},
+                            "finalizers": finalizers,
+                        }
+                    })  # fmt: skip
+                    self._remember(current, marked)
+                written = self._api.patch_claim_status(namespace, name, {
+                    "metadata": {"resourceVersion": _meta(marked).get("resourceVersion")},
+                    "status": {"allocation": allocation},
+                })  # fmt: skip
+            except Conflict:
+                self._metrics.allocation_attempts.labels("conflict").inc()
+                report.conflicts.append(claim_key(current))
+                current = self._api.get_claim(namespace, name)
+                continue
+            except NotFound:
+                return None
+            self._remember(marked, written)
+            return written
+        return None
+
+    # ---------------------------------------------------------------- events
+
+    def _post_events(
+        self, allocator: Allocator, claims: dict[str, JSON], pending_refs: set[str], report: PassReport
+    ) -> None:
+        waiting = {
+            str(_meta(c).get("uid")): c
+            for key, c in claims.items()
+            if key in pending_refs and not is_allocated(c) and not is_deleting(c)
+        }
+        now = self._clock()
+        for uid in self._events.due(waiting, now):
+            claim = waiting[uid]
+            try:
+                note = explain_claim(allocator, claim).summary
+            except Exception as err:  # explain must never stop the controller
+                note = f"claim {claim_ref(claim)} cannot be allocated (explain failed: {err})"
+            try:
+                self._api.create_event(
+                    str(_meta(claim).get("namespace")),
+                    cannot_allocate_event(claim, note, self.settings.identity),
+                )
+            except Exception as err:  # best effort; retried after the interval
+                log.warning("posting event failed", extra={"claim": claim_key(claim), "error": str(err)})
+            else:
+                self._metrics.events.labels(REASON).inc()
+                report.events.append(claim_key(claim))
+                log.info("claim cannot be allocated", extra={"claim": claim_key(claim), "summary": note})
+            self._events.posted(uid, now)
