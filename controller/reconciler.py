@@ -58,6 +58,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from controller.allocation.nodes import Node
@@ -187,6 +188,7 @@ class Reconciler:
         settings: ReconcilerSettings | None = None,
         is_leader: Callable[[], bool] = lambda: True,
         clock: Callable[[], float] = time.monotonic,
+        wall_time: Callable[[], str] = lambda: datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
     ) -> None:
         self._api = api
         self._snapshot = snapshot
@@ -194,6 +196,7 @@ class Reconciler:
         self.settings = settings or ReconcilerSettings()
         self._is_leader = is_leader
         self._clock = clock
+        self._wall_time = wall_time
         self._events = EventLimiter(self.settings.event_after_s, self.settings.event_interval_s)
         # Our writes the watch cache may not have delivered yet: key -> (stale versions, object).
         self._written: dict[str, tuple[set[str], JSON]] = {}
@@ -454,7 +457,11 @@ class Reconciler:
                 },
             )
             return
-        allocation = outcome.allocations[0]
+        # kube-scheduler 1.37 (DRADeviceBindingConditions and DRAResourceClaimDeviceStatus on) sets a
+        # missing allocationTimestamp when it reserves an allocated claim, which the API server then
+        # rejects (an allocation is immutable): reserving our claim would fail forever. We set it,
+        # as the scheduler does for its own allocations; with those gates off the server drops it.
+        allocation = {**outcome.allocations[0], "allocationTimestamp": self._wall_time()}
         written = self._write_allocation(claim, allocation, report)
         if written is None:
             return
