@@ -1,0 +1,426 @@
+"""Reconciler decisions on a fake API: pre-allocation, already-allocated claims,
+double-allocation repair, the deallocation rule, events and their rate limit."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from controller.allocation.builders import claim, device, device_class, exactly, resource_slice
+from controller.metrics import ControllerMetrics
+from controller.reconcile_api import Conflict, NotFound
+from controller.reconciler import (
+    ALLOCATED_BY_ANNOTATION,
+    FINALIZER,
+    PREALLOCATE_ANNOTATION,
+    Reconciler,
+    ReconcilerSettings,
+    Snapshot,
+)
+
+JSON = dict[str, Any]
+D = "gpu.draplugin.dev"
+WALL = "2026-01-01T00:00:00Z"
+
+
+def merge(target: JSON, patch: Mapping[str, Any]) -> JSON:
+    """RFC 7386 JSON merge patch."""
+    result = dict(target)
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        elif isinstance(value, Mapping) and isinstance(result.get(key), Mapping):
+            result[key] = merge(result[key], value)
+        else:
+            result[key] = copy.deepcopy(value)
+    return result
+
+
+class FakeApi:
+    """Claims in memory with resourceVersion preconditions (409 on mismatch)."""
+
+    def __init__(self, claims: list[JSON], nodes: Sequence[str] = ()) -> None:
+        self.version = 100
+        self.claims: dict[str, JSON] = {}
+        for c in claims:
+            self._store(c)
+        self.nodes = set(nodes)
+        self.events: list[JSON] = []
+        self.writes: list[tuple[str, str, JSON]] = []
+        self.conflict_next = 0  # answer the next N writes with 409
+        self.before_write: Any = None  # hook: change the stored claim before the next write
+
+    def _store(self, obj: JSON) -> JSON:
+        self.version += 1
+        stored = copy.deepcopy(obj)
+        stored["metadata"]["resourceVersion"] = str(self.version)
+        stored["metadata"].setdefault("uid", "uid-" + stored["metadata"]["name"])
+        self.claims[f"{stored['metadata']['namespace']}/{stored['metadata']['name']}"] = stored
+        return copy.deepcopy(stored)
+
+    def get_claim(self, namespace: str, name: str) -> JSON | None:
+        found = self.claims.get(f"{namespace}/{name}")
+        return copy.deepcopy(found) if found else None
+
+    def _patch(self, kind: str, namespace: str, name: str, patch: Mapping[str, Any]) -> JSON:
+        if self.before_write is not None:
+            hook, self.before_write = self.before_write, None
+            hook(self)
+        key = f"{namespace}/{name}"
+        if key not in self.claims:
+            raise NotFound(key)
+        self.writes.append((kind, key, copy.deepcopy(dict(patch))))
+        current = self.claims[key]
+        if (
+            self.conflict_next
+            or patch["metadata"]["resourceVersion"] != current["metadata"]["resourceVersion"]
+        ):
+            self.conflict_next = max(0, self.conflict_next - 1)
+            raise Conflict(key)
+        if kind == "status":
+            if (current.get("status") or {}).get("reservedFor") and patch["status"].get("allocation") is None:
+                raise AssertionError("cleared the allocation of a reserved claim")
+            updated = merge(current, {"status": patch["status"]})
+        else:
+            updated = merge(
+                current, {"metadata": {k: v for k, v in patch["metadata"].items() if k != "resourceVersion"}}
+            )
+        if updated["metadata"].get("deletionTimestamp") and not updated["metadata"].get("finalizers"):
+            del self.claims[key]
+            return copy.deepcopy(updated)
+        return self._store(updated)
+
+    def patch_claim(self, namespace: str, name: str, patch: Mapping[str, Any]) -> JSON:
+        return self._patch("metadata", namespace, name, patch)
+
+    def patch_claim_status(self, namespace: str, name: str, patch: Mapping[str, Any]) -> JSON:
+        return self._patch("status", namespace, name, patch)
+
+    def get_node(self, name: str) -> JSON | None:
+        return {"metadata": {"name": name, "labels": {}}} if name in self.nodes else None
+
+    def create_event(self, namespace: str, event: Mapping[str, Any]) -> None:
+        self.events.append(dict(event))
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def gpus(node: str, count: int = 2, model: str = "h100") -> JSON:
+    return resource_slice(
+        f"{node}-gpus", [device(f"gpu-{i}", {"model": model}) for i in range(count)], node=node
+    )
+
+
+CLASSES = [device_class("gpu", [f'device.driver == "{D}"'])]
+
+
+def pinned(name: str, node: str = "any", count: int = 1, **kwargs: Any) -> JSON:
+    return claim(name, [exactly("gpu", count=count)], annotations={PREALLOCATE_ANNOTATION: node}, **kwargs)
+
+
+def allocation(node: str, *devices: str) -> JSON:
+    return {
+        "devices": {"results": [{"request": "gpu", "driver": D, "pool": node, "device": d} for d in devices]},
+        "nodeSelector": {
+            "nodeSelectorTerms": [
+                {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+            ]
+        },
+    }
+
+
+def ours(c: JSON, alloc: JSON | None, reserved: bool = False) -> JSON:
+    c = copy.deepcopy(c)
+    c["metadata"].setdefault("annotations", {})[ALLOCATED_BY_ANNOTATION] = "dra-controller"
+    c["metadata"]["finalizers"] = [FINALIZER]
+    status: JSON = {}
+    if alloc is not None:
+        status["allocation"] = alloc
+    if reserved:
+        status["reservedFor"] = [{"resource": "pods", "name": "p", "uid": "pod-uid"}]
+    c["status"] = status
+    return c
+
+
+def pending_pod(name: str, claim_name: str) -> JSON:
+    return {
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimName": claim_name}]},
+        "status": {"phase": "Pending"},
+    }
+
+
+class World:
+    def __init__(
+        self,
+        claims: list[JSON],
+        slices: list[JSON],
+        pods: Sequence[JSON] = (),
+        nodes: Sequence[str] = (),
+        leader: bool = True,
+        **settings: Any,
+    ) -> None:
+        self.api = FakeApi(claims, nodes)
+        self.slices = slices
+        self.pods = list(pods)
+        self.clock = Clock()
+        self.registry = CollectorRegistry()
+        self.leader = leader
+        self.reconciler = Reconciler(
+            self.api,
+            lambda: Snapshot(
+                CLASSES, self.slices, [copy.deepcopy(c) for c in self.api.claims.values()], self.pods
+            ),
+            metrics=ControllerMetrics(self.registry),
+            settings=ReconcilerSettings(**settings),
+            is_leader=lambda: self.leader,
+            clock=self.clock,
+            wall_time=lambda: WALL,
+        )
+
+    def claim(self, name: str) -> JSON:
+        return self.api.claims[f"default/{name}"]
+
+    def metric(self, name: str, **labels: str) -> float:
+        value = self.registry.get_sample_value(name, labels)
+        return value or 0.0
+
+
+def devices(c: JSON) -> list[tuple[str, str]]:
+    return [(r["pool"], r["device"]) for r in c["status"]["allocation"]["devices"]["results"]]
+
+
+# ------------------------------------------------------------------ pre-allocation
+
+
+def test_preallocates_an_annotated_claim_on_the_named_node() -> None:
+    world = World([pinned("shared", "node-b", count=2)], [gpus("node-a"), gpus("node-b")], nodes=["node-b"])
+    report = world.reconciler.reconcile()
+    assert report.allocated == ["default/shared"]
+    c = world.claim("shared")
+    assert devices(c) == [("node-b", "gpu-0"), ("node-b", "gpu-1")]
+    assert c["status"]["allocation"]["nodeSelector"]["nodeSelectorTerms"][0]["matchFields"][0]["values"] == [
+        "node-b"
+    ]
+    assert c["status"]["allocation"]["allocationTimestamp"] == WALL
+    assert c["metadata"]["annotations"][ALLOCATED_BY_ANNOTATION] == "dra-controller"
+    assert c["metadata"]["finalizers"] == [FINALIZER]
+    # Marked first, then the status, each with the version just read.
+    assert [kind for kind, _, _ in world.api.writes] == ["metadata", "status"]
+    assert world.metric("dra_controller_allocation_attempts_total", result="allocated") == 1
+
+
+def test_any_spreads_claims_over_free_devices_within_one_pass() -> None:
+    world = World([pinned("a"), pinned("b"), pinned("c")], [gpus("node-1", 1), gpus("node-2", 1)])
+    report = world.reconciler.reconcile()
+    assert sorted(report.allocated) == ["default/a", "default/b"]
+    assert report.unschedulable == ["default/c"]
+    assert sorted(devices(world.claim("a")) + devices(world.claim("b"))) == [
+        ("node-1", "gpu-0"),
+        ("node-2", "gpu-0"),
+    ]
+    assert "allocation" not in (world.claim("c").get("status") or {})
+
+
+def test_skips_allocated_claims_and_avoids_their_devices() -> None:
+    taken = claim("other", [exactly("gpu")])
+    taken["status"] = {"allocation": allocation("node-1", "gpu-0")}
+    already = pinned("done", "node-1")
+    already["status"] = {"allocation": allocation("node-1", "gpu-1")}
+    world = World([taken, already, pinned("new", "node-1")], [gpus("node-1", 3)], nodes=["node-1"])
+    report = world.reconciler.reconcile()
+    assert report.allocated == ["default/new"]
+    assert devices(world.claim("new")) == [("node-1", "gpu-2")]
+    assert all(key == "default/new" for _, key, _ in world.api.writes)
+    assert world.reconciler.reconcile().allocated == []  # nothing left to do: no writes
+    assert len(world.api.writes) == 2
+
+
+def test_conflict_rereads_and_retries() -> None:
+    world = World([pinned("a", "node-1")], [gpus("node-1")], nodes=["node-1"])
+    world.api.conflict_next = 1
+    report = world.reconciler.reconcile()
+    assert report.conflicts == ["default/a"]
+    assert report.allocated == ["default/a"]
+    assert devices(world.claim("a")) == [("node-1", "gpu-0")]
+    assert world.metric("dra_controller_allocation_attempts_total", result="conflict") == 1
+
+
+def test_conflict_with_an_allocation_made_elsewhere_gives_up() -> None:
+    world = World([pinned("a", "node-1")], [gpus("node-1")], nodes=["node-1"])
+
+    def scheduler_allocates(api: FakeApi) -> None:
+        api._store(merge(api.claims["default/a"], {"status": {"allocation": allocation("node-1", "gpu-1")}}))
+
+    world.api.before_write = scheduler_allocates
+    report = world.reconciler.reconcile()
+    assert report.allocated == []
+    assert devices(world.claim("a")) == [("node-1", "gpu-1")]  # the other writer's allocation stands
+
+
+def test_invalid_annotation_value_writes_nothing() -> None:
+    world = World([pinned("a", "Not A Node!")], [gpus("node-1")])
+    world.reconciler.reconcile()
+    assert world.api.writes == []
+    assert world.metric("dra_controller_allocation_attempts_total", result="invalid") == 1
+
+
+def test_followers_do_nothing() -> None:
+    world = World([pinned("a")], [gpus("node-1")], leader=False)
+    assert world.reconciler.reconcile().skipped
+    assert world.api.writes == []
+    assert world.metric("dra_controller_reconciles_total", result="skipped-not-leader") == 1
+
+
+# ------------------------------------------------------------------ double allocation
+
+
+def test_double_allocation_deallocates_our_unreserved_claim_and_retries() -> None:
+    scheduler_claim = claim("sched", [exactly("gpu")])
+    scheduler_claim["status"] = {"allocation": allocation("node-1", "gpu-0")}
+    mine = ours(pinned("mine", "node-1"), allocation("node-1", "gpu-0"))
+    world = World([scheduler_claim, mine], [gpus("node-1", 2)], nodes=["node-1"])
+    report = world.reconciler.reconcile()
+    assert report.deallocated == ["default/mine"]
+    assert report.allocated == ["default/mine"]
+    assert devices(world.claim("mine")) == [("node-1", "gpu-1")]
+    assert devices(world.claim("sched")) == [("node-1", "gpu-0")]
+    assert world.metric("dra_controller_double_allocations_total") == 1
+    assert world.metric("dra_controller_deallocations_total", reason="double-allocation") == 1
+
+
+def test_double_allocation_leaves_a_reserved_claim_alone() -> None:
+    scheduler_claim = claim("sched", [exactly("gpu")])
+    scheduler_claim["status"] = {"allocation": allocation("node-1", "gpu-0")}
+    mine = ours(pinned("mine", "node-1"), allocation("node-1", "gpu-0"), reserved=True)
+    world = World([scheduler_claim, mine], [gpus("node-1", 2)], nodes=["node-1"])
+    world.reconciler.reconcile()
+    assert world.api.writes == []
+    assert world.metric("dra_controller_double_allocations_total") == 1
+
+
+# ------------------------------------------------------------------ deallocation rule
+
+
+def released(name: str, *, reserved: bool = False) -> JSON:
+    c = ours(claim(name, [exactly("gpu")]), allocation("node-1", "gpu-0"), reserved=reserved)
+    return c  # no preallocate annotation: the user released the pin
+
+
+def test_released_unreserved_claim_is_deallocated_and_unmarked() -> None:
+    world = World([released("a")], [gpus("node-1")])
+    report = world.reconciler.reconcile()
+    assert report.deallocated == ["default/a"]
+    c = world.claim("a")
+    assert "allocation" not in c["status"]
+    assert ALLOCATED_BY_ANNOTATION not in c["metadata"].get("annotations", {})
+    assert FINALIZER not in c["metadata"].get("finalizers", [])
+    assert world.metric("dra_controller_deallocations_total", reason="released") == 1
+
+
+def test_released_but_reserved_claim_keeps_its_allocation() -> None:
+    world = World([released("a", reserved=True)], [gpus("node-1")])
+    world.reconciler.reconcile()
+    assert world.api.writes == []
+
+
+def test_released_claim_that_a_pending_pod_uses_keeps_its_allocation() -> None:
+    world = World([released("a")], [gpus("node-1")], pods=[pending_pod("p", "a")])
+    world.reconciler.reconcile()
+    assert world.api.writes == []
+
+
+def test_still_pinned_claim_stays_allocated_after_its_reservations_drop() -> None:
+    world = World([ours(pinned("a", "node-1"), allocation("node-1", "gpu-0"))], [gpus("node-1")])
+    world.reconciler.reconcile()
+    assert world.api.writes == []
+    assert devices(world.claim("a")) == [("node-1", "gpu-0")]
+
+
+def test_deleted_unreserved_claim_is_deallocated_and_let_go() -> None:
+    c = ours(pinned("a", "node-1"), allocation("node-1", "gpu-0"))
+    c["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    world = World([c], [gpus("node-1")])
+    report = world.reconciler.reconcile()
+    assert report.deallocated == ["default/a"]
+    assert "default/a" not in world.api.claims  # finalizer removed: the API server finished the delete
+    assert world.metric("dra_controller_deallocations_total", reason="deleted") == 1
+
+
+def test_deleted_claim_in_use_waits_for_its_pods() -> None:
+    c = ours(pinned("a", "node-1"), allocation("node-1", "gpu-0"), reserved=True)
+    c["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    world = World([c], [gpus("node-1")])
+    world.reconciler.reconcile()
+    assert world.api.writes == []
+
+
+# ------------------------------------------------------------------ events
+
+
+def stuck_world(**settings: Any) -> World:
+    impossible = claim("stuck", [exactly("gpu", selectors=[f'device.attributes["{D}"].model == "a100"'])])
+    return World(
+        [impossible],
+        [gpus("node-1", 2, model="h100")],
+        pods=[pending_pod("waiting", "stuck")],
+        event_after_s=30,
+        event_interval_s=600,
+        **settings,
+    )
+
+
+def test_event_after_the_threshold_names_the_filter() -> None:
+    world = stuck_world()
+    world.reconciler.reconcile()
+    world.clock.now = 29
+    world.reconciler.reconcile()
+    assert world.api.events == []
+    world.clock.now = 30
+    report = world.reconciler.reconcile()
+    assert report.events == ["default/stuck"]
+    (event,) = world.api.events
+    assert event["reason"] == "CannotAllocate"
+    assert event["type"] == "Warning"
+    assert event["regarding"]["name"] == "stuck"
+    assert event["regarding"]["uid"] == "uid-stuck"
+    assert "request selector removed 2" in event["note"]
+    assert world.api.writes == []  # not annotated: never allocated by us
+
+
+def test_events_are_rate_limited_per_claim() -> None:
+    world = stuck_world()
+    world.reconciler.reconcile()
+    for now in range(30, 630, 5):
+        world.clock.now = now
+        world.reconciler.reconcile()
+    assert len(world.api.events) == 1
+    world.clock.now = 630
+    world.reconciler.reconcile()
+    assert len(world.api.events) == 2
+    assert world.metric("dra_controller_events_total", reason="CannotAllocate") == 2
+
+
+def test_no_event_without_a_pending_pod() -> None:
+    world = stuck_world()
+    world.pods.clear()
+    world.clock.now = 1000
+    world.reconciler.reconcile()
+    world.clock.now = 2000
+    world.reconciler.reconcile()
+    assert world.api.events == []
+
+
+def test_namespace_scope_ignores_other_claims() -> None:
+    world = World([pinned("a", "node-1")], [gpus("node-1")], nodes=["node-1"], namespace="other")
+    world.reconciler.reconcile()
+    assert world.api.writes == []
