@@ -1,0 +1,78 @@
+"""`dra-controller run` settings (flags, environment mirrors, bad values) and the health endpoint."""
+
+from __future__ import annotations
+
+import argparse
+import urllib.error
+import urllib.request
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from controller.commands_run import SettingError, add_arguments, resolve
+from controller.metrics import ControllerMetrics, MetricsServer
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def test_defaults() -> None:
+    values = resolve(parse(), {})
+    assert values["lease_name"] == "dra-controller"
+    assert values["lease_namespace"] == "kube-system"
+    assert values["metrics_port"] == 8080
+    assert values["event_after_seconds"] == 60.0
+    assert values["namespace"] is None
+    assert values["identity"]
+
+
+def test_environment_mirrors_and_flag_precedence() -> None:
+    env = {
+        "DRA_CONTROLLER_LEASE_NAME": "from-env",
+        "DRA_CONTROLLER_METRICS_PORT": "9000",
+        "DRA_CONTROLLER_IDENTITY": "env-id",
+        "POD_NAMESPACE": "gpu-system",
+    }
+    values = resolve(parse("--metrics-port", "9100"), env)
+    assert values["lease_name"] == "from-env"
+    assert values["metrics_port"] == 9100  # the flag wins
+    assert values["identity"] == "env-id"
+    assert values["lease_namespace"] == "gpu-system"
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "message"),
+    [
+        (["--metrics-port", "70000"], {}, "--metrics-port='70000': must be 0"),
+        ([], {"DRA_CONTROLLER_EVENT_AFTER_SECONDS": "-1"}, "DRA_CONTROLLER_EVENT_AFTER_SECONDS='-1'"),
+        (["--log-format", "xml"], {}, "must be text or json"),
+    ],
+)
+def test_bad_values_name_the_setting(argv: list[str], env: dict[str, str], message: str) -> None:
+    with pytest.raises(SettingError, match=message.replace("[", r"\[")):
+        resolve(parse(*argv), env)
+
+
+def test_healthz_and_metrics() -> None:
+    registry = CollectorRegistry()
+    metrics = ControllerMetrics(registry)
+    metrics.leader.set(1)
+    problem: list[str] = []
+    server = MetricsServer(0, registry, lambda: problem[0] if problem else None, host="127.0.0.1")
+    server.start()
+    try:
+        base = f"http://127.0.0.1:{server.port}"
+        with urllib.request.urlopen(base + "/healthz", timeout=5) as response:
+            assert response.status == 200
+        with urllib.request.urlopen(base + "/metrics", timeout=5) as response:
+            assert "dra_controller_leader 1.0" in response.read().decode()
+        problem.append("thread reconcile exited")
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(base + "/healthz", timeout=5)
+        assert err.value.code == 503
+        assert "thread reconcile exited" in err.value.read().decode()
+    finally:
+        server.stop()
