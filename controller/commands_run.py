@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from controller.cli import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, Subcommand, register_subcommand
+from controller.leader import LeaderConfig
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +37,8 @@ class Option:
     help: str
     default: str | None
     parse: Callable[[str], Any] = str
+    aliases: tuple[str, ...] = ()
+    switch: bool = False  # given alone means "true"; still takes a value (--flag=false)
 
     @property
     def dest(self) -> str:
@@ -60,6 +63,37 @@ def _seconds(value: str) -> float:
     return seconds
 
 
+def _duration(value: str) -> float:
+    """Seconds, from a plain number or a Go-style duration (`15s`, `1m30s`, `500ms`)."""
+    text = value.strip()
+    try:
+        return _seconds(text)
+    except ValueError:
+        pass
+    units = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
+    total, number, rest = 0.0, "", text
+    while rest:
+        if rest[0].isdigit() or rest[0] == ".":
+            number, rest = number + rest[0], rest[1:]
+            continue
+        unit = "ms" if rest.startswith("ms") else rest[0]
+        if unit not in units or not number:
+            raise ValueError("must be seconds or a duration such as 15s or 1m")
+        total, number, rest = total + float(number) * units[unit], "", rest[len(unit) :]
+    if number or total <= 0:
+        raise ValueError("must be seconds or a duration such as 15s or 1m")
+    return total
+
+
+def _boolean(value: str) -> bool:
+    lowered = value.strip().lower()
+    if lowered in ("true", "1", "yes"):
+        return True
+    if lowered in ("false", "0", "no"):
+        return False
+    raise ValueError("must be true or false")
+
+
 def _log_format(value: str) -> str:
     if value not in ("text", "json"):
         raise ValueError("must be text or json")
@@ -76,11 +110,41 @@ OPTIONS: tuple[Option, ...] = (
     Option("--kubeconfig", "kubeconfig file (default: in-cluster, else $KUBECONFIG / ~/.kube/config)", None),
     Option("--context", "kubeconfig context to use", None),
     Option("--namespace", "only handle claims (and pods) in this namespace (default: all namespaces)", None),
+    Option("--driver-name", "driver name; Events report as <driver>/dra-controller", "gpu.draplugin.dev"),
+    Option(
+        "--leader-elect",
+        "elect one active replica through a Lease (false: this replica always acts; run only one)",
+        "true",
+        _boolean,
+        switch=True,
+    ),
     Option(
         "--lease-name", "name of the coordination.k8s.io Lease used for leader election", "dra-controller"
     ),
-    Option("--lease-namespace", "namespace of the Lease (default: $POD_NAMESPACE, else kube-system)", None),
-    Option("--identity", "this replica's name in the Lease (default: hostname plus a random suffix)", None),
+    Option(
+        "--lease-namespace",
+        "namespace of the Lease (default: $POD_NAMESPACE, else kube-system)",
+        None,
+        aliases=("--leader-election-namespace",),
+    ),
+    Option(
+        "--leader-election-lease-duration",
+        "how long a Lease stays valid without renewal (seconds, or 15s / 1m)",
+        "15s",
+        _duration,
+    ),
+    Option(
+        "--leader-election-renew-deadline",
+        "a leader that cannot renew for this long steps down; must be below the lease duration",
+        "10s",
+        _duration,
+    ),
+    Option("--leader-election-retry-period", "how often a follower tries to take the Lease", "2s", _duration),
+    Option(
+        "--identity",
+        "this replica's name in the Lease (default: $POD_NAME, else hostname plus a random suffix)",
+        None,
+    ),
     Option("--metrics-port", "port for /metrics and /healthz (0: off)", "8080", _port),
     Option(
         "--event-after-seconds",
@@ -101,8 +165,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default = f", default {option.default}" if option.default is not None else ""
         # default=None so an absent flag falls through to the environment variable.
         parser.add_argument(
-            option.flag, dest=option.dest, default=None, metavar=option.env.removeprefix(ENV_PREFIX),
-            help=f"{option.help} [env {option.env}{default}]",
+            option.flag, *option.aliases, dest=option.dest, default=None,
+            metavar=option.env.removeprefix(ENV_PREFIX), help=f"{option.help} [env {option.env}{default}]",
+            nargs="?" if option.switch else None, const="true" if option.switch else None,
         )  # fmt: skip
 
 
@@ -127,7 +192,17 @@ def resolve(args: argparse.Namespace, environ: dict[str, str] | None = None) -> 
     if values["lease_namespace"] is None:
         values["lease_namespace"] = env.get("POD_NAMESPACE") or "kube-system"
     if values["identity"] is None:
-        values["identity"] = f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
+        values["identity"] = env.get("POD_NAME") or f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
+    try:
+        values["leader_config"] = LeaderConfig(
+            lease_duration_s=max(1, round(values["leader_election_lease_duration"])),
+            renew_deadline_s=values["leader_election_renew_deadline"],
+            # Renew well inside the deadline: every 5 s, or twice per deadline when that is shorter.
+            renew_interval_s=min(5.0, values["leader_election_renew_deadline"] / 2),
+            retry_period_s=values["leader_election_retry_period"],
+        )
+    except ValueError as err:
+        raise SettingError(f"leader election: {err}") from err
     return values
 
 
@@ -156,6 +231,9 @@ def run(args: argparse.Namespace) -> int:
         lease_namespace=values["lease_namespace"],
         namespace=values["namespace"],
         metrics_port=values["metrics_port"],
+        driver_name=values["driver_name"],
+        leader_elect=values["leader_elect"],
+        leader_config=values["leader_config"],
         event_after_s=values["event_after_seconds"],
         event_interval_s=values["event_interval_seconds"],
     )

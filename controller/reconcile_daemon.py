@@ -12,7 +12,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry
 
@@ -42,6 +42,9 @@ class DaemonSettings:
     metrics_port: int = 8080
     event_after_s: float = 60.0
     event_interval_s: float = 600.0
+    driver_name: str = "gpu.draplugin.dev"
+    leader_elect: bool = True
+    leader_config: LeaderConfig = field(default_factory=LeaderConfig)
 
 
 class ControllerDaemon:
@@ -71,7 +74,7 @@ class ControllerDaemon:
             namespace=settings.lease_namespace,
             name=settings.lease_name,
             identity=settings.identity,
-            config=LeaderConfig(),
+            config=settings.leader_config,
             on_change=self._leadership_changed,
         )
         self.reconciler = Reconciler(
@@ -83,8 +86,9 @@ class ControllerDaemon:
                 namespace=settings.namespace,
                 event_after_s=settings.event_after_s,
                 event_interval_s=settings.event_interval_s,
+                reporting_controller=f"{settings.driver_name}/dra-controller",
             ),
-            is_leader=self.elector.is_leader,
+            is_leader=self.elector.is_leader if settings.leader_elect else lambda: True,
         )
         self._threads: list[threading.Thread] = []
         self._server: MetricsServer | None = None
@@ -116,7 +120,10 @@ class ControllerDaemon:
             self._server.start()
         for resource, cache in self.caches.items():
             self._spawn(f"watch-{resource}", lambda c=cache: c.run(self._stop))  # type: ignore[misc]
-        self._spawn("leader-election", lambda: self.elector.run(self._stop))
+        if self.settings.leader_elect:
+            self._spawn("leader-election", lambda: self.elector.run(self._stop))
+        else:
+            self.metrics.leader.set(1)
         self._spawn("reconcile", self._loop)
         log.info(
             "controller started",
@@ -124,6 +131,7 @@ class ControllerDaemon:
                 "identity": self.settings.identity,
                 "lease": f"{self.settings.lease_namespace}/{self.settings.lease_name}",
                 "namespace": self.settings.namespace or "(all)",
+                "leaderElection": self.settings.leader_elect,
             },
         )
 
@@ -140,7 +148,8 @@ class ControllerDaemon:
         for thread in self._threads:
             if thread.name in ("reconcile", "leader-election"):
                 thread.join(timeout=20)
-        self.elector.release()
+        if self.settings.leader_elect:
+            self.elector.release()
         self.metrics.leader.set(0)
         if self._server is not None:
             self._server.stop()

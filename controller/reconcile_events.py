@@ -56,7 +56,9 @@ class EventLimiter:
         self._last_posted[uid] = now
 
 
-def cannot_allocate_event(claim: dict[str, Any], note: str, instance: str) -> dict[str, Any]:
+def cannot_allocate_event(
+    claim: dict[str, Any], note: str, instance: str, controller: str = REPORTING_CONTROLLER
+) -> dict[str, Any]:
     """An events.k8s.io/v1 Warning about `claim`."""
     meta = claim.get("metadata") or {}
     namespace, name = str(meta.get("namespace", "default")), str(meta.get("name", ""))
@@ -65,7 +67,7 @@ def cannot_allocate_event(claim: dict[str, Any], note: str, instance: str) -> di
         "kind": "Event",
         "metadata": {"name": f"{name}.{secrets.token_hex(8)}", "namespace": namespace},
         "eventTime": micro_time(),
-        "reportingController": REPORTING_CONTROLLER,
+        "reportingController": controller,
         "reportingInstance": instance[:128],
         "action": "Allocate",
         "reason": REASON,

@@ -7,9 +7,9 @@ leader costs nothing but the next pass.
 
 Pre-allocation
     A standalone ResourceClaim annotated `gpu.draplugin.dev/preallocate` with
-    a node name (or `any`) is allocated by us before any pod exists, with the
-    same allocator kube-scheduler's semantics are copied into, treating every
-    claim that already has `status.allocation` as in use. Pods (and containers)
+    a node name (or `any` / `true`: the first node that fits) is allocated by
+    us before any pod exists, with our copy of kube-scheduler's allocator,
+    treating every claim that already has `status.allocation` as in use. Pods
     that reference the claim then share it: the scheduler reuses an allocated
     claim as is and only adds the pod to `status.reservedFor`, on a node that
     fits `allocation.nodeSelector`.
@@ -68,7 +68,7 @@ from controller.allocator import Allocator
 from controller.explain import explain_claim
 from controller.metrics import ControllerMetrics
 from controller.reconcile_api import ClaimApi, Conflict, NotFound
-from controller.reconcile_events import REASON, EventLimiter, cannot_allocate_event
+from controller.reconcile_events import REASON, REPORTING_CONTROLLER, EventLimiter, cannot_allocate_event
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +79,8 @@ ALLOCATED_BY_ANNOTATION = "gpu.draplugin.dev/allocated-by"
 ALLOCATED_BY = "dra-controller"
 FINALIZER = "gpu.draplugin.dev/preallocation"
 ANY_NODE = "any"
+# `kubectl annotate ... preallocate=true` reads naturally; it means the same as "any".
+ANY_NODE_SYNONYMS = frozenset({ANY_NODE, "true"})
 MAX_CONFLICT_RETRIES = 3
 
 
@@ -98,6 +100,7 @@ class ReconcilerSettings:
     namespace: str | None = None  # only claims in this namespace; None = all
     event_after_s: float = 60.0
     event_interval_s: float = 600.0
+    reporting_controller: str = REPORTING_CONTROLLER
 
 
 @dataclass
@@ -417,7 +420,7 @@ class Reconciler:
         """Nodes to try, in order; None when the annotation is not usable (logged once)."""
         value = _annotations(claim).get(PREALLOCATE_ANNOTATION, "").strip()
         key = claim_key(claim)
-        if value == ANY_NODE:
+        if value in ANY_NODE_SYNONYMS:
             names = allocator.node_names()
             return [Node(n) for n in names] if names else [None]
         if not value or len(value) > 253 or not all(c.isalnum() or c in "-." for c in value):
@@ -535,7 +538,9 @@ class Reconciler:
             try:
                 self._api.create_event(
                     str(_meta(claim).get("namespace")),
-                    cannot_allocate_event(claim, note, self.settings.identity),
+                    cannot_allocate_event(
+                        claim, note, self.settings.identity, self.settings.reporting_controller
+                    ),
                 )
             except Exception as err:  # best effort; retried after the interval
                 log.warning("posting event failed", extra={"claim": claim_key(claim), "error": str(err)})

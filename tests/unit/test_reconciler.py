@@ -231,6 +231,12 @@ def test_any_spreads_claims_over_free_devices_within_one_pass() -> None:
     assert "allocation" not in (world.claim("c").get("status") or {})
 
 
+def test_true_means_any_node() -> None:
+    world = World([pinned("a", "true")], [gpus("node-1", 1)])
+    assert world.reconciler.reconcile().allocated == ["default/a"]
+    assert devices(world.claim("a")) == [("node-1", "gpu-0")]
+
+
 def test_skips_allocated_claims_and_avoids_their_devices() -> None:
     taken = claim("other", [exactly("gpu")])
     taken["status"] = {"allocation": allocation("node-1", "gpu-0")}

@@ -27,6 +27,28 @@ def test_defaults() -> None:
     assert values["event_after_seconds"] == 60.0
     assert values["namespace"] is None
     assert values["identity"]
+    assert values["leader_elect"] is True
+    assert values["leader_config"].lease_duration_s == 15
+    assert values["leader_config"].renew_interval_s == 5.0
+
+
+def test_the_charts_leader_election_flags() -> None:
+    values = resolve(
+        parse(
+            "--leader-elect",
+            "--leader-election-namespace=gpu-system",
+            "--leader-election-lease-duration=30s",
+            "--leader-election-renew-deadline=20s",
+            "--leader-election-retry-period=500ms",
+        ),
+        {"POD_NAME": "controller-abc"},
+    )
+    assert values["leader_elect"] is True
+    assert values["lease_namespace"] == "gpu-system"
+    assert values["identity"] == "controller-abc"
+    config = values["leader_config"]
+    assert (config.lease_duration_s, config.renew_deadline_s, config.retry_period_s) == (30, 20.0, 0.5)
+    assert resolve(parse("--leader-elect=false"), {})["leader_elect"] is False
 
 
 def test_environment_mirrors_and_flag_precedence() -> None:
@@ -49,6 +71,9 @@ def test_environment_mirrors_and_flag_precedence() -> None:
         (["--metrics-port", "70000"], {}, "--metrics-port='70000': must be 0"),
         ([], {"DRA_CONTROLLER_EVENT_AFTER_SECONDS": "-1"}, "DRA_CONTROLLER_EVENT_AFTER_SECONDS='-1'"),
         (["--log-format", "xml"], {}, "must be text or json"),
+        (["--leader-elect=maybe"], {}, "must be true or false"),
+        (["--leader-election-lease-duration=5x"], {}, "duration such as 15s"),
+        (["--leader-election-renew-deadline=20s"], {}, "renew deadline < lease duration"),
     ],
 )
 def test_bad_values_name_the_setting(argv: list[str], env: dict[str, str], message: str) -> None:
