@@ -71,6 +71,18 @@ class HealthTracker:
         with self._lock:
             self._listeners.append(listener)
 
+    def remove_listener(self, listener: Callable[[], None]) -> None:
+        """Stop calling `listener`; removing one that is not registered is a no-op."""
+        with self._lock:
+            try:
+                self._listeners.remove(listener)
+            except ValueError:
+                pass
+
+    def listener_count(self) -> int:
+        with self._lock:
+            return len(self._listeners)
+
     def report_unhealthy(
         self, device_names: Iterable[str], effect: TaintEffect, reason: str, message: str
     ) -> bool:
@@ -155,10 +167,15 @@ class HealthReporter:
             loop.call_soon_threadsafe(changed.set)
 
         self._tracker.add_listener(wake)
-        while True:
-            changed.clear()
-            yield self._tracker.device_health(self._pool_name, self._backend.discover())
-            await changed.wait()
+        # The kubelet opens a new stream on every reconnect; a listener left behind by a
+        # closed one would pin its event loop and grow the list without bound.
+        try:
+            while True:
+                changed.clear()
+                yield self._tracker.device_health(self._pool_name, self._backend.discover())
+                await changed.wait()
+        finally:
+            self._tracker.remove_listener(wake)
 
 
 def _severity(effect: TaintEffect) -> int:

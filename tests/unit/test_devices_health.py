@@ -75,3 +75,33 @@ def test_fault_file_injects_and_clears(tmp_path: Path) -> None:
     path.unlink()
     faults.poll()
     assert tracker.faults() == {}
+
+
+async def test_closed_health_streams_leave_no_listener_behind() -> None:
+    """Every kubelet reconnect opens a new stream; closing it must unregister its wake-up."""
+    backend = FakeBackend("n", config_from_flags(1, "T4"))
+    tracker = HealthTracker()
+    reporter = HealthReporter(tracker, backend, "n")
+    publisher_calls: list[int] = []
+    tracker.add_listener(lambda: publisher_calls.append(1))  # the slice publisher's, stays
+    for _ in range(3):
+        stream = reporter.watch_health()
+        await anext(stream)
+        assert tracker.listener_count() == 2
+        await stream.aclose()
+    assert tracker.listener_count() == 1
+
+    # A stream cancelled while waiting for a change (the kubelet hung up) lets go too.
+    stream = reporter.watch_health()
+    await anext(stream)
+    waiting = asyncio.ensure_future(anext(stream))
+    await asyncio.sleep(0)
+    waiting.cancel()
+    try:
+        await waiting
+    except asyncio.CancelledError:
+        pass
+    await stream.aclose()
+    assert tracker.listener_count() == 1
+    assert tracker.report_unhealthy(["gpu-0"], "NoSchedule", "xid-92", "still reported")
+    assert publisher_calls == [1]
