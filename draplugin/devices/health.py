@@ -10,10 +10,11 @@ health service streams from.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -73,11 +74,8 @@ class HealthTracker:
 
     def remove_listener(self, listener: Callable[[], None]) -> None:
         """Stop calling `listener`; removing one that is not registered is a no-op."""
-        with self._lock:
-            try:
-                self._listeners.remove(listener)
-            except ValueError:
-                pass
+        with self._lock, contextlib.suppress(ValueError):
+            self._listeners.remove(listener)
 
     def listener_count(self) -> int:
         with self._lock:
@@ -159,7 +157,7 @@ class HealthReporter:
         self._backend = backend
         self._pool_name = pool_name
 
-    async def watch_health(self) -> AsyncIterator[Sequence[DeviceHealth]]:
+    async def watch_health(self) -> AsyncGenerator[Sequence[DeviceHealth], None]:
         loop = asyncio.get_running_loop()
         changed = asyncio.Event()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 
 from draplugin.devices.fake import FakeBackend, config_from_flags
@@ -97,10 +98,8 @@ async def test_closed_health_streams_leave_no_listener_behind() -> None:
     waiting = asyncio.ensure_future(anext(stream))
     await asyncio.sleep(0)
     waiting.cancel()
-    try:
+    with contextlib.suppress(asyncio.CancelledError):
         await waiting
-    except asyncio.CancelledError:
-        pass
     await stream.aclose()
     assert tracker.listener_count() == 1
     assert tracker.report_unhealthy(["gpu-0"], "NoSchedule", "xid-92", "still reported")
