@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 KUBE_BUILD := tests/cluster/build.sh
 
-.PHONY: venv kube lint unit test demo cluster bench proto clean-venv
+.PHONY: venv kube lint unit test test-compat demo cluster bench proto clean-venv
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -35,6 +35,13 @@ unit: venv
 test: venv kube
 	$(MAKE) --no-print-directory lint
 	DRA_KUBE_BIN_DIR="$$($(KUBE_BUILD))" $(PY) -m pytest
+
+# The integration tests (real control plane) against the compatibility release,
+# the supported floor. A second cold Kubernetes build: not part of `make test`.
+COMPAT_K8S_VERSION ?= v1.34.4
+test-compat: venv
+	DRA_KUBE_BIN_DIR="$$(K8S_VERSION=$(COMPAT_K8S_VERSION) tests/cluster/build_compat.sh)" \
+	  $(PY) -m pytest tests/integration -m cluster
 
 # The main job on the embedded default: a local cluster with fake GPUs.
 demo: venv kube

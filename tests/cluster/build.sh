@@ -50,6 +50,9 @@ go build -trimpath -ldflags "-s -w" -o "$out/etcd" go.etcd.io/etcd/server/v3
 # move the versions Kubernetes was built and tested with.
 step "compiling cdicheck"
 (cd cdicheck && go build -trimpath -ldflags "-s -w" -o "$out/cdicheck" .)
+# Tests read the release from here, so a compatibility build (another pin in
+# another directory) gets that release's feature gates.
+echo "$k8s_version" > "$out/VERSION"
 echo "$stamp" > "$out/.stamp"
 step "done: $(ls "$out" | tr '\n' ' ')"
 echo "$out"

@@ -27,6 +27,15 @@ def pinned_kubernetes_version(go_mod: Path = CLUSTER_MODULE / "go.mod") -> str:
     return match.group(1)
 
 
+def built_version(directory: Path) -> str:
+    """The release the binaries in `directory` were built from: the VERSION file
+    build.sh writes there, else the pin in tests/cluster/go.mod."""
+    version_file = directory / "VERSION"
+    if version_file.is_file():
+        return version_file.read_text().strip()
+    return pinned_kubernetes_version()
+
+
 def bin_dir() -> Path:
     """$DRA_KUBE_BIN_DIR, else the cache directory build.sh writes to."""
     override = os.environ.get("DRA_KUBE_BIN_DIR")

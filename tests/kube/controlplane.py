@@ -29,7 +29,7 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from tests.kube import pki
-from tests.kube.binaries import CONTROL_PLANE_BINARIES, bin_dir, pinned_kubernetes_version, require_binaries
+from tests.kube.binaries import CONTROL_PLANE_BINARIES, bin_dir, built_version, require_binaries
 from tests.kube.procs import ComponentError, ProcessGroup
 from tests.kube.rest import KubeJSON
 
@@ -141,7 +141,7 @@ class ControlPlane:
         self.token = secrets.token_urlsafe(32)
         self.kubeconfig = state_dir / "kubeconfig"
         self.startup_timeout = startup_timeout
-        self.kubernetes_version = pinned_kubernetes_version()
+        self.kubernetes_version = built_version(self.bin_dir)
         self.dra = dra_settings(self.kubernetes_version)
         self.processes = ProcessGroup(self.logs)
         self.api_port = free_port()
