@@ -204,6 +204,7 @@ class Reconciler:
         # Our writes the watch cache may not have delivered yet: key -> (stale versions, object).
         self._written: dict[str, tuple[set[str], JSON]] = {}
         self._invalid_logged: set[str] = set()
+        self._any_cursor = ""
 
     # ---------------------------------------------------------------- one pass
 
@@ -422,7 +423,12 @@ class Reconciler:
         key = claim_key(claim)
         if value in ANY_NODE_SYNONYMS:
             names = allocator.node_names()
-            return [Node(n) for n in names] if names else [None]
+            if not names:
+                return [None]
+            # Start where the last "any" claim fitted: full nodes at the front of the list are not
+            # searched again for every claim, and claims pack onto nodes in order.
+            start = names.index(self._any_cursor) if self._any_cursor in names else 0
+            return [Node(n) for n in names[start:] + names[:start]]
         if not value or len(value) > 253 or not all(c.isalnum() or c in "-." for c in value):
             if key not in self._invalid_logged:
                 self._invalid_logged.add(key)
@@ -468,6 +474,11 @@ class Reconciler:
         written = self._write_allocation(claim, allocation, report)
         if written is None:
             return
+        if (
+            outcome.node is not None
+            and _annotations(claim).get(PREALLOCATE_ANNOTATION, "").strip() in ANY_NODE_SYNONYMS
+        ):
+            self._any_cursor = outcome.node
         claims[key] = written
         allocator.commit(written, allocation)
         self._metrics.allocation_attempts.labels("allocated").inc()
