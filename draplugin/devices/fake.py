@@ -17,6 +17,7 @@ File format (all keys optional except `gpus`):
     driverVersion: "580.65.06"
     cudaDriverVersion: "13.0"
     partitionable: false          # publish MIG profiles with shared counters
+    gpusPerPcieRoot: 1            # GPUs behind one PCIe root complex (see below)
     gpus:
       - model: A100-SXM4-40GB     # a key of MODELS
         count: 2
@@ -24,6 +25,14 @@ File format (all keys optional except `gpus`):
                                   # or [{profile: 1g.5gb, start: 6}, ...]
       - model: L4
         memory: 24Gi              # override the model's memory
+
+PCIe topology: GPU `i` sits on bus `0x18 + 0x10*i`. `gpusPerPcieRoot: N`
+puts GPUs `0..N-1` behind one root complex, `N..2N-1` behind the next, and so
+on (in file order, across entries), the way servers with PCIe switches pair
+their GPUs; the root is named after the first GPU of its group. The default
+of 1 gives every GPU its own root: it keeps the `pcieRoot` attribute (and so
+the published slices) of existing fake nodes unchanged, and flags-only fake
+nodes (`--fake-gpus`) keep it too.
 """
 
 from __future__ import annotations
@@ -173,6 +182,7 @@ class FakeConfig:
     driver_version: str = DEFAULT_DRIVER_VERSION
     cuda_driver_version: str = DEFAULT_CUDA_DRIVER_VERSION
     partitionable: bool = False
+    gpus_per_pcie_root: int = 1
 
 
 class FakeBackend:
@@ -219,12 +229,11 @@ class FakeBackend:
 
     def _gpu(self, index: int, model: GpuModel, spec: FakeGpuSpec) -> GpuInfo:
         gpu_uuid = "GPU-" + _stable_uuid(self._node_name, "gpu", str(index))
-        # One PCIe root per GPU, like typical 8-GPU servers with a switch per GPU.
-        bus = 0x18 + 0x10 * index
-        pci_bus_id = (
-            f"0000:{bus & 0xFF:02x}:00.0" if index < 15 else f"{index // 15:04x}:{bus & 0xFF:02x}:00.0"
-        )
-        pcie_root = f"pci{pci_bus_id[:4]}:{(bus - 1) & 0xFF:02x}"
+        pci_bus_id = _pci_bus_id(index)
+        # GPUs of one group share the root of the group's first GPU (the bus just above it).
+        first = index - index % self._config.gpus_per_pcie_root
+        first_bus_id = _pci_bus_id(first)
+        pcie_root = f"pci{first_bus_id[:4]}:{(_pci_bus(first) - 1) & 0xFF:02x}"
         memory = spec.memory_bytes if spec.memory_bytes is not None else model.memory_bytes
         instances = tuple(
             MigInstance(
@@ -259,6 +268,17 @@ class FakeBackend:
             return ("/dev/null",)
         root = self._dev_root.rstrip("/")
         return (f"{root}/nvidia{minor}", *(root + p.removeprefix("/dev") for p in NVIDIA_CONTROL_NODES))
+
+
+def _pci_bus(index: int) -> int:
+    return 0x18 + 0x10 * index
+
+
+def _pci_bus_id(index: int) -> str:
+    """Sixteen buses per GPU; past the 15th GPU the bus number wraps into the next PCI domain."""
+    bus = _pci_bus(index)
+    domain = 0 if index < 15 else index // 15
+    return f"{domain:04x}:{bus & 0xFF:02x}:00.0"
 
 
 def _stable_uuid(*parts: str) -> str:
@@ -321,7 +341,7 @@ def load_config(path: str | Path) -> FakeConfig:
 def parse_config(data: Any) -> FakeConfig:
     if not isinstance(data, dict):
         raise FakeConfigError("top level must be a mapping with a 'gpus' list")
-    unknown = set(data) - {"gpus", "driverVersion", "cudaDriverVersion", "partitionable"}
+    unknown = set(data) - {"gpus", "driverVersion", "cudaDriverVersion", "partitionable", "gpusPerPcieRoot"}
     if unknown:
         raise FakeConfigError(f"unknown keys: {', '.join(sorted(map(str, unknown)))}")
     raw_gpus = data.get("gpus")
@@ -331,11 +351,15 @@ def parse_config(data: Any) -> FakeConfig:
     partitionable = data.get("partitionable", False)
     if not isinstance(partitionable, bool):
         raise FakeConfigError("'partitionable' must be true or false")
+    per_root = data.get("gpusPerPcieRoot", 1)
+    if not isinstance(per_root, int) or isinstance(per_root, bool) or per_root < 1:
+        raise FakeConfigError(f"'gpusPerPcieRoot' must be an integer ≥1, got {per_root!r}")
     config = FakeConfig(
         gpus=specs,
         driver_version=_version_text(data, "driverVersion", DEFAULT_DRIVER_VERSION),
         cuda_driver_version=_version_text(data, "cudaDriverVersion", DEFAULT_CUDA_DRIVER_VERSION),
         partitionable=partitionable,
+        gpus_per_pcie_root=per_root,
     )
     for spec in specs:  # placement errors surface now, with the entry's model named
         _place_mig(spec, MODELS[spec.model])

@@ -121,6 +121,57 @@ def test_partitionable_publishes_every_placement_with_counters() -> None:
     assert sets[0].counters["memory"] == "40Gi"
 
 
+PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
+PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
+
+
+def test_every_gpu_has_its_own_pcie_root_by_default() -> None:
+    gpus = FakeBackend("n", config_from_flags(3, "L4")).discover()
+    assert [(g.attributes[PCI_BUS_ID], g.attributes[PCIE_ROOT]) for g in gpus] == [
+        ("0000:18:00.0", "pci0000:17"),
+        ("0000:28:00.0", "pci0000:27"),
+        ("0000:38:00.0", "pci0000:37"),
+    ]
+
+
+def test_gpus_per_pcie_root_groups_gpus_in_file_order_across_entries() -> None:
+    config = parse_config({
+        "gpusPerPcieRoot": 2,
+        "gpus": [{"model": "H100-80GB-HBM3"}, {"model": "A100-SXM4-40GB", "count": 2}, {"model": "L4"}],
+    })  # fmt: skip
+    gpus = FakeBackend("n", config).discover()
+    assert [(g.name, g.attributes[PCIE_ROOT]) for g in gpus] == [
+        ("gpu-0", "pci0000:17"),
+        ("gpu-1", "pci0000:17"),
+        ("gpu-2", "pci0000:37"),
+        ("gpu-3", "pci0000:37"),
+    ]
+    # Bus IDs do not depend on the grouping.
+    assert [g.attributes[PCI_BUS_ID] for g in gpus] == [f"0000:{b}:00.0" for b in ("18", "28", "38", "48")]
+
+
+def test_mig_devices_share_their_parents_pcie_root() -> None:
+    config = parse_config({
+        "gpusPerPcieRoot": 2,
+        "gpus": [{"model": "L4"}, {"model": "A100-SXM4-80GB", "mig": ["1g.10gb", "2g.20gb"]}],
+    })  # fmt: skip
+    devices = FakeBackend("n", config).discover()
+    assert {d.name: d.attributes[PCIE_ROOT] for d in devices} == {
+        "gpu-0": "pci0000:17",
+        "gpu-1-mig-1g10gb-0": "pci0000:17",
+        "gpu-1-mig-2g20gb-2": "pci0000:17",
+    }
+
+
+def test_pcie_roots_past_the_first_pci_domain() -> None:
+    config = parse_config({"gpusPerPcieRoot": 4, "gpus": [{"model": "T4", "count": 17}]})
+    roots = [g.attributes[PCIE_ROOT] for g in FakeBackend("n", config).discover()]
+    assert roots[:4] == ["pci0000:17"] * 4
+    assert roots[12:16] == ["pci0000:d7"] * 4  # gpu-15 (domain 0001) stays under its group's root
+    assert roots[16] == "pci0001:17"
+    assert len(set(roots)) == 5
+
+
 @pytest.mark.parametrize(
     ("data", "message"),
     [
@@ -133,6 +184,9 @@ def test_partitionable_publishes_every_placement_with_counters() -> None:
         ({"gpus": [{"memory": "lots"}]}, "gpus[0].memory"),
         ({"gpus": [], "colour": "green"}, "unknown keys: colour"),
         ({"gpus": [], "driverVersion": "new"}, "'driverVersion'"),
+        ({"gpus": [], "gpusPerPcieRoot": 0}, "'gpusPerPcieRoot' must be an integer ≥1, got 0"),
+        ({"gpus": [], "gpusPerPcieRoot": "2"}, "'gpusPerPcieRoot' must be an integer ≥1, got '2'"),
+        ({"gpus": [], "gpusPerPcieRoot": True}, "'gpusPerPcieRoot' must be an integer ≥1, got True"),
         ([1, 2], "top level must be a mapping"),
     ],
 )
