@@ -64,6 +64,10 @@ NOT_RUN: dict[str, str] = {
     "make cluster": "starts a local cluster that runs until Ctrl-C",
     "make bench": "benchmarks are kept out of the test suite by design",
     "K8S_VERSION=v1.34.4 tests/cluster/regen.sh": "re-pins the Go build and downloads modules (network)",
+    'draplugin run --node-name "$(hostname)" --backend fake --fake-config examples/fake-gpus.yaml': (
+        "a daemon that needs a kubelet and an API server; tests/e2e/test_examples.py runs it with this "
+        "inventory against a real kubelet, tests/e2e/test_node_registration.py with the other flags"
+    ),
     # docs/quickstart.md
     "helm upgrade --install draplugin deploy/helm/draplugin"
     " --namespace draplugin-system --create-namespace": _HELM_INSTALL,
