@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 
 RECONCILE_RESULTS = ("success", "error", "skipped-not-leader")
 ALLOCATION_RESULTS = ("allocated", "unschedulable", "error", "conflict", "invalid")
-DEALLOCATION_REASONS = ("released", "deleted", "double-allocation")
+DEALLOCATION_REASONS = ("released", "double-allocation")
 CACHED_RESOURCES = ("deviceclasses", "resourceslices", "resourceclaims", "pods")
 
 

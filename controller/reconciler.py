@@ -17,27 +17,30 @@ Pre-allocation
     Writes, each with the resourceVersion the decision was based on (409 →
     re-read, decide again):
       1. metadata: annotation `gpu.draplugin.dev/allocated-by: dra-controller`
-         and finalizer `gpu.draplugin.dev/preallocation` (the finalizer keeps
-         a claim that pods use from vanishing while they run);
+         and upstream's finalizer `resource.kubernetes.io/delete-protection`,
+         as kube-scheduler adds before it writes an allocation;
       2. status: `status.allocation`.
     Marking first makes a crash between the two harmless: a marked claim
     without allocation is either allocated on the next pass or unmarked.
 
-    We add no `resource.kubernetes.io/delete-protection` finalizer on purpose:
-    with it, kube-controller-manager deallocates a claim as soon as its
-    reservations drop to empty, and a pinned claim would lose its devices
-    between two pods.
+    Upstream's finalizer (not one of our own) keeps the claim's lifecycle
+    working without this controller: kube-controller-manager protects a claim
+    that pods use from deletion, clears the allocation of a deleted claim
+    nobody uses and removes the finalizer. Uninstalling the controller never
+    leaves claims (or namespaces) stuck in deletion.
 
-Deallocation rule (claims we allocated, recognised by the annotation)
-    Clear `status.allocation`, then remove the annotation and finalizer, when
-      - `status.reservedFor` is empty (no pod holds the claim), and
-      - no pending pod references the claim (the scheduler may be about to
-        reserve it), and
-      - the user released the pin (removed the `preallocate` annotation) or
-        deleted the claim.
-    A claim whose reservations drop to empty but that is still annotated
-    stays allocated: that is what pinning is for. Deleting a claim that pods
-    still use waits for them (the finalizer), as upstream's finalizer does.
+Deallocation rules (claims we allocated, recognised by the annotation)
+    - Reservations dropped to empty (the last pod using the claim is gone):
+      kube-controller-manager clears the allocation, as for any claim with
+      upstream's finalizer. While the claim is still annotated we allocate it
+      again on the next pass, on the named node, so it stays pinned between
+      pods except for that moment.
+    - The user released the pin (removed the `preallocate` annotation): we
+      clear the allocation and remove annotation and finalizer, once
+      `status.reservedFor` is empty and no pending pod references the claim
+      (the scheduler may be about to reserve it).
+    - Deletion is kube-controller-manager's: it waits for the consumers, then
+      clears the allocation and the finalizer.
 
 Double allocation
     If a device of a claim we allocated is also allocated (whole, not as a
@@ -77,7 +80,7 @@ JSON = dict[str, Any]
 PREALLOCATE_ANNOTATION = "gpu.draplugin.dev/preallocate"
 ALLOCATED_BY_ANNOTATION = "gpu.draplugin.dev/allocated-by"
 ALLOCATED_BY = "dra-controller"
-FINALIZER = "gpu.draplugin.dev/preallocation"
+FINALIZER = "resource.kubernetes.io/delete-protection"  # upstream's, handled by kube-controller-manager
 ANY_NODE = "any"
 # `kubectl annotate ... preallocate=true` reads naturally; it means the same as "any".
 ANY_NODE_SYNONYMS = frozenset({ANY_NODE, "true"})
@@ -353,12 +356,12 @@ class Reconciler:
         for key, claim in list(claims.items()):
             if not is_ours(claim):
                 continue
-            released = PREALLOCATE_ANNOTATION not in _annotations(claim) or is_deleting(claim)
+            # Deleting claims are kube-controller-manager's (upstream's finalizer): no duel over them.
+            released = PREALLOCATE_ANNOTATION not in _annotations(claim) and not is_deleting(claim)
             if not released or is_reserved(claim) or key in pending_refs:
                 continue
             if is_allocated(claim):
-                reason = "deleted" if is_deleting(claim) else "released"
-                updated = self._deallocate(claim, reason, report, unmark=True)
+                updated = self._deallocate(claim, "released", report, unmark=True)
             else:
                 updated = self._unmark(claim, report)
             if updated is not None:
@@ -395,7 +398,8 @@ class Reconciler:
         meta = _meta(claim)
         if not self._is_leader():
             return None
-        finalizers = [f for f in meta.get("finalizers") or [] if f != FINALIZER]
+        # The finalizer guards an allocation; with none left it goes too (as kube-controller-manager does).
+        finalizers = [f for f in meta.get("finalizers") or [] if f != FINALIZER or is_allocated(claim)]
         try:
             updated = self._api.patch_claim(
                 str(meta.get("namespace")),
@@ -410,8 +414,7 @@ class Reconciler:
             )
         except (Conflict, NotFound):
             return None
-        if not is_deleting(claim):  # a deleting claim may now be gone for good
-            self._remember(claim, updated)
+        self._remember(claim, updated)
         report.unmarked.append(claim_key(claim))
         return updated
 

@@ -3,8 +3,8 @@ real kube-scheduler and kube-controller-manager doing their part.
 
 - An annotated standalone claim is pre-allocated on a fake node; two pods with
   two containers each, scheduled by kube-scheduler, share it (both in
-  reservedFor, same devices); it stays pinned when they are gone and is
-  released when deleted.
+  reservedFor, same devices); when they are gone it is pinned again, and it
+  can be deleted.
 - A claim no device fits, used by a pending pod, gets a CannotAllocate Event
   that names the filter that removed the devices.
 - Two replicas: one holds the Lease and allocates; SIGTERM hands it over.
@@ -256,18 +256,22 @@ def test_preallocated_claim_is_shared_by_two_scheduled_pods(
         assert controller.metric("dra_controller_leader") == 1.0
         assert controller.healthz() == 200
 
-        # Pods gone: the claim stays pinned (still annotated) with the same devices.
+        # Pods gone: kube-controller-manager deallocates (upstream's finalizer); the controller
+        # pins the claim again on the same node, with the same (only) devices.
         for name in pods:
             rest.request("DELETE", f"/api/v1/namespaces/{ns}/pods/{name}", {"gracePeriodSeconds": 0})
-        wait_for(
-            "reservedFor to drop to empty",
-            lambda: not (((get_claim(rest, ns, "shared") or {}).get("status") or {}).get("reservedFor")),
-            60,
-        )
-        pinned = allocated(rest, ns, "shared")
-        assert pinned is not None and devices_of(pinned) == devices
 
-        # Deleting the unused claim: the controller deallocates and removes its finalizer.
+        def pinned_again() -> dict[str, Any] | None:
+            if controller.metric('dra_controller_allocation_attempts_total{result="allocated"}') != 2.0:
+                return None
+            current = allocated(rest, ns, "shared")
+            return current if current is not None and not current["status"].get("reservedFor") else None
+
+        pinned = wait_for("the claim to be pinned again", pinned_again, 60)
+        assert devices_of(pinned) == devices
+        assert ALLOCATED_BY in pinned["metadata"]["annotations"]
+
+        # Deleting the unused claim: nothing holds it up.
         rest.delete(f"{RESOURCE_V1}/namespaces/{ns}/resourceclaims/shared")
         wait_for("the claim to be deleted", lambda: get_claim(rest, ns, "shared") is None, 60)
         assert controller.terminate() == 0

@@ -352,22 +352,31 @@ def test_still_pinned_claim_stays_allocated_after_its_reservations_drop() -> Non
     assert devices(world.claim("a")) == [("node-1", "gpu-0")]
 
 
-def test_deleted_unreserved_claim_is_deallocated_and_let_go() -> None:
-    c = ours(pinned("a", "node-1"), allocation("node-1", "gpu-0"))
-    c["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
-    world = World([c], [gpus("node-1")])
-    report = world.reconciler.reconcile()
-    assert report.deallocated == ["default/a"]
-    assert "default/a" not in world.api.claims  # finalizer removed: the API server finished the delete
-    assert world.metric("dra_controller_deallocations_total", reason="deleted") == 1
+def test_deleting_claims_are_left_to_kube_controller_manager() -> None:
+    for reserved in (False, True):
+        c = ours(pinned("a", "node-1"), allocation("node-1", "gpu-0"), reserved=reserved)
+        c["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+        world = World([c], [gpus("node-1")])
+        world.reconciler.reconcile()
+        assert world.api.writes == []
 
 
-def test_deleted_claim_in_use_waits_for_its_pods() -> None:
-    c = ours(pinned("a", "node-1"), allocation("node-1", "gpu-0"), reserved=True)
-    c["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+def test_claim_deallocated_after_its_last_pod_is_pinned_again() -> None:
+    # kube-controller-manager cleared the allocation and upstream's finalizer when reservedFor emptied.
+    c = ours(pinned("a", "node-1"), None)
+    c["metadata"]["finalizers"] = []
+    world = World([c], [gpus("node-1")], nodes=["node-1"])
+    assert world.reconciler.reconcile().allocated == ["default/a"]
+    assert devices(world.claim("a")) == [("node-1", "gpu-0")]
+    assert world.claim("a")["metadata"]["finalizers"] == [FINALIZER]
+
+
+def test_marked_claim_released_before_allocation_is_unmarked() -> None:
+    c = ours(claim("a", [exactly("gpu")]), None)  # crash between marking and the status write
     world = World([c], [gpus("node-1")])
-    world.reconciler.reconcile()
-    assert world.api.writes == []
+    assert world.reconciler.reconcile().unmarked == ["default/a"]
+    assert ALLOCATED_BY_ANNOTATION not in world.claim("a")["metadata"].get("annotations", {})
+    assert world.claim("a")["metadata"]["finalizers"] == []
 
 
 # ------------------------------------------------------------------ events
