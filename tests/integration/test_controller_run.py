@@ -79,7 +79,7 @@ def start_controller(
     started: list[Controller] = []
     lease = f"dra-controller-{uuid.uuid4().hex[:6]}"
 
-    def start(identity: str, *extra: str) -> Controller:
+    def start(identity: str, *extra: str, kubeconfig: Path | None = None) -> Controller:
         port = free_port()
         log_path = tmp_path / f"{identity}.log"
         env = {k: v for k, v in os.environ.items() if not k.startswith("DRA_CONTROLLER_")}
@@ -92,7 +92,7 @@ def start_controller(
                         "controller.cli",
                         "run",
                         "--kubeconfig",
-                        str(kube_cluster.kubeconfig),
+                        str(kubeconfig or kube_cluster.kubeconfig),
                     ),
                     *(
                         "--namespace",

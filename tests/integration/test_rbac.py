@@ -297,13 +297,19 @@ def test_controller_rbac(kube_cluster: ControlPlane, admin: k8s.ApiClient, insta
     assert subject_access(admin, controller, verb="update", subresource="status", **claims)
     assert subject_access(admin, controller, verb="update", subresource="binding", **claims)
     assert subject_access(admin, controller, verb="update", namespace=installed.namespace, **leases)
-    # Leases only in its own namespace; never slices, claims themselves or pods.
+    # Pre-allocation marks claims (annotation, finalizer); events need pending pods.
+    assert subject_access(admin, controller, verb="patch", **claims)
+    for verb in ("list", "watch"):
+        assert subject_access(admin, controller, verb=verb, resource="pods")
+    # Leases only in its own namespace; never slices, claim creation or deletion, pod writes.
     assert not subject_access(admin, controller, verb="update", namespace="kube-system", **leases)
     assert not subject_access(admin, controller, verb="create", **slices)
     assert not subject_access(admin, controller, verb="delete", **claims)
+    assert not subject_access(admin, controller, verb="create", **claims)
+    assert not subject_access(admin, controller, verb="delete", resource="pods")
     assert not subject_access(admin, controller, verb="list", resource="secrets")
     # And for real, with its token.
     with kube_cluster.token_client(unbound_token(admin, installed, installed.controller_sa)) as api:
         resource = k8s.ResourceV1Api(api)
         wait_for("RBAC to admit the controller", lambda: resource.list_resource_slice(), timeout=30)
-        forbidden(lambda: k8s.CoreV1Api(api).list_namespaced_pod(installed.namespace))
+        forbidden(lambda: k8s.CoreV1Api(api).list_namespaced_secret(installed.namespace))
