@@ -300,8 +300,38 @@ def test_04_select_by_model_and_memory(api: KubeJSON, namespace: str) -> None:
     assert devices(by_memory) == ["gpu-0"]  # the H100 (81559Mi); the A100s have 40Gi
 
 
-def test_05_same_pcie_root_is_pending_on_the_fake_node(api: KubeJSON, namespace: str) -> None:
-    """Every fake GPU has its own PCIe root, so no pair satisfies the constraint (README)."""
+def published_attribute(api: KubeJSON, node: str, attribute: str) -> dict[str, str]:
+    """One string attribute of every device the plugin published for the node, by device name."""
+    query = {"fieldSelector": f"spec.nodeName={node},spec.driver={DRIVER}"}
+    slices = api.get(f"{RESOURCE}/resourceslices", query)["items"]
+    return {
+        device["name"]: device["attributes"][attribute]["string"]
+        for piece in slices
+        for device in piece["spec"].get("devices", [])
+        if attribute in device.get("attributes", {})
+    }
+
+
+def test_05_same_pcie_root_gets_the_two_gpus_of_one_root(
+    kubelet_node: KubeletNode, api: KubeJSON, namespace: str
+) -> None:
+    """fake-gpus.yaml has two GPUs per root: gpu-0 + gpu-1 is the one whole-GPU pair (README)."""
+    roots = published_attribute(api, kubelet_node.name, "resource.kubernetes.io/pcieRoot")
+    assert roots["gpu-0"] == roots["gpu-1"] != roots["gpu-2"]
+    apply_example(api, "05-same-pcie-root", namespace)
+    claim = claims_of(api, namespace, wait_running(api, namespace, "gpu-pair"))["gpus"]
+    assert devices(claim) == ["gpu-0", "gpu-1"]
+    assert [r["request"] for r in results(claim)] == ["gpus", "gpus"]
+    assert container_cdi(kubelet_node, namespace, "gpu-pair") == {"app": cdi_ids(claim)}
+
+
+def test_05_same_pcie_root_is_pending_when_no_free_pair_shares_a_root(api: KubeJSON, namespace: str) -> None:
+    """With gpu-0 taken (by example 04's memory selector), gpu-1 and gpu-2 sit on different roots."""
+    for doc in load_manifests(EXAMPLES / "04-select-by-model-and-memory" / "select.yaml"):
+        if doc["metadata"]["name"] in ("by-memory", "big-memory-pod"):
+            api.create(collection_path(doc, namespace), doc)
+    holder = claims_of(api, namespace, wait_running(api, namespace, "big-memory-pod"))["gpu"]
+    assert devices(holder) == ["gpu-0"]
     apply_example(api, "05-same-pcie-root", namespace)
 
     def unschedulable() -> str | None:
