@@ -2,7 +2,8 @@
 
 It starts the test cluster (etcd, kube-apiserver, kube-scheduler,
 kube-controller-manager) and a real kubelet on the recording fake container
-runtime, runs `draplugin run --backend fake` against that kubelet, applies
+runtime, runs `draplugin run --backend fake` against that kubelet, waits
+for the ResourceSlices the plugin publishes for the node, applies
 `examples/02-shared-claim-two-containers` (two containers sharing one claim),
 and prints the allocation, the CDI spec the plugin wrote and what the runtime
 received. Then it stays up for your own specs until Ctrl-C (or exits with
@@ -26,8 +27,8 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -44,6 +45,7 @@ FAKE_GPUS = EXAMPLES / "fake-gpus.yaml"
 DEVICE_CLASSES = EXAMPLES / "deviceclasses.yaml"
 SHARED_CLAIM_EXAMPLE = EXAMPLES / "02-shared-claim-two-containers" / "shared-claim.yaml"
 DEMO_NAMESPACE = "demo"
+RESOURCE_SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 
 
 # --- the plugin as a child process --------------------------------------------------------------------
@@ -62,6 +64,9 @@ class PluginProcess:
     driver_name: str = DEFAULT_DRIVER_NAME
     boot_id: str = "demo-boot-1"
     extra_env: Mapping[str, str] = field(default_factory=dict)
+    # On: SIGTERM makes the plugin delete its slices (a plugin that is not restarted).
+    # Off: a restart keeps them, as in production, and the scheduler goes on allocating.
+    delete_slices_on_shutdown: bool = False
     process: subprocess.Popen[bytes] | None = None
     starts: int = 0
 
@@ -104,6 +109,7 @@ class PluginProcess:
             "--state-dir", str(self.state_dir),
             "--kubeconfig", str(self.kubeconfig),
             "--metrics-port", "0",
+            f"--delete-slices-on-shutdown={str(self.delete_slices_on_shutdown).lower()}",
         ]  # fmt: skip
         before = self._socket_identity()
         started = time.monotonic()
@@ -177,26 +183,47 @@ class PluginProcess:
         return "\n".join(self.log_text().splitlines()[-lines:])
 
 
-@contextmanager
-def publishing_slices(api_client: Any, node_name: str, fake_config: Path, driver: str) -> Iterator[None]:
-    """Publish the fake node's ResourceSlices from this process while the block runs.
+def node_slices(api_client: Any, node_name: str, driver: str) -> list[dict[str, Any]]:
+    """The ResourceSlices of `driver` for the node, as the API server has them."""
+    from tests.kube.rest import KubeJSON
 
-    The plugin's fake backend derives devices from the node name and the same
-    file, so these are exactly the devices it prepares.
+    query = {"fieldSelector": f"spec.nodeName={node_name},spec.driver={driver}"}
+    items: list[dict[str, Any]] = KubeJSON(api_client).get(RESOURCE_SLICES, query)["items"]
+    return items
+
+
+def wait_published(plugin: PluginProcess, api_client: Any, timeout_s: float = 60.0) -> list[dict[str, Any]]:
+    """Wait until the plugin's own ResourceSlices list exactly the devices of its fake inventory.
+
+    The expected names come from the same inventory file the plugin reads;
+    nothing is published from here. Slices left by an earlier run with other
+    devices do not count: the plugin replaces them.
     """
     from draplugin.devices import load_backend
-    from draplugin.slices import KubeSliceApi, SlicePublisher, backend_source
+    from tests.kube.wait import wait_for
 
-    backend = load_backend("fake", node_name, config_file=str(fake_config))
-    publisher = SlicePublisher(
-        KubeSliceApi(api_client), node_name=node_name, driver=driver, source=backend_source(backend)
+    expected = sorted(
+        d.name for d in load_backend("fake", plugin.node_name, config_file=str(plugin.fake_config)).discover()
     )
-    publisher.sync()
-    publisher.start()
-    try:
-        yield
-    finally:
-        publisher.stop(delete=True)
+
+    def published() -> list[dict[str, Any]] | None:
+        if not plugin.running:
+            raise RuntimeError(f"plugin exited:\n{plugin.log_tail()}")
+        slices = node_slices(api_client, plugin.node_name, plugin.driver_name)
+        names = sorted(d["name"] for s in slices for d in s["spec"].get("devices", []))
+        return slices if names == expected else None
+
+    what = f"the plugin to publish {len(expected)} devices for node {plugin.node_name}"
+    slices: list[dict[str, Any]] = wait_for(what, published, timeout_s, interval=0.1)
+    return slices
+
+
+def delete_node_slices(api_client: Any, node_name: str, driver: str) -> None:
+    """Remove what a plugin stopped without --delete-slices-on-shutdown left behind."""
+    from tests.kube.rest import KubeJSON
+
+    query = {"fieldSelector": f"spec.nodeName={node_name},spec.driver={driver}"}
+    KubeJSON(api_client).request("DELETE", RESOURCE_SLICES, query=query)
 
 
 # --- applying manifests without kubectl ---------------------------------------------------------------
@@ -309,18 +336,11 @@ def run_demo(args: argparse.Namespace) -> int:
         plugin.wait_registered()
         api = cluster.api_client()
         cleanup.callback(api.close)
-        cleanup.enter_context(publishing_slices(api, node.name, plugin.fake_config, plugin.driver_name))
         rest = KubeJSON(api)
-        slices = _wait(
-            "the node's ResourceSlices",
-            lambda: rest.get(
-                "/apis/resource.k8s.io/v1/resourceslices", {"fieldSelector": f"spec.nodeName={node.name}"}
-            )["items"],
-            30,
-        )
+        slices = wait_published(plugin, api)
         devices = [d["name"] for s in slices for d in s["spec"].get("devices", [])]
         done()
-        print(f"    {len(devices)} devices published: {', '.join(devices)}")
+        print(f"    the plugin published {len(devices)} devices: {', '.join(devices)}")
 
         done = _step(f"applying {SHARED_CLAIM_EXAMPLE.relative_to(REPO_ROOT)} in namespace {DEMO_NAMESPACE}")
         apply(

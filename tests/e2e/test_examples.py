@@ -1,7 +1,8 @@
 """Every example applied on a local cluster with a real kubelet, and its README's outcome checked.
 
-The node runs `draplugin run --backend fake` with the inventory of
-examples/fake-gpus.yaml (the one the READMEs describe), the DeviceClasses are
+The node runs one `draplugin run --backend fake` for the module, with the
+inventory of examples/fake-gpus.yaml (the one the READMEs describe); the
+scheduler allocates from the ResourceSlices that process publishes. The DeviceClasses are
 the chart's (examples/deviceclasses.yaml), and the manifests are applied as
 they are, into a fresh namespace per example. What the container runtime sees
 is read from the recording fake CRI (the CDI device IDs) and resolved with the
@@ -25,8 +26,10 @@ from draplugin.demo import (
     FAKE_GPUS,
     PluginProcess,
     collection_path,
+    delete_node_slices,
     load_manifests,
-    publishing_slices,
+    node_slices,
+    wait_published,
 )
 from tests.kube.controlplane import ControlPlane
 from tests.kube.kubelet import KubeletNode
@@ -54,8 +57,12 @@ def api(kube_cluster: ControlPlane) -> Iterator[KubeJSON]:
 
 @pytest.fixture(scope="module")
 def plugin(
-    kube_cluster: ControlPlane, kubelet_node: KubeletNode, tmp_path_factory: pytest.TempPathFactory
+    kube_cluster: ControlPlane,
+    kubelet_node: KubeletNode,
+    api: KubeJSON,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[PluginProcess]:
+    """One plugin for the whole module; it publishes the node's slices and deletes them when stopped."""
     process = PluginProcess(
         kubeconfig=kube_cluster.kubeconfig,
         node_name=kubelet_node.name,
@@ -63,14 +70,17 @@ def plugin(
         cdi_root=kubelet_node.cdi_root,
         state_dir=tmp_path_factory.mktemp("examples-plugin"),
         fake_config=FAKE_GPUS,
+        delete_slices_on_shutdown=True,
     )
-    process.start()
-    process.wait_registered()
-    with kube_cluster.api_client() as client, publishing_slices(client, kubelet_node.name, FAKE_GPUS, DRIVER):
-        try:
-            yield process
-        finally:
-            process.stop()
+    try:
+        process.start()
+        process.wait_registered()
+        wait_published(process, api.api)
+        yield process
+    finally:
+        process.stop()
+        if node_slices(api.api, kubelet_node.name, DRIVER):  # it was killed before it could delete them
+            delete_node_slices(api.api, kubelet_node.name, DRIVER)
 
 
 @pytest.fixture(scope="module")
@@ -302,11 +312,9 @@ def test_04_select_by_model_and_memory(api: KubeJSON, namespace: str) -> None:
 
 def published_attribute(api: KubeJSON, node: str, attribute: str) -> dict[str, str]:
     """One string attribute of every device the plugin published for the node, by device name."""
-    query = {"fieldSelector": f"spec.nodeName={node},spec.driver={DRIVER}"}
-    slices = api.get(f"{RESOURCE}/resourceslices", query)["items"]
     return {
         device["name"]: device["attributes"][attribute]["string"]
-        for piece in slices
+        for piece in node_slices(api.api, node, DRIVER)
         for device in piece["spec"].get("devices", [])
         if attribute in device.get("attributes", {})
     }

@@ -1,8 +1,8 @@
 """Prepare and unprepare through a real kubelet: scheduler allocation, CDI IDs, sharing, crash safety.
 
 The plugin runs as `draplugin run --backend fake` (a child process, killed and
-restarted by the tests); its ResourceSlices are published from this process
-for the same fake devices. The kubelet retries a failed pod sync on its own
+restarted by the tests) and publishes the node's ResourceSlices itself; a
+restart keeps them, as in production. The kubelet retries a failed pod sync on its own
 (about once a minute); after restarting the plugin the tests touch the pod to
 have it retried at once, which changes when the retry happens, not what it does.
 """
@@ -22,7 +22,7 @@ import grpc
 import pytest
 
 from draplugin import crashpoints
-from draplugin.demo import FAKE_GPUS, PluginProcess, publishing_slices
+from draplugin.demo import FAKE_GPUS, PluginProcess, delete_node_slices, wait_published
 from draplugin.kubelet._proto.dra.v1 import api_pb2 as v1
 from draplugin.kubelet._proto.dra.v1 import api_pb2_grpc as v1_grpc
 from draplugin.kubelet.sockets import socket_paths
@@ -46,7 +46,10 @@ def api(kube_cluster: ControlPlane) -> Iterator[KubeJSON]:
 
 @pytest.fixture(scope="module")
 def plugin(
-    kube_cluster: ControlPlane, kubelet_node: KubeletNode, tmp_path_factory: pytest.TempPathFactory
+    kube_cluster: ControlPlane,
+    kubelet_node: KubeletNode,
+    api: KubeJSON,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[PluginProcess]:
     process = PluginProcess(
         kubeconfig=kube_cluster.kubeconfig,
@@ -56,13 +59,14 @@ def plugin(
         state_dir=tmp_path_factory.mktemp("plugin"),
         fake_config=FAKE_GPUS,
     )
-    process.start()
-    process.wait_registered()
-    with kube_cluster.api_client() as client, publishing_slices(client, kubelet_node.name, FAKE_GPUS, DRIVER):
-        try:
-            yield process
-        finally:
-            process.stop()
+    try:
+        process.start()
+        process.wait_registered()
+        wait_published(process, api.api)
+        yield process
+    finally:
+        process.stop()
+        delete_node_slices(api.api, kubelet_node.name, DRIVER)  # restarts keep them; the module is done
 
 
 @pytest.fixture(scope="module")
