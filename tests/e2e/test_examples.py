@@ -2,9 +2,11 @@
 
 The node runs one `draplugin run --backend fake` for the module, with the
 inventory of examples/fake-gpus.yaml (the one the READMEs describe); the
-scheduler allocates from the ResourceSlices that process publishes. The DeviceClasses are
-the chart's (examples/deviceclasses.yaml), and the manifests are applied as
-they are, into a fresh namespace per example. What the container runtime sees
+scheduler allocates from the ResourceSlices that process publishes. The
+DeviceClasses are the chart's (examples/deviceclasses.yaml), and the manifests
+are applied as they are, into a fresh namespace per example, which is emptied
+after the test, passed or failed, until the plugin has unprepared every claim
+of it: a failing example cannot leave GPUs taken for the next. What the container runtime sees
 is read from the recording fake CRI (the CDI device IDs) and resolved with the
 reference CDI library (`cdicheck`), as containerd and CRI-O would.
 """
@@ -31,6 +33,7 @@ from draplugin.demo import (
     node_slices,
     wait_published,
 )
+from tests.e2e.cleanup import release_namespace
 from tests.kube.controlplane import ControlPlane
 from tests.kube.kubelet import KubeletNode
 from tests.kube.objects import create_namespace, delete_namespace
@@ -102,31 +105,12 @@ def device_classes(api: KubeJSON, plugin: PluginProcess) -> Iterator[list[str]]:
 
 
 @pytest.fixture
-def namespace(kube_cluster: ControlPlane, api: KubeJSON, device_classes: list[str]) -> Iterator[str]:
-    """A fresh namespace; at the end its pods go first (so the plugin unprepares), then its claims."""
-    with kube_cluster.api_client() as client:
-        name = create_namespace(client, prefix="example-")
-        try:
-            yield name
-        finally:
-            release_everything(api, name)
-            delete_namespace(client, name)
-
-
-def release_everything(api: KubeJSON, namespace: str) -> None:
-    """Leave every GPU free for the next example: pods gone (unprepared), claims gone (deallocated)."""
-    pods = f"/api/v1/namespaces/{namespace}/pods"
-    claims = f"{RESOURCE}/namespaces/{namespace}/resourceclaims"
-    for pod in api.get(pods)["items"]:
-        api.request("DELETE", f"{pods}/{pod['metadata']['name']}", query={"gracePeriodSeconds": "0"})
-    wait_for(f"the pods of {namespace} to be gone", lambda: not api.get(pods)["items"], POD_TIMEOUT)
-    for claim in api.get(claims)["items"]:  # standalone claims outlive their pods
-        try:
-            api.delete(f"{claims}/{claim['metadata']['name']}")
-        except ApiException as err:
-            if err.status != 404:  # a template's claim the controller deleted meanwhile
-                raise
-    wait_for(f"the claims of {namespace} to be gone", lambda: not api.get(claims)["items"], POD_TIMEOUT)
+def namespace(
+    test_namespace: str, api: KubeJSON, plugin: PluginProcess, device_classes: list[str]
+) -> Iterator[str]:
+    """The test's namespace; afterwards, passed or failed, every GPU it used is free again."""
+    yield test_namespace
+    release_namespace(api, plugin, test_namespace, POD_TIMEOUT)
 
 
 # --- helpers ------------------------------------------------------------------------------------------

@@ -2,7 +2,9 @@
 
 The plugin runs as `draplugin run --backend fake` (a child process, killed and
 restarted by the tests) and publishes the node's ResourceSlices itself; a
-restart keeps them, as in production. The kubelet retries a failed pod sync on its own
+restart keeps them, as in production. After each test, passed or failed, the
+test's pods and claims are deleted and the plugin has unprepared them before
+the next test starts. The kubelet retries a failed pod sync on its own
 (about once a minute); after restarting the plugin the tests touch the pod to
 have it retried at once, which changes when the retry happens, not what it does.
 """
@@ -26,6 +28,7 @@ from draplugin.demo import FAKE_GPUS, PluginProcess, delete_node_slices, wait_pu
 from draplugin.kubelet._proto.dra.v1 import api_pb2 as v1
 from draplugin.kubelet._proto.dra.v1 import api_pb2_grpc as v1_grpc
 from draplugin.kubelet.sockets import socket_paths
+from tests.e2e.cleanup import release_namespace
 from tests.kube.controlplane import ControlPlane
 from tests.kube.kubelet import KubeletNode
 from tests.kube.rest import KubeJSON
@@ -85,8 +88,12 @@ def device_class(api: KubeJSON, plugin: PluginProcess) -> Iterator[str]:
 
 
 @pytest.fixture
-def healthy_plugin(plugin: PluginProcess) -> Iterator[PluginProcess]:
-    """The module's plugin, running and registered at the start and end of each test."""
+def healthy_plugin(plugin: PluginProcess, api: KubeJSON, test_namespace: str) -> Iterator[PluginProcess]:
+    """The module's plugin, running and registered at the start and end of each test.
+
+    At the end the test's namespace is emptied and its claims unprepared (through the plugin, so
+    after a restart if a test left it killed), whether the test passed or not.
+    """
     if not plugin.running:
         plugin.start()
         plugin.wait_registered()
@@ -94,6 +101,7 @@ def healthy_plugin(plugin: PluginProcess) -> Iterator[PluginProcess]:
     if not plugin.running:
         plugin.start()
         plugin.wait_registered()
+    release_namespace(api, plugin, test_namespace, POD_TIMEOUT)
 
 
 # --- object builders ----------------------------------------------------------------------------------

@@ -1,0 +1,122 @@
+"""Leaving the node as a test found it: no pods, no claims, nothing prepared in the plugin.
+
+Every end-to-end test shares one kubelet and its GPUs. A test that fails
+half-way must not leave a claim holding a device, or a prepared claim in the
+plugin, for the tests after it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from kubernetes.client.exceptions import ApiException
+
+from draplugin.demo import PluginProcess
+from tests.kube.rest import KubeJSON
+from tests.kube.wait import wait_for
+
+RESOURCE = "/apis/resource.k8s.io/v1"
+POLL_SECONDS = 0.1
+
+
+def release_namespace(api: KubeJSON, plugin: PluginProcess, namespace: str, timeout_s: float) -> None:
+    """Delete the namespace's pods and claims and wait until the plugin has unprepared its claims.
+
+    Pods go at once (grace period 0: no caller asserts on graceful shutdown
+    here), then standalone claims; then we wait until the claims are gone
+    (deallocated) and the plugin's checkpoint holds no claim of the
+    namespace. Each step runs even when an earlier one failed, so one broken
+    test cannot hold devices that later tests need; the failures are raised
+    together at the end. The plugin must be running (the kubelet unprepares
+    through it).
+    """
+    pods = f"/api/v1/namespaces/{namespace}/pods"
+    claims = f"{RESOURCE}/namespaces/{namespace}/resourceclaims"
+    failures: list[str] = []
+
+    def step(what: str, action: Callable[[], object]) -> None:
+        try:
+            action()
+        except (AssertionError, ApiException) as err:
+            failures.append(f"{what}: {err}")
+
+    def delete_all(collection: str, query: dict[str, str]) -> None:
+        for item in api.get(collection)["items"]:
+            try:
+                api.request("DELETE", f"{collection}/{item['metadata']['name']}", query=query)
+            except ApiException as err:
+                if err.status != 404:  # a template's claim, deleted with its pod meanwhile
+                    raise
+
+    def wait_empty(collection: str) -> None:
+        try:
+            wait_for(
+                f"{collection} to be empty", lambda: not api.get(collection)["items"], timeout_s, POLL_SECONDS
+            )
+        except AssertionError as err:
+            raise AssertionError(f"{err}; left: {describe(api.get(collection)['items'])}") from None
+
+    def force_claims_away() -> None:
+        """Last resort for claims stuck in deletion: drop their finalizers so their devices are free."""
+        for claim in api.get(claims)["items"]:
+            if claim["metadata"].get("deletionTimestamp"):
+                merge_patch(api, f"{claims}/{claim['metadata']['name']}", {"metadata": {"finalizers": None}})
+        wait_for(f"{claims} to be empty", lambda: not api.get(claims)["items"], timeout_s, POLL_SECONDS)
+
+    step("deleting pods", lambda: delete_all(pods, {"gracePeriodSeconds": "0"}))
+    step("waiting for the pods", lambda: wait_empty(pods))
+    step("deleting claims", lambda: delete_all(claims, {}))  # standalone claims outlive their pods
+    step("waiting for the claims", lambda: wait_empty(claims))
+    if failures:  # the failure is reported below; the next test still finds the devices free
+        step("removing the finalizers of claims stuck in deletion", force_claims_away)
+    step("waiting for unprepare", lambda: wait_unprepared(plugin, namespace, timeout_s))
+    if failures:
+        raise AssertionError(f"cleaning up namespace {namespace} failed: " + "; ".join(failures))
+
+
+def describe(items: list[dict[str, Any]]) -> list[str]:
+    """What keeps objects around: their finalizers, and for claims allocation and reservations."""
+    out = []
+    for item in items:
+        meta, status = item["metadata"], item.get("status") or {}
+        out.append(
+            f"{meta['name']} (deleting={bool(meta.get('deletionTimestamp'))}, "
+            f"finalizers={meta.get('finalizers') or []}, allocated={bool(status.get('allocation'))}, "
+            f"reservedFor={[r.get('name') for r in status.get('reservedFor') or []]}, "
+            f"phase={status.get('phase')})"
+        )
+    return out
+
+
+def merge_patch(api: KubeJSON, path: str, patch: dict[str, Any]) -> None:
+    method, url, headers, body, _ = api.api.param_serialize(
+        method="PATCH",
+        resource_path=path,
+        header_params={"Content-Type": "application/merge-patch+json", "Accept": "application/json"},
+        body=patch,
+        auth_settings=["BearerToken"],
+    )
+    response = api.api.call_api(method, url, header_params=headers, body=body)
+    response.read()  # type: ignore[no-untyped-call]
+    assert response.status in (200, 404), f"PATCH {path}: HTTP {response.status}"
+
+
+def prepared_claims(plugin: PluginProcess, namespace: str) -> list[str]:
+    """Claims of the namespace the plugin still has prepared, as its checkpoint records them."""
+    if not plugin.checkpoint_path.exists():
+        return []
+    saved = json.loads(plugin.checkpoint_path.read_text())
+    return [f"{c['name']} ({c['uid']})" for c in saved["claims"] if c["namespace"] == namespace]
+
+
+def wait_unprepared(plugin: PluginProcess, namespace: str, timeout_s: float) -> None:
+    """The kubelet unprepares a claim once the containers of its last pod on the node are gone."""
+
+    def unprepared() -> bool:
+        if not plugin.running:
+            raise AssertionError(f"the plugin is not running:\n{plugin.log_tail()}")
+        return not prepared_claims(plugin, namespace)
+
+    wait_for(f"the plugin to unprepare the claims of {namespace}", unprepared, timeout_s, POLL_SECONDS)
