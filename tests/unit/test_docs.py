@@ -80,7 +80,7 @@ NOT_RUN: dict[str, str] = {
     "kubectl logs single-gpu": _KUBECTL_INSPECT,
     # docs/deviceclasses.md
     "kubectl get resourceslices -o yaml > slices.yaml": _KUBECTL_INSPECT,
-    "dra-controller cel 'device.attributes[\"gpu.draplugin.dev\"].type == \"mig\"' -f slices.yaml": (
+    'dra-controller cel \'device.attributes["gpu.draplugin.dev"].type == "mig"\' -f slices.yaml': (
         "reads slices saved from a live cluster; the same command on examples/resourceslices/ is run here"
     ),
     # docs/troubleshooting.md
