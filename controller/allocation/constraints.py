@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
+from controller.allocation.features import DistinctRule, Features
 from controller.allocation.pools import DeviceID
 
 JSON = Mapping[str, Any]
@@ -83,7 +84,8 @@ class DistinctAttribute:
     """Devices of the named requests have pairwise different values of one attribute.
 
     Every chosen device counts, also several of the same request: kube-scheduler
-    1.37 rejects such a claim when the values run out (checked against it).
+    1.37 rejects such a claim when the values run out (checked against it). Older
+    releases: `DistinctAttributePerRequest`.
     """
 
     def __init__(self, attribute: str, requests: Sequence[str]) -> None:
@@ -112,8 +114,57 @@ class DistinctAttribute:
                 self._values.remove(value)
 
 
-def build_constraints(claim: JSON) -> list[Constraint]:
-    """The claim's constraints; raises ValueError for one that names no known kind."""
+class DistinctAttributePerRequest:
+    """`distinctAttribute` as Kubernetes 1.34 to 1.36 check it (`DistinctRule`).
+
+    One entry per request: the device most recently chosen for it and its value. A new
+    device is compared with those entries only; removing any device of a request drops the
+    request's entry. With `by_identity` (1.34) an entry conflicts only with the very same
+    device, since 1.34 compared the values' pointers instead of the values.
+    """
+
+    def __init__(self, attribute: str, requests: Sequence[str], *, by_identity: bool) -> None:
+        self.attribute = attribute
+        self.requests = frozenset(requests)
+        self.by_identity = by_identity
+        self._latest: dict[str, tuple[DeviceID, AttributeValue]] = {}
+        self._count = 0
+
+    def describe(self) -> str:
+        return f"distinctAttribute {self.attribute}"
+
+    def add(self, request: str, subrequest: str, device: JSON, device_id: DeviceID) -> bool:
+        if not _applies(self.requests, request, subrequest):
+            return True
+        value = lookup_attribute(device, device_id, self.attribute)
+        if value is None:
+            return False
+        if self._count > 0 and self._conflicts(device_id, value):
+            return False
+        self._latest[request] = (device_id, value)
+        self._count += 1
+        return True
+
+    def _conflicts(self, device_id: DeviceID, value: AttributeValue) -> bool:
+        for other_id, other in self._latest.values():
+            if value[0] not in _SCALAR_TYPES:
+                return True  # no comparable value: upstream rejects once anything is recorded
+            if self.by_identity:
+                if other_id == device_id:
+                    return True
+            elif other == value:
+                return True
+        return False
+
+    def remove(self, request: str, subrequest: str, device: JSON, device_id: DeviceID) -> None:
+        if _applies(self.requests, request, subrequest):
+            self._latest.pop(request, None)
+            self._count -= 1
+
+
+def build_constraints(claim: JSON, features: Features | None = None) -> list[Constraint]:
+    """The claim's constraints under a release's rules; ValueError for one of no known kind."""
+    rule = (features or Features()).distinct_rule
     result: list[Constraint] = []
     devices = (claim.get("spec") or {}).get("devices") or {}
     for index, constraint in enumerate(devices.get("constraints") or []):
@@ -121,7 +172,12 @@ def build_constraints(claim: JSON) -> list[Constraint]:
         if constraint.get("matchAttribute"):
             result.append(MatchAttribute(str(constraint["matchAttribute"]), requests))
         elif constraint.get("distinctAttribute"):
-            result.append(DistinctAttribute(str(constraint["distinctAttribute"]), requests))
+            attribute = str(constraint["distinctAttribute"])
+            if rule is DistinctRule.EVERY_DEVICE:
+                result.append(DistinctAttribute(attribute, requests))
+            else:
+                by_identity = rule is DistinctRule.SAME_DEVICE_ONLY
+                result.append(DistinctAttributePerRequest(attribute, requests, by_identity=by_identity))
         else:
             raise ValueError(f"constraint #{index}: empty constraint (unsupported constraint type?)")
     return result

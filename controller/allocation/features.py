@@ -2,17 +2,53 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+
+class DistinctRule(Enum):
+    """How a `distinctAttribute` constraint compares the devices it covers.
+
+    Upstream's rule changed twice (k8s.io/dynamic-resource-allocation, structured allocator):
+
+    * `EVERY_DEVICE` (1.37): every chosen device's value is kept, so all values differ.
+    * `LATEST_PER_REQUEST` (1.35, 1.36): one value is kept per request, the one of its most
+      recently chosen device, and a new device is checked against those only; dropping a device
+      forgets its request's value. Two devices of one request may share a value when another
+      device of that request was chosen in between.
+    * `SAME_DEVICE_ONLY` (1.34): as `LATEST_PER_REQUEST`, but values are compared by identity
+      (pointers) rather than content, so two different devices never conflict; only a device
+      chosen twice (a multi-allocatable device) does. The constraint then only asks that each
+      device has the attribute.
+    """
+
+    EVERY_DEVICE = "every-device"
+    LATEST_PER_REQUEST = "latest-per-request"
+    SAME_DEVICE_ONLY = "same-device-only"
+
+
+# Upstream feature gate names -> our field names.
+GATES: Mapping[str, str] = {
+    "DRAAdminAccess": "admin_access",
+    "DRAPrioritizedList": "prioritized_list",
+    "DRAPartitionableDevices": "partitionable_devices",
+    "DRADeviceTaints": "device_taints",
+    "DRAConsumableCapacity": "consumable_capacity",
+    "DRADeviceBindingConditions": "binding_conditions",
+}
 
 
 @dataclass(frozen=True)
 class Features:
     """Feature gates as kube-scheduler sees them. The defaults are Kubernetes 1.37's.
 
-    `skip_unusable_pools` is the one behaviour change between releases that
-    alters results: from 1.35 on, incomplete and invalid pools are skipped for
-    allocation; 1.34 still allocated from incomplete pools (ExactCount) and
-    failed hard when the search reached an invalid pool.
+    Besides the gates, two behaviours differ between releases and alter results:
+    `skip_unusable_pools` (from 1.35 on, incomplete and invalid pools are skipped for
+    allocation; 1.34 still allocated from incomplete pools (ExactCount) and failed hard
+    when the search reached an invalid pool) and `distinct_rule` (see `DistinctRule`).
     """
 
     admin_access: bool = True
@@ -22,12 +58,15 @@ class Features:
     consumable_capacity: bool = True
     binding_conditions: bool = True
     skip_unusable_pools: bool = True
+    distinct_rule: DistinctRule = DistinctRule.EVERY_DEVICE
 
     @classmethod
     def for_release(cls, minor: int) -> Features:
-        """Default-on gates of Kubernetes 1.<minor> (1.34 or later)."""
-        if minor >= 36:
+        """Default-on gates and the rules of Kubernetes 1.<minor> (1.34 or later)."""
+        if minor >= 37:
             return cls()
+        if minor == 36:
+            return cls(distinct_rule=DistinctRule.LATEST_PER_REQUEST)
         # 1.34/1.35: taints, partitionable devices, consumable capacity and
         # binding conditions were alpha (off by default).
         return cls(
@@ -36,4 +75,24 @@ class Features:
             consumable_capacity=False,
             binding_conditions=False,
             skip_unusable_pools=minor >= 35,
+            distinct_rule=DistinctRule.LATEST_PER_REQUEST if minor >= 35 else DistinctRule.SAME_DEVICE_ONLY,
         )
+
+    def with_gates(self, gates: Mapping[str, bool]) -> Features:
+        """These features with upstream feature gates switched as given (`--feature-gates`).
+
+        Gates we do not model are ignored: they do not change allocation results.
+        """
+        changes: dict[str, Any] = {GATES[name]: enabled for name, enabled in gates.items() if name in GATES}
+        return dataclasses.replace(self, **changes)
+
+
+def parse_feature_gates(text: str) -> dict[str, bool]:
+    """`Name=true,Other=false` (the components' --feature-gates syntax) as a dict; ValueError if malformed."""
+    gates: dict[str, bool] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip() or value.strip().lower() not in ("true", "false"):
+            raise ValueError(f"feature gate {item!r}: expected Name=true or Name=false")
+        gates[name.strip()] = value.strip().lower() == "true"
+    return gates

@@ -149,11 +149,13 @@ def _build_pool(
     features: Features,
 ) -> Pool:
     pool = Pool(driver=driver, name=name, generation=generation)
+    # Counter sets come from slices of their own (1.35+ layout) or from the slice of the
+    # devices that consume them (1.34 layout); a slice may hold both, so its devices count too.
     counter_slices: list[JSON] = []
     for slice_obj in sorted(node_slices, key=slice_name):
         if features.partitionable_devices and _spec(slice_obj).get("sharedCounters"):
             counter_slices.append(slice_obj)
-        else:
+        if _spec(slice_obj).get("devices") or not _spec(slice_obj).get("sharedCounters"):
             pool.slices_on_node.append(slice_obj)
     if len(node_slices) < len(same_generation):
         on_node = {slice_name(s) for s in node_slices}
@@ -162,7 +164,7 @@ def _build_pool(
                 continue
             if features.partitionable_devices and _spec(other).get("sharedCounters"):
                 counter_slices.append(other)
-            else:
+            if _spec(other).get("devices") or not _spec(other).get("sharedCounters"):
                 pool.slices_elsewhere.append(other)
     pool.has_binding_conditions = any(
         d.get("bindingConditions") for s in pool.slices_on_node for d in _spec(s).get("devices") or []

@@ -141,7 +141,7 @@ class Search:
                     f"of {MAX_RESULTS}"
                 )
             try:
-                constraints = build_constraints(claim)
+                constraints = build_constraints(claim, self.features)
             except ValueError as err:
                 raise AllocationError(f"claim {ref}, {err}") from err
             self.plans.append(ClaimPlan(claim=claim, requests=plans, constraints=constraints))
