@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from draplugin.kubeversion import KubernetesVersion, VersionError, parse_kubernetes_version
 from draplugin.logs import LOG_FORMATS, LOG_LEVELS
 
 DEFAULT_DRIVER_NAME: Final = "gpu.draplugin.dev"
@@ -82,6 +83,12 @@ RUN_OPTIONS: Final = (
         "fake backend: YAML `device: xid` file of injected faults (default <state-dir>/fake-faults.yaml)",
     ),
     Option("--nvml-lib-path", "NVML_LIB_PATH", None, "nvml backend: libnvidia-ml.so.1 or the driver root"),
+    Option(
+        "--kubernetes-version",
+        "KUBERNETES_VERSION",
+        None,
+        "release of the API server (e.g. 1.34) whose ResourceSlice rules to follow; default: ask it",
+    ),
 )
 
 FAKE_FAULT_FILE_NAME: Final = "fake-faults.yaml"
@@ -111,6 +118,8 @@ class Settings:
     fake_config: Path | None = None
     fake_fault_file: Path | None = None
     nvml_lib_path: str | None = None
+    # None: the API server's own release, read with GET /version.
+    kubernetes_version: KubernetesVersion | None = None
 
     def backend_options(self) -> dict[str, object]:
         """Keyword options for `draplugin.devices.load_backend(self.backend, ...)`."""
@@ -276,6 +285,11 @@ def validate(values: Mapping[str, str | None]) -> Settings:
     backend = _choice("backend", required("backend"), BACKENDS)
     chosen = _backend_settings(values, backend)
     delete_raw = values.get("delete_slices_on_shutdown") or "false"
+    version_raw = values.get("kubernetes_version") or None
+    try:
+        kubernetes_version = parse_kubernetes_version(version_raw) if version_raw else None
+    except VersionError as err:
+        raise ConfigError(f"{_name_of('kubernetes_version')}: {err}") from None
 
     return Settings(
         driver_name=_dns_subdomain("driver_name", required("driver_name"), DRIVER_NAME_MAX),
@@ -296,6 +310,7 @@ def validate(values: Mapping[str, str | None]) -> Settings:
         fake_config=chosen.fake_config,
         fake_fault_file=chosen.fake_fault_file,
         nvml_lib_path=chosen.nvml_lib_path,
+        kubernetes_version=kubernetes_version,
     )
 
 

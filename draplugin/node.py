@@ -30,7 +30,14 @@ from draplugin.devices import DeviceBackend, load_backend
 from draplugin.devices.health import FaultFile, HealthReporter, HealthTracker
 from draplugin.kubelet.interface import Driver
 from draplugin.kubelet.server import KubeletPluginServer, PluginServerOptions
-from draplugin.slices import KubeSliceApi, SliceApi, SliceMetrics, SlicePublisher, backend_source
+from draplugin.slices import (
+    KubeSliceApi,
+    SliceApi,
+    SliceMetrics,
+    SlicePublisher,
+    backend_source,
+    layout_for,
+)
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +138,7 @@ class NodeDaemon:
             # With health monitoring a device may gain a taint at any time; planning for
             # it up front keeps slice boundaries still when one does.
             expect_taints=self._monitor is not None,
+            layout=layout_for(settings.kubernetes_version) if settings.kubernetes_version else None,
             metrics=slice_metrics,
         )
         # A health change republishes the slice holding the device (an in-place update).

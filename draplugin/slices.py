@@ -10,8 +10,12 @@ repaired within a second.
 Rules, following the upstream ResourceSlice controller:
 
 - Devices keep discovery order (first-fit allocation depends on it). A slice
-  holds at most 128 devices, 64 when the pool uses taints or counters; the
-  counter sets go in slices of their own (required from Kubernetes 1.35).
+  holds at most 128 devices, 64 when the pool uses taints or counters.
+- Where shared counter sets go depends on the server's release (`SliceLayout`,
+  discovered once with `GET /version`): from Kubernetes 1.35 on they go in
+  slices of their own; 1.34 only accepts a device whose counter set is defined
+  in the same slice, and its scheduler scopes counter sets to their slice, so
+  each counter set shares one slice with every device that consumes it.
 - `pool.generation` increases when the pool's layout changes: a slice is
   added or removed, or more than one slice changes at once (consumers combine
   slices of the newest generation only, so they never mix two states). A
@@ -34,6 +38,7 @@ Rules, following the upstream ResourceSlice controller:
 from __future__ import annotations
 
 import collections
+import enum
 import hashlib
 import json
 import logging
@@ -46,7 +51,14 @@ from typing import Any, Protocol
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter
 
-from draplugin.devices.model import CounterSet, Device, DeviceBackend, validate_devices
+from draplugin.devices.model import (
+    CounterSet,
+    Device,
+    DeviceBackend,
+    DeviceValidationError,
+    validate_devices,
+)
+from draplugin.kubeversion import KubernetesVersion, VersionError, format_version, version_from_info
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +68,24 @@ MAX_DEVICES_PER_SLICE = 128
 MAX_DEVICES_PER_SLICE_WITH_TAINTS_OR_COUNTERS = 64
 MAX_COUNTER_SETS_PER_SLICE = 8
 MAX_NAME_LENGTH = 253
+# Kubernetes 1.34 limits for a slice that holds counter sets and their consumers:
+# counters summed over all of the slice's sets, and over all of its devices.
+MAX_SHARED_COUNTERS_PER_SLICE_1_34 = 32
+MAX_DEVICE_COUNTERS_PER_SLICE_1_34 = 1024
+
+
+class SliceLayout(enum.Enum):
+    """Where a pool's shared counter sets are published."""
+
+    # Kubernetes 1.35 and later: counter sets in slices of their own, before the devices.
+    SEPARATE_COUNTER_SLICES = "separate-counter-slices"
+    # Kubernetes 1.34: each counter set in the slice of the devices that consume it.
+    COUNTERS_WITH_DEVICES = "counters-with-devices"
+
+
+def layout_for(version: KubernetesVersion) -> SliceLayout:
+    """The layout the API server of that release accepts."""
+    return SliceLayout.COUNTERS_WITH_DEVICES if version < (1, 35) else SliceLayout.SEPARATE_COUNTER_SLICES
 
 
 # --- planning (pure) ----------------------------------------------------------------------------------
@@ -70,18 +100,26 @@ class PlannedSlice:
 
 
 def plan_slices(
-    devices: Sequence[Device], counter_sets: Sequence[CounterSet] = (), *, expect_taints: bool = False
+    devices: Sequence[Device],
+    counter_sets: Sequence[CounterSet] = (),
+    *,
+    expect_taints: bool = False,
+    layout: SliceLayout = SliceLayout.SEPARATE_COUNTER_SLICES,
 ) -> list[PlannedSlice]:
     """Cut the pool into slices: counter-set slices first, then devices in order.
 
     The per-slice device limit is chosen for the whole pool, not per slice, so a
     device gaining a taint changes one slice rather than shifting every boundary.
     `expect_taints` (set when health monitoring is on) picks the lower limit up
-    front for the same reason. Raises `DeviceValidationError` for invalid input.
+    front for the same reason. With `SliceLayout.COUNTERS_WITH_DEVICES` each
+    counter set travels with its consumers instead (`_plan_counters_with_devices`).
+    Raises `DeviceValidationError` for invalid input.
     """
     validate_devices(devices, counter_sets)
     small = expect_taints or bool(counter_sets) or any(d.needs_small_slice for d in devices)
     limit = MAX_DEVICES_PER_SLICE_WITH_TAINTS_OR_COUNTERS if small else MAX_DEVICES_PER_SLICE
+    if layout is SliceLayout.COUNTERS_WITH_DEVICES and counter_sets:
+        return _plan_counters_with_devices(devices, counter_sets, limit)
     slices: list[PlannedSlice] = []
     rendered_sets = [c.to_api() for c in counter_sets]
     for start in range(0, len(rendered_sets), MAX_COUNTER_SETS_PER_SLICE):
@@ -95,6 +133,101 @@ def plan_slices(
         # An empty pool is published as one empty slice: "no devices" differs from "no pool".
         slices.append(PlannedSlice())
     return slices
+
+
+@dataclass(slots=True)
+class _Group:
+    """Devices tied together by the counter sets they share, and those sets."""
+
+    device_indices: list[int] = field(default_factory=list)
+    set_names: list[str] = field(default_factory=list)
+
+
+def _plan_counters_with_devices(
+    devices: Sequence[Device], counter_sets: Sequence[CounterSet], limit: int
+) -> list[PlannedSlice]:
+    """The 1.34 layout: every counter set in one slice with all of its consumers.
+
+    Devices sharing a counter set (directly or through a chain of sets) form a
+    group that must not be split; groups are packed into slices in the order of
+    their first device, so devices keep discovery order unless consumers of one
+    set are interleaved with other devices. A group that cannot fit one slice is
+    a DeviceValidationError: 1.34 has no way to publish it.
+    """
+    parent: dict[str, str] = {c.name: c.name for c in counter_sets}
+
+    def root(name: str) -> str:
+        while parent[name] != name:
+            parent[name] = parent[parent[name]]
+            name = parent[name]
+        return name
+
+    for device in devices:
+        names = [c.counter_set for c in device.consumes_counters]
+        for other in names[1:]:
+            parent[root(other)] = root(names[0])
+
+    groups: dict[str, _Group] = {}
+    ordered: list[_Group] = []
+    for index, device in enumerate(devices):
+        if not device.consumes_counters:
+            ordered.append(_Group(device_indices=[index]))
+            continue
+        key = root(device.consumes_counters[0].counter_set)
+        group = groups.get(key)
+        if group is None:
+            group = groups[key] = _Group()
+            ordered.append(group)
+        group.device_indices.append(index)
+    for counter_set in counter_sets:  # unused sets still get published, with their group or alone
+        key = root(counter_set.name)
+        group = groups.get(key)
+        if group is None:
+            group = groups[key] = _Group()
+            ordered.append(group)
+        group.set_names.append(counter_set.name)
+
+    rendered_sets = {c.name: c.to_api() for c in counter_sets}
+    rendered = [d.to_api() for d in devices]
+
+    def size(group: _Group) -> tuple[int, int, int, int]:
+        shared = sum(len(rendered_sets[n]["counters"]) for n in group.set_names)
+        consumed = sum(
+            len(c["counters"]) for i in group.device_indices for c in rendered[i].get("consumesCounters", [])
+        )
+        return len(group.device_indices), len(group.set_names), shared, consumed
+
+    maxima = (
+        limit,
+        MAX_COUNTER_SETS_PER_SLICE,
+        MAX_SHARED_COUNTERS_PER_SLICE_1_34,
+        MAX_DEVICE_COUNTERS_PER_SLICE_1_34,
+    )
+    slices: list[list[_Group]] = []
+    used: tuple[int, ...] = (0, 0, 0, 0)
+    for group in ordered:
+        need = size(group)
+        if any(n > m for n, m in zip(need, maxima, strict=True)):
+            raise DeviceValidationError(
+                f"counter sets {', '.join(group.set_names)}",
+                "sharedCounters",
+                f"{need[0]} devices, {need[1]} counter sets, {need[2]} shared and {need[3]} consumed "
+                f"counters exceed one ResourceSlice (limits {maxima[0]}, {maxima[1]}, {maxima[2]}, "
+                f"{maxima[3]}); Kubernetes 1.34 needs a counter set and all its consumers in one slice",
+            )
+        total = tuple(u + n for u, n in zip(used, need, strict=True))
+        if not slices or any(t > m for t, m in zip(total, maxima, strict=True)):
+            slices.append([])
+            total = need
+        slices[-1].append(group)
+        used = total
+    return [
+        PlannedSlice(
+            devices=tuple(rendered[i] for i in sorted(i for g in members for i in g.device_indices)),
+            shared_counters=tuple(rendered_sets[n] for g in members for n in g.set_names),
+        )
+        for members in slices
+    ]
 
 
 def slice_name(node_name: str, driver: str, index: int) -> str:
@@ -140,9 +273,10 @@ def render_pool(
     driver: str,
     generation: int = 1,
     expect_taints: bool = False,
+    layout: SliceLayout = SliceLayout.SEPARATE_COUNTER_SLICES,
 ) -> list[dict[str, Any]]:
     """Every slice of the pool as it would be written (used by `draplugin devices`)."""
-    planned = plan_slices(devices, counter_sets, expect_taints=expect_taints)
+    planned = plan_slices(devices, counter_sets, expect_taints=expect_taints, layout=layout)
     return [
         render_slice(p, node=node, driver=driver, index=i, generation=generation, count=len(planned))
         for i, p in enumerate(planned)
@@ -167,6 +301,10 @@ class ApiError(Exception):
 
 class SliceApi(Protocol):
     """The few API calls the publisher makes, on raw JSON dicts."""
+
+    def server_version(self) -> KubernetesVersion:
+        """The API server's release (`GET /version`)."""
+        ...
 
     def get_node_uid(self, name: str) -> str: ...
 
@@ -232,6 +370,13 @@ class KubeSliceApi:
             return response
         data = response.read()
         return json.loads(data) if data else {}
+
+    def server_version(self) -> KubernetesVersion:
+        info = self._call("GET", "/version")
+        try:
+            return version_from_info(info)
+        except VersionError as err:
+            raise ApiError(0, f"GET /version: {err}") from err
 
     def get_node_uid(self, name: str) -> str:
         node = self._call("GET", f"/api/v1/nodes/{name}")
@@ -391,6 +536,7 @@ class SlicePublisher:
         driver: str,
         source: DevicesSource,
         expect_taints: bool = False,
+        layout: SliceLayout | None = None,
         metrics: SliceMetrics | None = None,
         settle_s: float = 0.2,
         resync_s: float = 600.0,
@@ -401,6 +547,8 @@ class SlicePublisher:
         self._driver = driver
         self._source = source
         self._expect_taints = expect_taints
+        # None: chosen from the server's release at the first sync (one GET /version).
+        self._layout = layout
         self._metrics = metrics if metrics is not None else default_metrics()
         self._settle_s = settle_s
         self._resync_s = resync_s
@@ -434,7 +582,9 @@ class SlicePublisher:
         """Make the API match the devices. Raises ApiError (caller retries) or DeviceValidationError."""
         with self._lock:
             devices, counter_sets = self._source()
-            planned = plan_slices(devices, counter_sets, expect_taints=self._expect_taints)
+            planned = plan_slices(
+                devices, counter_sets, expect_taints=self._expect_taints, layout=self.layout()
+            )
             node = self._node_ref()
             existing_list, list_version = self._api.list_slices(self._selector)
             self._list_version = list_version
@@ -511,6 +661,18 @@ class SlicePublisher:
             self._accepted.clear()
             log.info("resourceslices deleted node=%s count=%d", self._node_name, len(existing))
             return len(existing)
+
+    def layout(self) -> SliceLayout:
+        """Where counter sets go: as configured, else by the server's release (asked once)."""
+        if self._layout is None:
+            version = self._api.server_version()
+            self._layout = layout_for(version)
+            log.info(
+                "resourceslice layout chosen kubernetes=%s layout=%s",
+                format_version(version),
+                self._layout.value,
+            )
+        return self._layout
 
     def _node_ref(self) -> NodeRef:
         if self._node_uid is None:

@@ -10,10 +10,22 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
+from controller.allocation.builders import claim, device_class, exactly
+from controller.allocation.nodes import Node
+from controller.allocator import Allocator
 from draplugin.devices.fake import FakeBackend, config_from_flags, parse_config
 from draplugin.devices.health import HealthTracker
 from draplugin.devices.model import Device
-from draplugin.slices import KubeSliceApi, SliceMetrics, SlicePublisher, backend_source, wait_for
+from draplugin.kubeversion import server_version
+from draplugin.slices import (
+    KubeSliceApi,
+    SliceMetrics,
+    SlicePublisher,
+    backend_source,
+    layout_for,
+    wait_for,
+)
+from tests.integration.release import cluster_features
 from tests.kube.controlplane import ControlPlane
 from tests.kube.rest import KubeJSON
 from tests.kube.wait import wait_for as wait_until
@@ -87,13 +99,39 @@ def test_static_mig_and_partitionable_layouts_are_accepted(
         )
         result = pub.sync()
         slices = our_slices(KubeJSON(api), node)
-        assert result.created == len(slices) == 2
+        version = server_version(api)
+        assert pub.layout() is layout_for(version)
+        if version >= (1, 35):
+            # Counter sets in a slice of their own, then the devices.
+            assert result.created == len(slices) == 2
+            assert "devices" not in slices[0]["spec"]
+            assert all("sharedCounters" not in s["spec"] for s in slices[1:])
+        else:
+            # 1.34: each counter set in the slice of its consumers (here: one slice for both GPUs).
+            assert result.created == len(slices) == 1
+            assert len(slices[0]["spec"]["devices"]) == len(backend.discover())
         assert [c["name"] for c in slices[0]["spec"]["sharedCounters"]] == [
             "gpu-0-counters",
             "gpu-1-counters",
         ]
         # Either stored as sent, or the server dropped partitionable fields (gate off): both must be stable.
         assert pub.sync().writes == 0
+        # Our allocator reads the pool in either layout: a MIG device, then the whole GPU
+        # it came from is blocked by the shared counters while the other GPU is free.
+        allocator = Allocator(
+            device_classes=[device_class("gpu", ['device.driver == "gpu.draplugin.dev"'])],
+            slices=slices,
+            allocated_claims=[],
+            features=cluster_features(kube_cluster),
+        )
+        mig = claim(
+            "mig",
+            [exactly("mig", "gpu", selectors=['device.attributes["gpu.draplugin.dev"].type == "mig"'])],
+        )
+        outcome = allocator.allocate([mig], Node(node))
+        assert outcome.ok, outcome.failure
+        chosen = outcome.allocations[0]["devices"]["results"][0]["device"]
+        assert chosen.startswith("gpu-0-mig-")
 
 
 def test_deleted_slices_come_back_and_idle_publisher_writes_nothing(

@@ -44,6 +44,9 @@ class FakeSliceApi:
     def add_node(self) -> None:
         self.node_uid = NODE_UID
 
+    def server_version(self) -> tuple[int, int]:
+        return (1, 37)
+
     def get_node_uid(self, name: str) -> str:
         self.node_lookups += 1
         if name != NODE or self.node_uid is None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import itertools
 import queue
 from collections.abc import Iterator, Sequence
@@ -13,14 +14,16 @@ from prometheus_client import CollectorRegistry
 
 from draplugin.devices.fake import FakeBackend, config_from_flags, parse_config
 from draplugin.devices.health import HealthTracker
-from draplugin.devices.model import CounterSet, Device, DeviceTaint, DeviceValidationError
+from draplugin.devices.model import CounterConsumption, CounterSet, Device, DeviceTaint, DeviceValidationError
 from draplugin.slices import (
     MAX_NAME_LENGTH,
     ApiError,
     NodeRef,
+    SliceLayout,
     SliceMetrics,
     SlicePublisher,
     backend_source,
+    layout_for,
     plan_slices,
     render_pool,
     slice_name,
@@ -34,7 +37,9 @@ NODE = "node-a"
 class MemoryApi:
     """ResourceSlices kept in memory with resourceVersions, preconditions and 409s like the API server."""
 
-    def __init__(self) -> None:
+    def __init__(self, version: tuple[int, int] = (1, 37)) -> None:
+        self.version = version
+        self.version_reads = 0
         self.objects: dict[str, dict[str, Any]] = {}
         self._rv = itertools.count(100)
         self._uid = itertools.count(1)
@@ -45,6 +50,10 @@ class MemoryApi:
         self.calls.append(op)
         if self.fail_next:
             raise self.fail_next.pop(0)
+
+    def server_version(self) -> tuple[int, int]:
+        self.version_reads += 1
+        return self.version
 
     def get_node_uid(self, name: str) -> str:
         return f"uid-of-{name}"
@@ -359,3 +368,112 @@ def test_background_loop_backs_off_on_api_errors() -> None:
     finally:
         pub.stop()
     assert api.calls[:3] == ["list", "list", "list"]
+
+
+# ----- shared counters on Kubernetes 1.34: in the slice of their consumers -----------------------
+
+
+def _consumers_by_set(planned: Sequence[Any]) -> dict[str, set[int]]:
+    """Counter set name -> indices of the planned slices whose devices consume it."""
+    where: dict[str, set[int]] = {}
+    for index, p in enumerate(planned):
+        for device in p.devices:
+            for consumption in device.get("consumesCounters", []):
+                where.setdefault(consumption["counterSet"], set()).add(index)
+    return where
+
+
+def test_layout_follows_the_server_release() -> None:
+    assert layout_for((1, 34)) is SliceLayout.COUNTERS_WITH_DEVICES
+    assert layout_for((1, 35)) is SliceLayout.SEPARATE_COUNTER_SLICES
+    assert layout_for((1, 37)) is SliceLayout.SEPARATE_COUNTER_SLICES
+
+
+def test_1_34_layout_puts_each_counter_set_with_all_its_consumers() -> None:
+    backend = FakeBackend(
+        NODE, parse_config({"gpus": [{"model": "H100-80GB-HBM3", "count": 2}], "partitionable": True})
+    )
+    devices, sets = backend.discover(), backend.shared_counters()
+    plan = plan_slices(devices, sets, layout=SliceLayout.COUNTERS_WITH_DEVICES)
+    # Two GPUs (15 shared counters each) fit the 1.34 limit of 32 shared counters per slice.
+    assert len(plan) == 1
+    assert [c["name"] for c in plan[0].shared_counters] == ["gpu-0-counters", "gpu-1-counters"]
+    assert [d["name"] for d in plan[0].devices] == [d.name for d in devices]
+
+
+def test_1_34_layout_starts_a_new_slice_when_shared_counters_run_out() -> None:
+    config = parse_config({"gpus": [{"model": "H100-80GB-HBM3", "count": 5}], "partitionable": True})
+    backend = FakeBackend(NODE, config)
+    devices, sets = backend.discover(), backend.shared_counters()
+    plan = plan_slices(devices, sets, layout=SliceLayout.COUNTERS_WITH_DEVICES)
+    assert [len(p.shared_counters) for p in plan] == [2, 2, 1]
+    for p in plan:
+        assert sum(len(c["counters"]) for c in p.shared_counters) <= 32
+        defined = {c["name"] for c in p.shared_counters}
+        used = {c["counterSet"] for d in p.devices for c in d.get("consumesCounters", [])}
+        assert used <= defined, "every device's counter set is defined in its own slice"
+    assert all(len(slices) == 1 for slices in _consumers_by_set(plan).values())
+    # Discovery order is kept across the whole pool.
+    assert [d["name"] for p in plan for d in p.devices] == [d.name for d in devices]
+
+
+def test_1_34_layout_keeps_interleaved_consumers_together() -> None:
+    sets = [CounterSet("a", {"mem": "10"}), CounterSet("b", {"mem": "10"})]
+    backend = FakeBackend(NODE, config_from_flags(4, "L4"))
+    plain = backend.discover()
+
+    def consuming(device: Device, set_name: str) -> Device:
+        return dataclasses.replace(device, consumes_counters=(CounterConsumption(set_name, {"mem": "1"}),))
+
+    devices = [consuming(plain[0], "a"), consuming(plain[1], "b"), consuming(plain[2], "a"), plain[3]]
+    plan = plan_slices(devices, sets, layout=SliceLayout.COUNTERS_WITH_DEVICES)
+    assert len(plan) == 1
+    assert {c["name"] for c in plan[0].shared_counters} == {"a", "b"}
+
+
+def test_1_34_layout_rejects_a_counter_set_whose_consumers_exceed_one_slice() -> None:
+    counter_set = CounterSet("big", {"mem": "1000"})
+    backend = FakeBackend(NODE, config_from_flags(65, "L4"))
+    devices = [
+        dataclasses.replace(d, consumes_counters=(CounterConsumption("big", {"mem": "1"}),))
+        for d in backend.discover()
+    ]
+    with pytest.raises(DeviceValidationError, match=r"1\.34 needs a counter set and all its consumers"):
+        plan_slices(devices, [counter_set], layout=SliceLayout.COUNTERS_WITH_DEVICES)
+    # 1.35+ has no such limit: the set has a slice of its own and devices spread over two.
+    assert len(plan_slices(devices, [counter_set])) == 3
+
+
+def test_publisher_asks_the_server_release_once_and_uses_its_layout() -> None:
+    backend = FakeBackend(
+        NODE, parse_config({"gpus": [{"model": "H100-80GB-HBM3", "count": 2}], "partitionable": True})
+    )
+    old = MemoryApi(version=(1, 34))
+    pub, _ = publisher(old, backend.discover(), backend.shared_counters())
+    pub.sync()
+    pub.sync()
+    assert old.version_reads == 1
+    assert len(old.objects) == 1
+    (only,) = old.objects.values()
+    assert [c["name"] for c in only["spec"]["sharedCounters"]] == ["gpu-0-counters", "gpu-1-counters"]
+    assert len(only["spec"]["devices"]) == 38
+
+    new = MemoryApi(version=(1, 37))
+    pub, _ = publisher(new, backend.discover(), backend.shared_counters())
+    pub.sync()
+    assert len(new.objects) == 2
+    first = new.objects[slice_name(NODE, DRIVER, 0)]
+    assert first["spec"]["sharedCounters"] and "devices" not in first["spec"]
+
+
+def test_configured_layout_overrides_the_server_release() -> None:
+    backend = FakeBackend(
+        NODE, parse_config({"gpus": [{"model": "H100-80GB-HBM3", "count": 1}], "partitionable": True})
+    )
+    api = MemoryApi(version=(1, 37))
+    pub, _ = publisher(
+        api, backend.discover(), backend.shared_counters(), layout=SliceLayout.COUNTERS_WITH_DEVICES
+    )
+    pub.sync()
+    assert api.version_reads == 0
+    assert len(api.objects) == 1
