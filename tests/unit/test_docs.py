@@ -56,7 +56,7 @@ _MAKE = "the project's own set-up and test entry points (run by CI, not from ins
 
 NOT_RUN: dict[str, str] = {
     # README.md
-    "make demo": "starts a local cluster that runs until Ctrl-C; tests/e2e cover the same path",
+    "make demo": "stays up until Ctrl-C; tests/e2e/test_demo.py runs the same demo with --once",
     "make test": _MAKE,
     "make venv": _MAKE,
     "make unit": _MAKE,
