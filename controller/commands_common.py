@@ -1,9 +1,11 @@
 """Options and helpers shared by simulate, explain and lint: where objects come from
-(manifests with --objects, else the cluster as kubectl would reach it) and output format."""
+(manifests with --objects, else the cluster as kubectl would reach it), output format, and the
+Kubernetes release whose rules to follow."""
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from collections.abc import Callable
@@ -11,9 +13,20 @@ from typing import Any
 
 import yaml
 
+from controller.allocation.features import Features
 from controller.allocation.nodes import Node
+from controller.allocation.selectors import Compiler
 from controller.allocator import Allocator
+from controller.cel import compile_selector, versions
+from controller.cel.versions import VERSION_ENV
 from controller.objects import ClusterObjects, ManifestError, load_from_cluster, load_manifests
+from draplugin.kubeversion import (
+    NEWEST_KNOWN,
+    KubernetesVersion,
+    VersionError,
+    format_version,
+    parse_kubernetes_version,
+)
 
 OUTPUT_FORMATS = ("text", "yaml", "json")
 
@@ -34,6 +47,30 @@ def add_source_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--context", help="kubeconfig context to use")
     parser.add_argument("-o", "--output", choices=OUTPUT_FORMATS, default="text", help="output format")
+    add_version_argument(parser)
+
+
+def kubernetes_version_argument(text: str) -> KubernetesVersion:
+    try:
+        return parse_kubernetes_version(text)
+    except VersionError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def add_version_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--kubernetes-version",
+        type=kubernetes_version_argument,
+        metavar="MAJOR.MINOR",
+        help=f"follow the CEL environment and allocation rules of this release "
+        f"(default: ${VERSION_ENV}, else {format_version(NEWEST_KNOWN)})",
+    )
+
+
+def release_of(args: argparse.Namespace) -> KubernetesVersion:
+    """--kubernetes-version, else $DRA_KUBERNETES_VERSION, else the newest release we know."""
+    chosen: KubernetesVersion | None = getattr(args, "kubernetes_version", None)
+    return chosen if chosen is not None else versions.default_version()
 
 
 def load_objects(args: argparse.Namespace) -> ClusterObjects:
@@ -57,13 +94,22 @@ def load_objects(args: argparse.Namespace) -> ClusterObjects:
         raise InputError(f"cannot read objects from the cluster: {err}") from err
 
 
-def build_allocator(objects: ClusterObjects) -> Allocator:
+def build_allocator(objects: ClusterObjects, release: KubernetesVersion = NEWEST_KNOWN) -> Allocator:
+    """An allocator with the default feature gates, rules and CEL environment of `release`."""
     return Allocator(
         device_classes=objects.device_classes,
         slices=objects.slices,
         allocated_claims=[c for c in objects.claims if (c.get("status") or {}).get("allocation")],
         taint_rules=objects.taint_rules,
+        features=Features.for_release(release[1]),
+        compiler=selector_compiler(release),
     )
+
+
+def selector_compiler(release: KubernetesVersion) -> Compiler:
+    """compile_selector for the CEL environment of `release`."""
+    compiler: Compiler = functools.partial(compile_selector, kubernetes_version=release)
+    return compiler
 
 
 def cluster_nodes(objects: ClusterObjects, allocator: Allocator) -> list[Node]:

@@ -14,6 +14,7 @@ from controller.commands_common import (
     emit,
     find_node,
     load_objects,
+    release_of,
 )
 from controller.explain import explain_claim
 
@@ -35,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     if claim is None:
         sys.stderr.write(f"error: ResourceClaim {args.namespace}/{args.claim} not found\n")
         return EXIT_USAGE
-    allocator = build_allocator(objects)
+    allocator = build_allocator(objects, release_of(args))
     nodes = [find_node(objects, args.node)] if args.node else cluster_nodes(objects, allocator)
     explanation = explain_claim(allocator, claim, nodes or None)
     emit(args, explanation.to_json(), explanation.to_text)

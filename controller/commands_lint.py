@@ -6,7 +6,14 @@ import argparse
 import sys
 
 from controller.cli import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, Subcommand, register_subcommand
-from controller.commands_common import InputError, add_source_arguments, emit, load_objects
+from controller.commands_common import (
+    InputError,
+    add_source_arguments,
+    emit,
+    load_objects,
+    release_of,
+    selector_compiler,
+)
 from controller.lint import lint
 
 
@@ -21,7 +28,8 @@ def run(args: argparse.Namespace) -> int:
     except InputError as err:
         sys.stderr.write(f"error: {err}\n")
         return EXIT_USAGE
-    report = lint(objects.device_classes, objects.claims, objects.slices)
+    compiler = selector_compiler(release_of(args))
+    report = lint(objects.device_classes, objects.claims, objects.slices, compiler)
     emit(
         args,
         report.to_json(),

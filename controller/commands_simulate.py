@@ -24,6 +24,7 @@ from controller.commands_common import (
     emit,
     find_node,
     load_objects,
+    release_of,
 )
 from controller.explain import explain_claim
 
@@ -148,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
     except InputError as err:
         sys.stderr.write(f"error: {err}\n")
         return EXIT_USAGE
-    allocator = build_allocator(objects)
+    allocator = build_allocator(objects, release_of(args))
     nodes = cluster_nodes(objects, allocator)
     only = find_node(objects, args.node) if args.node else None
     results = Simulator(allocator, nodes).run(pending_claims(objects.claims), only)

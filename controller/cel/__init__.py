@@ -11,6 +11,10 @@
   semver, lists, regex (find/findAll), IP/CIDR, URL, ext.Strings v2 (with format),
   ext.Lists and ext.Sets,
   optionals and cel.bind (cel-expr-python only).
+* Releases: `compile_selector(expr, kubernetes_version=(1, 34))` (or $DRA_KUBERNETES_VERSION,
+  or `--kubernetes-version` on the dra-controller commands) accepts only what that release's
+  kube-apiserver accepts in a new selector; e.g. ext.Lists (sort, flatten, ...) is an
+  "undeclared reference" before 1.35 (controller.cel.versions). Default: the newest release.
 * Limits: expressions over 10 KiB are rejected; cost is a compile-time *estimate*
   (controller.cel.analysis) against upstream's 1,000,000 limit, rejected as "too complex,
   exceeds cost limit". At run time, cel-cpp's comprehension budget and size guards in

@@ -21,6 +21,8 @@ import yaml
 
 from controller.cel import ENGINES, CompileError, EvaluationError, compile_selector
 from controller.cli import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, Subcommand, register_subcommand
+from controller.commands_common import add_version_argument
+from draplugin.kubeversion import KubernetesVersion
 
 
 class InputError(ValueError):
@@ -95,8 +97,14 @@ def slice_devices(
             yield SliceDevice(slice_driver, pool_name, device)
 
 
-def evaluate(expression: str, paths: list[Path], driver: str | None, engine: str | None) -> Report:
-    selector = compile_selector(expression, engine=engine)
+def evaluate(
+    expression: str,
+    paths: list[Path],
+    driver: str | None,
+    engine: str | None,
+    kubernetes_version: KubernetesVersion | None = None,
+) -> Report:
+    selector = compile_selector(expression, engine=engine, kubernetes_version=kubernetes_version)
     report = Report()
     for path in paths:
         for item in slice_devices(load_objects(path), driver, path):
@@ -130,11 +138,12 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--engine", choices=ENGINES, help="CEL engine (default: $DRA_CEL_ENGINE or cel-expr-python)"
     )
+    add_version_argument(parser)
 
 
 def _run(args: argparse.Namespace) -> int:
     try:
-        report = evaluate(args.expression, args.files, args.driver, args.engine)
+        report = evaluate(args.expression, args.files, args.driver, args.engine, args.kubernetes_version)
     except CompileError as err:
         print(f"dra-controller cel: compile error: {err}", file=sys.stderr)
         return EXIT_USAGE

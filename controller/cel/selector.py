@@ -9,12 +9,13 @@ from collections.abc import Hashable, Mapping
 from functools import cache, lru_cache
 from typing import Any
 
-from controller.cel import analysis
+from controller.cel import analysis, versions
 from controller.cel.device import device_name
 from controller.cel.engine import Engine, EvalFailure, Program
 from controller.cel.errors import CompileError, EngineUnavailable, EvaluationError
 from controller.cel.memo import KeyPlan
 from controller.cel.syntax import ParseFailure
+from draplugin.kubeversion import NEWEST_KNOWN, KubernetesVersion
 
 log = logging.getLogger(__name__)
 
@@ -122,16 +123,24 @@ class Selector:
         return f"Selector({self.expression!r}, engine={self.engine!r})"
 
 
-def compile_selector(expression: str, *, engine: str | None = None) -> Selector:
-    """Compile a DRA device selector (a CEL expression over `device`). Raises CompileError."""
+def compile_selector(
+    expression: str, *, engine: str | None = None, kubernetes_version: KubernetesVersion | None = None
+) -> Selector:
+    """Compile a DRA device selector (a CEL expression over `device`). Raises CompileError.
+
+    `kubernetes_version` (major, minor) is the release of the API server the selector is
+    written for: libraries that release does not accept in a new selector are undeclared
+    there (`controller.cel.versions`). Default: $DRA_KUBERNETES_VERSION, else the newest.
+    """
     if not isinstance(expression, str):
         raise CompileError("expression must be a string")
     chosen = engine or default_engine()
-    return _compile_cached(expression, chosen)
+    version = kubernetes_version if kubernetes_version is not None else versions.default_version()
+    return _compile_cached(expression, chosen, version)
 
 
 @lru_cache(maxsize=_COMPILE_CACHE_SIZE)
-def _compile_cached(expression: str, engine_name: str) -> Selector:
+def _compile_cached(expression: str, engine_name: str, version: KubernetesVersion = NEWEST_KNOWN) -> Selector:
     if len(expression.encode()) > MAX_EXPRESSION_LENGTH:
         raise CompileError(f"expression too long: may not be more than {MAX_EXPRESSION_LENGTH} bytes")
     try:
@@ -139,6 +148,7 @@ def _compile_cached(expression: str, engine_name: str) -> Selector:
     except EngineUnavailable as err:
         raise CompileError(str(err)) from None
     info = _analyze(expression, engine)
+    versions.check_available(expression, info.calls, version)
     program = engine.compile(expression, info)
     if info.cost > MAX_COST:
         raise CompileError(f"too complex, exceeds cost limit (estimated cost {info.cost} > {MAX_COST})")

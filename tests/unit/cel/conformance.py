@@ -71,6 +71,10 @@ class Case:
     # (observed: quantity sign() is "no matching overload" there); the controller still
     # evaluates it, as the scheduler's stored-expressions environment would.
     gated_in_apiserver: bool = False
+    # The oldest kube-apiserver release that accepts the expression in a new selector (None:
+    # every supported release). Older ones reject it as an undeclared reference, and so do we
+    # when compiling for them.
+    since: tuple[int, int] | None = None
 
     def outcome(self, engine: str) -> Outcome:
         if engine == "cel-python" and self.celpy is not None:
@@ -80,6 +84,15 @@ class Case:
     @property
     def apiserver_accepts(self) -> bool:
         return self.expect != COMPILE and not self.gated_in_apiserver
+
+    def available_in(self, version: tuple[int, int]) -> bool:
+        """False when a server of that release does not know a library the expression uses."""
+        return self.since is None or version >= self.since
+
+
+# ext.Lists joined upstream's base CEL environment in 1.34; API servers check new selectors
+# in the environment one release back, so kube-apiserver accepts these from 1.35 on.
+EXT_LISTS: Final = (1, 35)
 
 
 A = 'device.attributes["gpu.example.com"]'
@@ -303,8 +316,8 @@ CASES: tuple[Case, ...] = (
     Case("[1, 2, 1].lastIndexOf(1) == 2", True),
     Case('["x"].indexOf("y") == -1', COMPILE, message="too complex, exceeds cost limit"),
     Case(f'[{A}.model].indexOf("H100") == 0', True),
-    Case('["b", "a"].sort() == ["a", "b"]', True),
-    Case('"b,a".split(",").sort() == ["a", "b"]', True),
+    Case('["b", "a"].sort() == ["a", "b"]', True, since=EXT_LISTS),
+    Case('"b,a".split(",").sort() == ["a", "b"]', True, since=EXT_LISTS),
     Case('"x,y".split(",").indexOf("y") == 1', COMPILE, message="too complex, exceeds cost limit"),
     Case("[1, 2, 3].filter(x, x > 1).size() == 2", True),
     Case("[1, 2, 3].map(x, x * 2) == [2, 4, 6]", True),
@@ -314,12 +327,12 @@ CASES: tuple[Case, ...] = (
     Case("2 in [1, 2, 3]", True),
     Case('"k" in {"k": 1}', True),
     Case('{"a": 1}.a == 1', True),
-    Case("[[1], [2, 3]].flatten() == [1, 2, 3]", True),
-    Case("[3, 1, 2].sort() == [1, 2, 3]", True),
-    Case("[1, 1, 2].distinct() == [1, 2]", True),
-    Case("[1, 2].reverse() == [2, 1]", True),
-    Case("[1, 2, 3, 4].slice(1, 3) == [2, 3]", True),
-    Case("lists.range(3) == [0, 1, 2]", True, celpy=UNSUPPORTED),
+    Case("[[1], [2, 3]].flatten() == [1, 2, 3]", True, since=EXT_LISTS),
+    Case("[3, 1, 2].sort() == [1, 2, 3]", True, since=EXT_LISTS),
+    Case("[1, 1, 2].distinct() == [1, 2]", True, since=EXT_LISTS),
+    Case("[1, 2].reverse() == [2, 1]", True, since=EXT_LISTS),
+    Case("[1, 2, 3, 4].slice(1, 3) == [2, 3]", True, since=EXT_LISTS),
+    Case("lists.range(3) == [0, 1, 2]", True, celpy=UNSUPPORTED, since=EXT_LISTS),
     Case("sets.contains([1, 2, 3], [2])", True, celpy=UNSUPPORTED),
     Case("sets.intersects([1, 2], [2, 5])", True, celpy=UNSUPPORTED),
     # --- strings extension -----------------------------------------------------------------
