@@ -386,9 +386,8 @@ def run_demo(args: argparse.Namespace) -> int:
   export KUBECONFIG={cluster.kubeconfig}
   kubectl apply -n {DEMO_NAMESPACE} -f examples/09-time-slicing/time-slicing.yaml  # or, without kubectl:
   {sys.executable} -m draplugin.demo apply -n {DEMO_NAMESPACE} -f examples/09-time-slicing/time-slicing.yaml
-  Pods need nodeSelector kubernetes.io/hostname: {node.name} (the demo's kubelet; there is no other node).
   CDI specs land in {node.cdi_root}; the runtime's view is appended to {node.record_path}.
-  Pending claim? dra-controller explain tells why, device by device.
+  Pending pod? `dra-controller explain CLAIM -n {DEMO_NAMESPACE}` tells why, device by device.
   Plugin log: {plugin.log_path}   cluster logs: {cluster.logs}""",
             flush=True,
         )
