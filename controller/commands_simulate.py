@@ -1,8 +1,18 @@
-"""Allocate pending claims one after the other, as the scheduler would place pods using them.
+"""Allocate pending claims one after the other, as dra-controller and kube-scheduler would.
 
-Without a fixed node, each claim goes to the first node (in name order,
-starting after the node used last, like the scheduler's rotating start)
-where it fits. Claims annotated for pre-allocation to a node only try that node.
+Order: first the claims no pod uses and the claims annotated for
+pre-allocation (`dra-controller run` allocates those as soon as they exist),
+then each pod's claims, pod by pod. A pod's pending claims are allocated
+together on one node, as in one scheduler Filter call, on a node the pod may
+run on (spec.nodeName, nodeSelector, required node affinity) and that every
+already allocated claim of the pod can be used on. Claims a pod makes from a
+ResourceClaimTemplate are generated here when the cluster has not made them
+yet (see `controller.podclaims`).
+
+Without a fixed node, each claim or pod goes to the first node (in name
+order, starting after the node used last, like the scheduler's rotating
+start) where it fits. Claims annotated for pre-allocation to a node only try
+that node.
 """
 
 from __future__ import annotations
@@ -13,8 +23,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from controller.allocation.nodes import Node
-from controller.allocator import AllocationOutcome, Allocator
+from controller.allocation.nodes import Node, NodeSelectorError
+from controller.allocation.requests import claim_ref
+from controller.allocator import AllocationOutcome, Allocator, Failure
 from controller.cli import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, Subcommand, register_subcommand
 from controller.commands_common import (
     InputError,
@@ -27,9 +38,19 @@ from controller.commands_common import (
     release_of,
 )
 from controller.explain import explain_claim
+from controller.objects import ClusterObjects
+from controller.podclaims import (
+    PodClaim,
+    PodClaims,
+    allocation_fits_node,
+    candidate_nodes,
+    pod_fits_node,
+    pod_node_constraints,
+    resolve_pods,
+)
+from controller.reconciler import ANY_NODE_SYNONYMS, PREALLOCATE_ANNOTATION
 
 JSON = Mapping[str, Any]
-PREALLOCATE_ANNOTATION = "gpu.draplugin.dev/preallocate"
 
 
 @dataclass
@@ -41,6 +62,8 @@ class ClaimResult:
     node_name: str | None = None
     reason: str | None = None
     allocation: dict[str, Any] | None = None
+    pod: str | None = None  # the pod whose scheduling allocated (or would allocate) the claim
+    template: str | None = None  # set when the claim was generated here from this template
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -50,6 +73,7 @@ class ClaimResult:
             "results": self.results,
             "nodeName": self.node_name,
             "reason": self.reason,
+            "pod": self.pod,
         }
 
 
@@ -57,10 +81,23 @@ def pending_claims(claims: Sequence[JSON]) -> list[JSON]:
     return [c for c in claims if not (c.get("status") or {}).get("allocation")]
 
 
+def _preallocate_value(claim: JSON) -> str | None:
+    annotations = (claim.get("metadata") or {}).get("annotations") or {}
+    if PREALLOCATE_ANNOTATION not in annotations:
+        return None
+    return str(annotations[PREALLOCATE_ANNOTATION]).strip()
+
+
 def _pinned_node(claim: JSON) -> str | None:
-    value = ((claim.get("metadata") or {}).get("annotations") or {}).get(PREALLOCATE_ANNOTATION, "")
-    value = str(value).strip()
-    return value if value and value != "any" else None
+    """The node a pre-allocation annotation names; None for none, "any" or "true"."""
+    value = _preallocate_value(claim)
+    return value if value and value not in ANY_NODE_SYNONYMS else None
+
+
+def _result_json(allocation: JSON) -> list[dict[str, str]]:
+    return [
+        {k: r[k] for k in ("request", "driver", "pool", "device")} for r in allocation["devices"]["results"]
+    ]
 
 
 class Simulator:
@@ -69,32 +106,65 @@ class Simulator:
         self.nodes: list[Node | None] = [*nodes] if nodes else [None]
         self.explain = explain
         self._next = 0
+        # Claims allocated during this run, by namespace/name, so pods sharing them see it.
+        self.allocated: dict[str, dict[str, Any]] = {}
 
-    def place(self, claim: JSON, only: Node | None = None) -> tuple[AllocationOutcome, Node | None]:
-        """Try nodes in rotating order; the first success wins, an error stops (as in a Filter)."""
-        pinned = _pinned_node(claim)
-        candidates: list[Node | None]
-        if only is not None:
-            candidates = [only]
-        elif pinned is not None:
-            candidates = [n for n in self.nodes if n is not None and n.name == pinned] or [Node(pinned)]
-        else:
-            count = len(self.nodes)
-            candidates = [self.nodes[(self._next + i) % count] for i in range(count)]
-        last: AllocationOutcome | None = None
-        for index, node in enumerate(candidates):
-            outcome = self.allocator.allocate([claim], node)
+    def _rotation(self) -> list[Node | None]:
+        count = len(self.nodes)
+        return [self.nodes[(self._next + i) % count] for i in range(count)]
+
+    def _advance_past(self, node: Node | None) -> None:
+        if node in self.nodes:
+            self._next = (self.nodes.index(node) + 1) % len(self.nodes)
+
+    def _try(
+        self, claims: Sequence[JSON], candidates: Sequence[Node | None]
+    ) -> tuple[AllocationOutcome, Node | None]:
+        """Try nodes in order; the first success wins, an error stops (as in a Filter)."""
+        last = AllocationOutcome(failure=Failure("no candidate node"))
+        for node in candidates:
+            outcome = self.allocator.allocate(claims, node)
             if outcome.ok:
-                if only is None and pinned is None:
-                    self._next = (self._next + index + 1) % len(self.nodes)
                 return outcome, node
             last = outcome
             if outcome.failure is not None and outcome.failure.error:
                 break
-        assert last is not None
         return last, None
 
+    def place(self, claim: JSON, only: Node | None = None) -> tuple[AllocationOutcome, Node | None]:
+        """One claim on its own: on `only`, on the node its pre-allocation annotation names, or on
+        the first node in rotating order that fits."""
+        pinned = _pinned_node(claim)
+        if only is not None:
+            return self._try([claim], [only])
+        if pinned is not None:
+            candidates = [n for n in self.nodes if n is not None and n.name == pinned] or [Node(pinned)]
+            return self._try([claim], candidates)
+        outcome, node = self._try([claim], self._rotation())
+        if outcome.ok:
+            self._advance_past(node)
+        return outcome, node
+
+    def _record(
+        self, result: ClaimResult, claim: JSON, outcome: AllocationOutcome, index: int, node: Node | None
+    ) -> None:
+        allocation = outcome.allocations[index]
+        self.allocator.commit(claim, allocation)
+        self.allocated[claim_ref(claim)] = allocation
+        result.allocated = True
+        result.allocation = allocation
+        result.node_name = node.name if node is not None else None
+        result.results = _result_json(allocation)
+
+    def _reason(self, claim: JSON, failure: Failure | None, nodes: Sequence[Node | None]) -> str:
+        assert failure is not None
+        if not self.explain or failure.error:
+            return failure.message
+        known = [n for n in nodes if n is not None]
+        return explain_claim(self.allocator, claim, known or None).summary
+
     def run(self, claims: Sequence[JSON], only: Node | None = None) -> list[ClaimResult]:
+        """Each claim on its own, in order (claims no pod uses, pre-allocated claims)."""
         results: list[ClaimResult] = []
         for claim in claims:
             meta = claim.get("metadata") or {}
@@ -103,23 +173,143 @@ class Simulator:
                 namespace=str(meta.get("namespace", "")), name=str(meta.get("name", "")), allocated=False
             )
             if outcome.ok:
-                allocation = outcome.allocations[0]
-                self.allocator.commit(claim, allocation)
-                result.allocated = True
-                result.allocation = allocation
-                result.node_name = node.name if node is not None else None
-                result.results = [
-                    {k: r[k] for k in ("request", "driver", "pool", "device")}
-                    for r in allocation["devices"]["results"]
-                ]
+                self._record(result, claim, outcome, 0, node)
             else:
-                assert outcome.failure is not None
-                result.reason = outcome.failure.message
-                if self.explain and not outcome.failure.error:
-                    nodes = [only] if only is not None else [n for n in self.nodes if n is not None]
-                    result.reason = explain_claim(self.allocator, claim, nodes or None).summary
+                pinned = _pinned_node(claim)
+                nodes: list[Node | None] = (
+                    [only] if only is not None else ([Node(pinned)] if pinned else list(self.nodes))
+                )
+                result.reason = self._reason(claim, outcome.failure, nodes)
             results.append(result)
         return results
+
+    def _current(self, claim: JSON) -> JSON:
+        """The claim with an allocation made earlier in this run, if any."""
+        allocation = self.allocated.get(claim_ref(claim))
+        if allocation is None:
+            return claim
+        return {**claim, "status": {**(claim.get("status") or {}), "allocation": allocation}}
+
+    def run_pod(self, pod: PodClaims, only: Node | None = None) -> list[ClaimResult]:
+        """A pod's pending claims, together, on one node the pod and its allocated claims fit.
+
+        Returns one result per pending claim, and one per claim that is missing (not found, or
+        its template not found); allocated claims only narrow the nodes.
+        """
+        current = [(entry, self._current(entry.claim)) for entry in pod.claims if entry.claim is not None]
+        allocated = [claim for _, claim in current if (claim.get("status") or {}).get("allocation")]
+        pending = [
+            (entry, claim) for entry, claim in current if not (claim.get("status") or {}).get("allocation")
+        ]
+        missing = [entry for entry in pod.claims if entry.problem]
+        results = {
+            entry.pod_claim_name: ClaimResult(
+                namespace=pod.namespace,
+                name=entry.claim_name,
+                allocated=False,
+                pod=pod.name,
+                template=entry.template if entry.generated else None,
+                reason=entry.problem,
+            )
+            for entry in [*missing, *(e for e, _ in pending)]
+        }
+        waiting = [results[entry.pod_claim_name] for entry, _ in pending]
+        if missing:
+            # The scheduler does not consider a pod until every claim it names exists.
+            reason = f"pod {pod.ref} waits for: " + "; ".join(str(e.problem) for e in missing)
+            self._fail(waiting, reason)
+        elif pending:
+            self._schedule(pod, allocated, pending, waiting, only)
+        return list(results.values())
+
+    @staticmethod
+    def _fail(results: Sequence[ClaimResult], reason: str) -> None:
+        for result in results:
+            result.reason = reason
+
+    def _schedule(
+        self,
+        pod: PodClaims,
+        allocated: Sequence[JSON],
+        pending: Sequence[tuple[PodClaim, JSON]],
+        results: Sequence[ClaimResult],
+        only: Node | None,
+    ) -> None:
+        try:
+            candidates = self._pod_candidates(pod, allocated, only)
+        except NodeSelectorError as err:
+            self._fail(results, f"pod {pod.ref}: {err}")
+            return
+        if not candidates:
+            self._fail(results, self._no_node_reason(pod, allocated))
+            return
+        claims = [claim for _, claim in pending]
+        outcome, node = self._try(claims, candidates)
+        if outcome.ok:
+            if only is None:
+                self._advance_past(node)
+            for index, (claim, result) in enumerate(zip(claims, results, strict=True)):
+                self._record(result, claim, outcome, index, node)
+            return
+        for claim, result in zip(claims, results, strict=True):
+            reason = self._reason(claim, outcome.failure, candidates)
+            if len(claims) > 1 and " can be allocated on: " in reason:
+                # Each claim fits somewhere on its own, but not all of them on one node.
+                reason = f"the claims of pod {pod.ref} do not fit together on one node ({reason})"
+            result.reason = reason
+
+    def _pod_candidates(
+        self, pod: PodClaims, allocated: Sequence[JSON], only: Node | None
+    ) -> list[Node | None]:
+        if only is not None:
+            nodes: list[Node] = [only] if pod_fits_node(pod.pod, only) else []
+        else:
+            nodes = candidate_nodes(pod.pod, [n for n in self._rotation() if n is not None])
+            if self.nodes == [None] and not nodes and not pod_node_constraints(pod.pod):
+                return [None]  # no node known and the pod names none: allocate without a node
+        return [n for n in nodes if all(allocation_fits_node(c, n) for c in allocated)]
+
+    def _no_node_reason(self, pod: PodClaims, allocated: Sequence[JSON]) -> str:
+        constraints = pod_node_constraints(pod.pod)
+        known = [n for n in self.nodes if n is not None]
+        parts = []
+        if constraints:
+            parts.append(constraints)
+        if allocated:
+            parts.append("the nodes of its allocated claims " + ", ".join(claim_ref(c) for c in allocated))
+        reason = f"pod {pod.ref}: none of {len(known)} node(s) matches " + " and ".join(parts or ["the pod"])
+        if constraints and known and not any(n.labels for n in known):
+            reason += " (nodes known only from ResourceSlices have no labels: add Node manifests)"
+        return reason
+
+
+def simulate(
+    objects: ClusterObjects, allocator: Allocator, nodes: Sequence[Node], only: Node | None = None
+) -> list[ClaimResult]:
+    """Claims no pod uses and pre-allocated claims first, each alone; then every pod's claims."""
+    pods = resolve_pods(objects.pods, objects.claims, objects.claim_templates)
+    used_by_pods = {
+        claim_ref(c.claim) for p in pods for c in p.claims if c.claim is not None and not c.generated
+    }
+    alone = [
+        c
+        for c in pending_claims(objects.claims)
+        if claim_ref(c) not in used_by_pods or _preallocate_value(c) is not None
+    ]
+    simulator = Simulator(allocator, nodes)
+    results = simulator.run(alone, only)
+    for pod in pods:
+        results.extend(simulator.run_pod(pod, only))
+    return results
+
+
+def _label(r: ClaimResult) -> str:
+    name = f"{r.namespace}/{r.name}"
+    if r.template is not None:
+        return f"{name} (generated from ResourceClaimTemplate {r.template} for pod {r.pod})"
+    if r.pod is not None:
+        return f"{name} (pod {r.pod})"
+    return name
 
 
 def to_text(results: Sequence[ClaimResult]) -> str:
@@ -127,9 +317,9 @@ def to_text(results: Sequence[ClaimResult]) -> str:
     for r in results:
         if r.allocated:
             devices = ", ".join(f"{d['request']}={d['pool']}/{d['device']}" for d in r.results)
-            lines.append(f"{r.namespace}/{r.name}: allocated on {r.node_name or '(any node)'}: {devices}")
+            lines.append(f"{_label(r)}: allocated on {r.node_name or '(any node)'}: {devices}")
         else:
-            lines.append(f"{r.namespace}/{r.name}: not allocated: {r.reason}")
+            lines.append(f"{_label(r)}: not allocated: {r.reason}")
     return "\n".join(lines) if lines else "no pending claims"
 
 
@@ -152,7 +342,7 @@ def run(args: argparse.Namespace) -> int:
     allocator = build_allocator(objects, release_of(args))
     nodes = cluster_nodes(objects, allocator)
     only = find_node(objects, args.node) if args.node else None
-    results = Simulator(allocator, nodes).run(pending_claims(objects.claims), only)
+    results = simulate(objects, allocator, nodes, only)
     emit(args, {"claims": [r.to_json() for r in results]}, lambda: to_text(results))
     return EXIT_OK if all(r.allocated for r in results) else EXIT_FAILURE
 
@@ -160,7 +350,8 @@ def run(args: argparse.Namespace) -> int:
 register_subcommand(
     Subcommand(
         name="simulate",
-        help="allocate pending ResourceClaims in order, as kube-scheduler would, and print each result",
+        help="allocate pending ResourceClaims (standalone, and those pods make from ResourceClaimTemplates) "
+        "in order, as kube-scheduler would, and print each result",
         add_arguments=add_arguments,
         handler=run,
     )

@@ -18,6 +18,8 @@ JSON = dict[str, Any]
 
 RESOURCE_API = "/apis/resource.k8s.io/v1"
 MANIFEST_SUFFIXES = (".yaml", ".yml", ".json")
+# Namespaced kinds we keep; a manifest without a namespace lands in "default", as with kubectl.
+NAMESPACED_KINDS = ("ResourceClaim", "ResourceClaimTemplate", "Pod")
 
 
 class ManifestError(ValueError):
@@ -31,6 +33,7 @@ class ClusterObjects:
     device_classes: list[JSON] = field(default_factory=list)
     slices: list[JSON] = field(default_factory=list)
     claims: list[JSON] = field(default_factory=list)
+    claim_templates: list[JSON] = field(default_factory=list)
     taint_rules: list[JSON] = field(default_factory=list)
     nodes: list[JSON] = field(default_factory=list)
     pods: list[JSON] = field(default_factory=list)
@@ -39,6 +42,7 @@ class ClusterObjects:
         "DeviceClass": "device_classes",
         "ResourceSlice": "slices",
         "ResourceClaim": "claims",
+        "ResourceClaimTemplate": "claim_templates",
         "DeviceTaintRule": "taint_rules",
         "Node": "nodes",
         "Pod": "pods",
@@ -106,7 +110,7 @@ def load_manifests(paths: Iterable[str | Path]) -> ClusterObjects:
     for path in manifest_files(paths):
         for document in _documents(path):
             for obj in _flatten(document, path):
-                if obj.get("kind") in ("ResourceClaim", "Pod"):
+                if obj.get("kind") in NAMESPACED_KINDS:
                     meta = dict(obj.get("metadata") or {})
                     meta.setdefault("namespace", "default")
                     obj = {**obj, "metadata": meta}
@@ -180,6 +184,7 @@ COLLECTIONS: Sequence[tuple[str, str, str]] = (
     ("device_classes", f"{RESOURCE_API}/deviceclasses", "DeviceClass"),
     ("slices", f"{RESOURCE_API}/resourceslices", "ResourceSlice"),
     ("claims", f"{RESOURCE_API}/resourceclaims", "ResourceClaim"),
+    ("claim_templates", f"{RESOURCE_API}/resourceclaimtemplates", "ResourceClaimTemplate"),
     ("nodes", "/api/v1/nodes", "Node"),
     ("pods", "/api/v1/pods", "Pod"),
 )

@@ -59,6 +59,7 @@ def test_cli_json_output_shape(tmp_path: Path, capsys: pytest.CaptureFixture[str
         ],
         "nodeName": "node-a",
         "reason": None,
+        "pod": None,
     }
     assert [c["allocated"] for c in data["claims"]] == [True, False, False, False]
 

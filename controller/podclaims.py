@@ -1,0 +1,311 @@
+"""The ResourceClaims a Pod uses, resolved the way kube-controller-manager and kube-scheduler see them.
+
+A Pod names its claims in `spec.resourceClaims[]`: either a standalone claim
+(`resourceClaimName`) or a ResourceClaimTemplate (`resourceClaimTemplateName`)
+from which kube-controller-manager creates one claim per pod (name
+`<pod>-<podClaimName>-<random suffix>`, owned by the pod, annotated
+`resource.kubernetes.io/pod-claim-name`) and records it in
+`pod.status.resourceClaimStatuses`.
+
+Offline, nobody has created those claims: `resolve_pod` makes them here, with
+the deterministic name `<pod>-<podClaimName>` and `generated=True`. Against a
+cluster, a claim that already exists (recorded in the pod's status, or owned by
+the pod with the right annotation, as the controller would adopt it) is used
+instead, so it is not counted twice.
+
+Pure: API objects (JSON dicts) in, resolved claims out; no I/O.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from controller.allocation.nodes import Node, NodeSelectorError, selector_matches
+
+JSON = Mapping[str, Any]
+
+POD_CLAIM_NAME_ANNOTATION = "resource.kubernetes.io/pod-claim-name"
+FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+@dataclass(frozen=True)
+class PodClaim:
+    """One entry of a pod's `spec.resourceClaims`, with the claim it stands for."""
+
+    pod_claim_name: str
+    claim_name: str
+    claim: JSON | None  # None when the claim cannot be found or made (see `problem`)
+    template: str | None = None  # the ResourceClaimTemplate, for template entries
+    generated: bool = False  # made here from the template: no such object exists yet
+    problem: str | None = None
+
+    @property
+    def allocated(self) -> bool:
+        return self.claim is not None and bool((self.claim.get("status") or {}).get("allocation"))
+
+
+@dataclass(frozen=True)
+class PodClaims:
+    """A pod and the claims it needs, in `spec.resourceClaims` order."""
+
+    pod: JSON
+    claims: list[PodClaim] = field(default_factory=list)
+
+    @property
+    def namespace(self) -> str:
+        return str((self.pod.get("metadata") or {}).get("namespace") or "default")
+
+    @property
+    def name(self) -> str:
+        return str((self.pod.get("metadata") or {}).get("name", ""))
+
+    @property
+    def ref(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+def _meta(obj: JSON) -> JSON:
+    meta: JSON = obj.get("metadata") or {}
+    return meta
+
+
+def _key(obj: JSON) -> tuple[str, str]:
+    meta = _meta(obj)
+    return str(meta.get("namespace") or "default"), str(meta.get("name", ""))
+
+
+def is_schedulable_pod(pod: JSON) -> bool:
+    """Pods that still wait for, or hold, claims: not being deleted and not finished."""
+    if _meta(pod).get("deletionTimestamp"):
+        return False
+    return (pod.get("status") or {}).get("phase") not in FINISHED_PHASES
+
+
+def offline_claim_name(pod_name: str, pod_claim_name: str) -> str:
+    """`<pod>-<podClaimName>`: the controller's generateName without its random suffix."""
+    return f"{pod_name}-{pod_claim_name}"
+
+
+def claim_from_template(template: JSON, namespace: str, name: str) -> dict[str, Any]:
+    """A ResourceClaim with the template's labels, annotations and spec (a deep copy)."""
+    spec = template.get("spec") or {}
+    template_meta = spec.get("metadata") or {}
+    metadata: dict[str, Any] = {"name": name, "namespace": namespace}
+    if template_meta.get("labels"):
+        metadata["labels"] = dict(template_meta["labels"])
+    if template_meta.get("annotations"):
+        metadata["annotations"] = dict(template_meta["annotations"])
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": metadata,
+        "spec": copy.deepcopy(dict(spec.get("spec") or {})),
+    }
+
+
+def generated_claim(pod: JSON, pod_claim_name: str, template: JSON, name: str) -> dict[str, Any]:
+    """The claim kube-controller-manager would create for the pod from `template`."""
+    pod_meta = _meta(pod)
+    claim = claim_from_template(template, str(pod_meta.get("namespace") or "default"), name)
+    metadata = claim["metadata"]
+    metadata["annotations"] = {**metadata.get("annotations", {}), POD_CLAIM_NAME_ANNOTATION: pod_claim_name}
+    owner: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "name": str(pod_meta.get("name", "")),
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+    if pod_meta.get("uid"):
+        owner["uid"] = pod_meta["uid"]
+    metadata["ownerReferences"] = [owner]
+    return claim
+
+
+def _owned_by(claim: JSON, pod: JSON) -> bool:
+    pod_meta = _meta(pod)
+    for owner in _meta(claim).get("ownerReferences") or []:
+        if owner.get("kind") != "Pod" or not owner.get("controller"):
+            continue
+        if pod_meta.get("uid") and owner.get("uid"):
+            if owner["uid"] == pod_meta["uid"]:
+                return True
+        elif owner.get("name") == pod_meta.get("name"):
+            return True
+    return False
+
+
+class ClaimIndex:
+    """Claims and templates by (namespace, name), plus names handed out to generated claims."""
+
+    def __init__(self, claims: Iterable[JSON], templates: Iterable[JSON]) -> None:
+        self.claims: dict[tuple[str, str], JSON] = {_key(c): c for c in claims}
+        self.templates: dict[tuple[str, str], JSON] = {_key(t): t for t in templates}
+        self._taken: set[tuple[str, str]] = set(self.claims)
+
+    def unique_name(self, namespace: str, base: str) -> str:
+        """`base`, or `base-2`, `base-3`... when a claim of that name exists (the random suffix
+        upstream avoids such clashes; offline names must stay distinct too)."""
+        name, counter = base, 1
+        while (namespace, name) in self._taken:
+            counter += 1
+            name = f"{base}-{counter}"
+        self._taken.add((namespace, name))
+        return name
+
+    def adoptable(self, pod: JSON, namespace: str, pod_claim_name: str) -> JSON | None:
+        """A claim the controller already made for this pod entry but has not recorded yet."""
+        for (claim_namespace, _), claim in self.claims.items():
+            annotations = _meta(claim).get("annotations") or {}
+            if (
+                claim_namespace == namespace
+                and annotations.get(POD_CLAIM_NAME_ANNOTATION) == pod_claim_name
+                and _owned_by(claim, pod)
+            ):
+                return claim
+        return None
+
+
+def _recorded_status(pod: JSON, pod_claim_name: str) -> JSON | None:
+    for status in (pod.get("status") or {}).get("resourceClaimStatuses") or []:
+        if status.get("name") == pod_claim_name:
+            recorded: JSON = status
+            return recorded
+    return None
+
+
+def _resolve_entry(pod: JSON, namespace: str, entry: JSON, index: ClaimIndex) -> PodClaim | None:
+    pod_name = str(_meta(pod).get("name", ""))
+    pod_claim_name = str(entry.get("name", ""))
+    claim_name = entry.get("resourceClaimName")
+    template_name = entry.get("resourceClaimTemplateName")
+    if bool(claim_name) == bool(template_name):
+        return PodClaim(
+            pod_claim_name,
+            offline_claim_name(pod_name, pod_claim_name),
+            None,
+            problem=f"pod {namespace}/{pod_name}: resourceClaims entry {pod_claim_name!r} must set exactly "
+            "one of resourceClaimName and resourceClaimTemplateName",
+        )
+    if claim_name:
+        claim = index.claims.get((namespace, str(claim_name)))
+        problem = None if claim else f"resource claim {namespace}/{claim_name} not found"
+        return PodClaim(pod_claim_name, str(claim_name), claim, problem=problem)
+    template = str(template_name)
+    recorded = _recorded_status(pod, pod_claim_name)
+    if recorded is not None:
+        if not recorded.get("resourceClaimName"):
+            return None  # the controller decided that no claim is needed for this entry
+        existing_name = str(recorded["resourceClaimName"])
+        existing = index.claims.get((namespace, existing_name))
+        problem = None if existing else f"resource claim {namespace}/{existing_name} not found"
+        return PodClaim(pod_claim_name, existing_name, existing, template=template, problem=problem)
+    adopted = index.adoptable(pod, namespace, pod_claim_name)
+    if adopted is not None:
+        return PodClaim(pod_claim_name, str(_meta(adopted).get("name", "")), adopted, template=template)
+    name = index.unique_name(namespace, offline_claim_name(pod_name, pod_claim_name))
+    template_obj = index.templates.get((namespace, template))
+    if template_obj is None:
+        return PodClaim(
+            pod_claim_name,
+            name,
+            None,
+            template=template,
+            generated=True,
+            problem=f"resource claim template {namespace}/{template} not found",
+        )
+    claim = generated_claim(pod, pod_claim_name, template_obj, name)
+    return PodClaim(pod_claim_name, name, claim, template=template, generated=True)
+
+
+def resolve_pod(pod: JSON, index: ClaimIndex) -> PodClaims:
+    namespace = str(_meta(pod).get("namespace") or "default")
+    resolved = PodClaims(pod)
+    for entry in (pod.get("spec") or {}).get("resourceClaims") or []:
+        claim = _resolve_entry(pod, namespace, entry, index)
+        if claim is not None:
+            resolved.claims.append(claim)
+    return resolved
+
+
+def resolve_pods(pods: Sequence[JSON], claims: Sequence[JSON], templates: Sequence[JSON]) -> list[PodClaims]:
+    """Every pod that is not finished or being deleted, with its claims; pods without claims left out."""
+    index = ClaimIndex(claims, templates)
+    resolved = [resolve_pod(pod, index) for pod in pods if is_schedulable_pod(pod)]
+    return [p for p in resolved if p.claims]
+
+
+# ----- where a pod may run ---------------------------------------------------------------
+
+
+def pod_fits_node(pod: JSON, node: Node) -> bool:
+    """spec.nodeName, spec.nodeSelector and required node affinity, as the scheduler filters nodes.
+
+    Raises NodeSelectorError for an affinity term the scheduler would refuse.
+    """
+    spec = pod.get("spec") or {}
+    if spec.get("nodeName") and spec["nodeName"] != node.name:
+        return False
+    for key, value in (spec.get("nodeSelector") or {}).items():
+        if node.labels.get(key) != value:
+            return False
+    required = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    )
+    return not required or selector_matches(required, node)
+
+
+def pod_node_constraints(pod: JSON) -> str:
+    """The pod's node constraints in words, for messages; "" when it has none."""
+    spec = pod.get("spec") or {}
+    parts = []
+    if spec.get("nodeName"):
+        parts.append(f"nodeName {spec['nodeName']}")
+    if spec.get("nodeSelector"):
+        labels = ",".join(f"{k}={v}" for k, v in sorted(spec["nodeSelector"].items()))
+        parts.append(f"nodeSelector {labels}")
+    if ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ):
+        parts.append("required node affinity")
+    return ", ".join(parts)
+
+
+def allocation_fits_node(claim: JSON, node: Node) -> bool:
+    """An allocated claim can only be used on the nodes its `allocation.nodeSelector` selects."""
+    selector = ((claim.get("status") or {}).get("allocation") or {}).get("nodeSelector")
+    return not selector or selector_matches(selector, node)
+
+
+def candidate_nodes(pod: JSON, nodes: Sequence[Node]) -> list[Node]:
+    """`nodes` (in the given order) the pod may run on; a pod's nodeName that is not among them
+    still counts (node-local slices name nodes before or without Node objects)."""
+    fitting = [n for n in nodes if pod_fits_node(pod, n)]
+    node_name = (pod.get("spec") or {}).get("nodeName")
+    if node_name and not fitting and not any(n.name == node_name for n in nodes):
+        extra = Node(str(node_name))
+        if pod_fits_node(pod, extra):
+            fitting = [extra]
+    return fitting
+
+
+__all__ = [
+    "POD_CLAIM_NAME_ANNOTATION",
+    "ClaimIndex",
+    "NodeSelectorError",
+    "PodClaim",
+    "PodClaims",
+    "allocation_fits_node",
+    "candidate_nodes",
+    "claim_from_template",
+    "generated_claim",
+    "is_schedulable_pod",
+    "offline_claim_name",
+    "pod_fits_node",
+    "pod_node_constraints",
+    "resolve_pod",
+    "resolve_pods",
+]
