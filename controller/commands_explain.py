@@ -1,10 +1,24 @@
-"""`dra-controller explain CLAIM`: why a claim cannot be allocated, filter by filter."""
+"""`dra-controller explain CLAIM|pod/NAME`: why a claim cannot be allocated, filter by filter.
+
+CLAIM is a ResourceClaim, or the claim a pod makes from a ResourceClaimTemplate
+(offline, where no such claim exists yet, it is named `<pod>-<podClaimName>`,
+see `controller.podclaims`). `pod/NAME` explains every claim of the pod on the
+nodes the pod may run on.
+
+JSON: one claim is `Explanation.to_json()` (`claim`, `allocated`, `summary`,
+`nodes`), plus `pod` and `generatedFrom` for a claim generated here; a pod is
+`{"pod", "nodes": [names], "claims": [one claim as above, plus "podClaimName"]}`.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
 
+from controller.allocation.nodes import Node, NodeSelectorError
+from controller.allocator import Allocator
 from controller.cli import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, Subcommand, register_subcommand
 from controller.commands_common import (
     InputError,
@@ -16,14 +30,135 @@ from controller.commands_common import (
     load_objects,
     release_of,
 )
-from controller.explain import explain_claim
+from controller.explain import Explanation, explain_claim
+from controller.objects import ClusterObjects
+from controller.podclaims import PodClaim, PodClaims, candidate_nodes, no_node_reason, resolve_pods
+
+POD_PREFIX = "pod/"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("claim", metavar="CLAIM", help="name of the ResourceClaim")
-    parser.add_argument("-n", "--namespace", default="default", help="namespace of the claim")
-    parser.add_argument("--node", help="explain for this node only (default: every node)")
+    parser.add_argument(
+        "claim",
+        metavar="CLAIM",
+        help="name of the ResourceClaim (or of the claim a pod makes from a template: offline "
+        "<pod>-<podClaimName>), or pod/NAME for every claim of a pod",
+    )
+    parser.add_argument("-n", "--namespace", default="default", help="namespace of the claim or pod")
+    parser.add_argument("--node", help="explain for this node only (default: every node the claim may use)")
     add_source_arguments(parser)
+
+
+class _Explainer:
+    """Explains claims against one loaded view of the cluster."""
+
+    def __init__(self, objects: ClusterObjects, allocator: Allocator, only: Node | None) -> None:
+        self.objects = objects
+        self.allocator = allocator
+        self.only = only
+        self.known = cluster_nodes(objects, allocator)
+        self.pods = resolve_pods(objects.pods, objects.claims, objects.claim_templates)
+
+    def pod_nodes(self, pod: PodClaims) -> list[Node]:
+        """--node, else the nodes the pod and its allocated claims allow."""
+        if self.only is not None:
+            return [self.only]
+        allocated = [c.claim for c in pod.claims if c.claim is not None and c.allocated]
+        return candidate_nodes(pod.pod, self.known, allocated)
+
+    def pod_claim(self, pod: PodClaims, entry: PodClaim, nodes: Sequence[Node]) -> tuple[dict[str, Any], str]:
+        """One claim of a pod as JSON and text."""
+        ref = f"{pod.namespace}/{entry.claim_name}"
+        extra: dict[str, Any] = {"pod": pod.ref, "generatedFrom": entry.template if entry.generated else None}
+        if entry.generated:
+            header = (
+                f"ResourceClaim {ref}: generated here from ResourceClaimTemplate {entry.template} for pod "
+                f"{pod.ref} (in a cluster its name ends in a random suffix)"
+            )
+        else:
+            header = f"ResourceClaim {ref} (pod {pod.ref})"
+        summary = None
+        if entry.claim is None:
+            summary = f"claim {ref}: {entry.problem}"
+        elif not nodes and not entry.allocated:
+            allocated = [c.claim for c in pod.claims if c.claim is not None and c.allocated]
+            summary = f"claim {ref}: " + no_node_reason(pod, allocated, self.known)
+        if entry.claim is None or summary is not None:
+            data = {"claim": ref, "allocated": False, "summary": summary, "nodes": [], **extra}
+            return data, f"{header}\n{summary}"
+        explanation = explain_claim(self.allocator, entry.claim, nodes or None)
+        return {**explanation.to_json(), **extra}, f"{header}\n{explanation.to_text()}"
+
+    def find_pod(self, namespace: str, name: str) -> PodClaims | None:
+        """The pod with its claims; a finished pod or one without claims has none."""
+        for pod in self.pods:
+            if pod.namespace == namespace and pod.name == name:
+                return pod
+        for obj in self.objects.pods:
+            meta = obj.get("metadata") or {}
+            if meta.get("name") == name and (meta.get("namespace") or "default") == namespace:
+                return PodClaims(obj)
+        return None
+
+    def find_generated(self, namespace: str, name: str) -> tuple[PodClaims, PodClaim] | None:
+        for pod in self.pods:
+            for entry in pod.claims:
+                if pod.namespace == namespace and entry.claim_name == name and entry.generated:
+                    return pod, entry
+        return None
+
+
+def _usable(data: Mapping[str, Any]) -> bool:
+    return bool(data["allocated"]) or any(n["allocatable"] for n in data["nodes"])
+
+
+def _explain_pod(args: argparse.Namespace, explainer: _Explainer, name: str) -> int:
+    pod = explainer.find_pod(args.namespace, name)
+    if pod is None:
+        sys.stderr.write(f"error: Pod {args.namespace}/{name} not found\n")
+        return EXIT_USAGE
+    try:
+        nodes = explainer.pod_nodes(pod)
+    except NodeSelectorError as err:
+        sys.stderr.write(f"error: pod {pod.ref}: {err}\n")
+        return EXIT_USAGE
+    claims: list[dict[str, Any]] = []
+    texts: list[str] = []
+    for entry in pod.claims:
+        data, text = explainer.pod_claim(pod, entry, nodes)
+        claims.append({**data, "podClaimName": entry.pod_claim_name})
+        texts.append(text)
+    if not pod.claims:
+        texts.append(f"pod {pod.ref} has no resource claims to allocate (it names none, or it is finished)")
+    emit(
+        args, {"pod": pod.ref, "nodes": [n.name for n in nodes], "claims": claims}, lambda: "\n\n".join(texts)
+    )
+    return EXIT_OK if all(_usable(c) for c in claims) else EXIT_FAILURE
+
+
+def _explain_claim(args: argparse.Namespace, explainer: _Explainer) -> int:
+    claim = explainer.objects.find_claim(args.claim, args.namespace)
+    if claim is not None:
+        nodes = [explainer.only] if explainer.only is not None else explainer.known
+        explanation: Explanation = explain_claim(explainer.allocator, claim, nodes or None)
+        emit(args, explanation.to_json(), explanation.to_text)
+        return EXIT_OK if _usable(explanation.to_json()) else EXIT_FAILURE
+    generated = explainer.find_generated(args.namespace, args.claim)
+    if generated is None:
+        sys.stderr.write(
+            f"error: ResourceClaim {args.namespace}/{args.claim} not found (nor generated from a "
+            "ResourceClaimTemplate for a pod: offline such a claim is named <pod>-<podClaimName>)\n"
+        )
+        return EXIT_USAGE
+    pod, entry = generated
+    try:
+        nodes = explainer.pod_nodes(pod)
+    except NodeSelectorError as err:
+        sys.stderr.write(f"error: pod {pod.ref}: {err}\n")
+        return EXIT_USAGE
+    data, text = explainer.pod_claim(pod, entry, nodes)
+    emit(args, data, lambda: text)
+    return EXIT_OK if _usable(data) else EXIT_FAILURE
 
 
 def run(args: argparse.Namespace) -> int:
@@ -32,22 +167,19 @@ def run(args: argparse.Namespace) -> int:
     except InputError as err:
         sys.stderr.write(f"error: {err}\n")
         return EXIT_USAGE
-    claim = objects.find_claim(args.claim, args.namespace)
-    if claim is None:
-        sys.stderr.write(f"error: ResourceClaim {args.namespace}/{args.claim} not found\n")
-        return EXIT_USAGE
     allocator = build_allocator(objects, release_of(args))
-    nodes = [find_node(objects, args.node)] if args.node else cluster_nodes(objects, allocator)
-    explanation = explain_claim(allocator, claim, nodes or None)
-    emit(args, explanation.to_json(), explanation.to_text)
-    allocatable = explanation.allocated or any(n.allocatable for n in explanation.nodes)
-    return EXIT_OK if allocatable else EXIT_FAILURE
+    only = find_node(objects, args.node) if args.node else None
+    explainer = _Explainer(objects, allocator, only)
+    if args.claim.startswith(POD_PREFIX):
+        return _explain_pod(args, explainer, args.claim[len(POD_PREFIX) :])
+    return _explain_claim(args, explainer)
 
 
 register_subcommand(
     Subcommand(
         name="explain",
-        help="explain why a ResourceClaim cannot be allocated: devices per node/pool and what removed them",
+        help="explain why a ResourceClaim (or every claim of a pod: pod/NAME) cannot be allocated: devices "
+        "per node/pool and what removed them",
         add_arguments=add_arguments,
         handler=run,
     )

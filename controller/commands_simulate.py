@@ -42,9 +42,8 @@ from controller.objects import ClusterObjects
 from controller.podclaims import (
     PodClaim,
     PodClaims,
-    allocation_fits_node,
     candidate_nodes,
-    pod_fits_node,
+    no_node_reason,
     pod_node_constraints,
     resolve_pods,
 )
@@ -241,7 +240,7 @@ class Simulator:
             self._fail(results, f"pod {pod.ref}: {err}")
             return
         if not candidates:
-            self._fail(results, self._no_node_reason(pod, allocated))
+            self._fail(results, no_node_reason(pod, allocated, [n for n in self.nodes if n is not None]))
             return
         claims = [claim for _, claim in pending]
         outcome, node = self._try(claims, candidates)
@@ -262,25 +261,10 @@ class Simulator:
         self, pod: PodClaims, allocated: Sequence[JSON], only: Node | None
     ) -> list[Node | None]:
         if only is not None:
-            nodes: list[Node] = [only] if pod_fits_node(pod.pod, only) else []
-        else:
-            nodes = candidate_nodes(pod.pod, [n for n in self._rotation() if n is not None])
-            if self.nodes == [None] and not nodes and not pod_node_constraints(pod.pod):
-                return [None]  # no node known and the pod names none: allocate without a node
-        return [n for n in nodes if all(allocation_fits_node(c, n) for c in allocated)]
-
-    def _no_node_reason(self, pod: PodClaims, allocated: Sequence[JSON]) -> str:
-        constraints = pod_node_constraints(pod.pod)
-        known = [n for n in self.nodes if n is not None]
-        parts = []
-        if constraints:
-            parts.append(constraints)
-        if allocated:
-            parts.append("the nodes of its allocated claims " + ", ".join(claim_ref(c) for c in allocated))
-        reason = f"pod {pod.ref}: none of {len(known)} node(s) matches " + " and ".join(parts or ["the pod"])
-        if constraints and known and not any(n.labels for n in known):
-            reason += " (nodes known only from ResourceSlices have no labels: add Node manifests)"
-        return reason
+            return [*candidate_nodes(pod.pod, [only], allocated, named_node=False)]
+        if self.nodes == [None] and not pod_node_constraints(pod.pod) and not allocated:
+            return [None]  # no node is known and the pod names none: allocate without a node
+        return [*candidate_nodes(pod.pod, [n for n in self._rotation() if n is not None], allocated)]
 
 
 def simulate(

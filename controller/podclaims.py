@@ -280,16 +280,35 @@ def allocation_fits_node(claim: JSON, node: Node) -> bool:
     return not selector or selector_matches(selector, node)
 
 
-def candidate_nodes(pod: JSON, nodes: Sequence[Node]) -> list[Node]:
-    """`nodes` (in the given order) the pod may run on; a pod's nodeName that is not among them
-    still counts (node-local slices name nodes before or without Node objects)."""
-    fitting = [n for n in nodes if pod_fits_node(pod, n)]
+def candidate_nodes(
+    pod: JSON, nodes: Sequence[Node], allocated: Sequence[JSON] = (), *, named_node: bool = True
+) -> list[Node]:
+    """`nodes` (in the given order) the pod may run on and its `allocated` claims can be used on.
+
+    With `named_node`, a pod's spec.nodeName that is not among `nodes` still counts: node-local
+    slices name nodes that have no Node object (offline, or before the Node exists).
+    Raises NodeSelectorError for an affinity term the scheduler would refuse.
+    """
+    pool = list(nodes)
     node_name = (pod.get("spec") or {}).get("nodeName")
-    if node_name and not fitting and not any(n.name == node_name for n in nodes):
-        extra = Node(str(node_name))
-        if pod_fits_node(pod, extra):
-            fitting = [extra]
-    return fitting
+    if named_node and node_name and not any(n.name == node_name for n in pool):
+        pool.append(Node(str(node_name)))
+    return [n for n in pool if pod_fits_node(pod, n) and all(allocation_fits_node(c, n) for c in allocated)]
+
+
+def no_node_reason(pod: PodClaims, allocated: Sequence[JSON], known: Sequence[Node]) -> str:
+    """Why no node is left for the pod, naming what narrowed the choice."""
+    constraints = pod_node_constraints(pod.pod)
+    parts = []
+    if constraints:
+        parts.append(constraints)
+    if allocated:
+        refs = ", ".join(f"{_key(c)[0]}/{_key(c)[1]}" for c in allocated)
+        parts.append(f"the nodes of its allocated claims {refs}")
+    reason = f"pod {pod.ref}: none of {len(known)} node(s) matches " + " and ".join(parts or ["the pod"])
+    if constraints and known and not any(n.labels for n in known):
+        reason += " (nodes known only from ResourceSlices have no labels: add Node manifests)"
+    return reason
 
 
 __all__ = [
@@ -303,6 +322,7 @@ __all__ = [
     "claim_from_template",
     "generated_claim",
     "is_schedulable_pod",
+    "no_node_reason",
     "offline_claim_name",
     "pod_fits_node",
     "pod_node_constraints",
