@@ -1,10 +1,15 @@
-"""`dra-controller lint`: check the CEL selectors of DeviceClasses and ResourceClaims."""
+"""`dra-controller lint`: check the CEL selectors of DeviceClasses, ResourceClaims and
+ResourceClaimTemplates (a template's requests are checked as the claims made from it would be)."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
 
+from controller.allocation.selectors import Compiler
 from controller.cli import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, Subcommand, register_subcommand
 from controller.commands_common import (
     InputError,
@@ -14,7 +19,38 @@ from controller.commands_common import (
     release_of,
     selector_compiler,
 )
-from controller.lint import lint
+from controller.lint import Report, lint
+from controller.podclaims import claim_from_template
+
+CLAIM_PREFIX = "ResourceClaim/"
+TEMPLATE_PREFIX = "ResourceClaimTemplate/"
+
+
+def lint_objects(
+    device_classes: Sequence[Mapping[str, Any]],
+    claims: Sequence[Mapping[str, Any]],
+    templates: Sequence[Mapping[str, Any]],
+    slices: Sequence[Mapping[str, Any]],
+    compiler: Compiler | None = None,
+) -> Report:
+    """Classes and claims, then templates: each template linted as a claim with its name and
+    namespace, its findings named `ResourceClaimTemplate/<namespace>/<name>`."""
+    report = lint(device_classes, claims, slices, compiler)
+    if not templates:
+        return report
+    as_claims = []
+    for template in templates:
+        meta = template.get("metadata") or {}
+        as_claims.append(
+            claim_from_template(template, str(meta.get("namespace") or "default"), str(meta.get("name", "")))
+        )
+    # A second pass keeps template findings apart from those of a claim with the same name; its
+    # class findings repeat the first pass and are dropped.
+    for finding in lint(device_classes, as_claims, slices, compiler).findings:
+        if finding.object.startswith(CLAIM_PREFIX):
+            renamed = TEMPLATE_PREFIX + finding.object[len(CLAIM_PREFIX) :]
+            report.findings.append(dataclasses.replace(finding, object=renamed))
+    return report
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -29,7 +65,9 @@ def run(args: argparse.Namespace) -> int:
         sys.stderr.write(f"error: {err}\n")
         return EXIT_USAGE
     compiler = selector_compiler(release_of(args))
-    report = lint(objects.device_classes, objects.claims, objects.slices, compiler)
+    report = lint_objects(
+        objects.device_classes, objects.claims, objects.claim_templates, objects.slices, compiler
+    )
     emit(
         args,
         report.to_json(),
@@ -42,8 +80,8 @@ def run(args: argparse.Namespace) -> int:
 register_subcommand(
     Subcommand(
         name="lint",
-        help="check DeviceClass and ResourceClaim selectors: compile errors, cost, no match, unknown or "
-        "unguarded attributes",
+        help="check DeviceClass, ResourceClaim and ResourceClaimTemplate selectors: compile errors, cost, "
+        "no match, unknown or unguarded attributes",
         add_arguments=add_arguments,
         handler=run,
     )
