@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
 from controller.allocation.builders import claim, device, device_class, exactly, resource_slice
+from controller.cli import main
 from controller.lint import attribute_reads, is_guarded, lint
 
 D = "gpu.draplugin.dev"
@@ -68,3 +75,26 @@ def test_read_extraction_and_guards() -> None:
     ]
     assert is_guarded(expression, "attributes", D, "b")
     assert not is_guarded(expression, "attributes", D, "a")
+
+
+def test_templates_are_linted_like_claims(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    broken = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "t", "namespace": "ns"},
+        "spec": {
+            "spec": claim("t", [exactly("gpu", selectors=["device.driver =="]), exactly("x", "absent")])[
+                "spec"
+            ]
+        },
+    }
+    same_name_claim = claim("t", [exactly("gpu")], namespace="ns")
+    (tmp_path / "objects.yaml").write_text(
+        yaml.safe_dump_all([device_class("gpu"), *SLICES, broken, same_name_claim])
+    )
+    assert main(["lint", "--objects", str(tmp_path), "-o", "json"]) == 1
+    findings = json.loads(capsys.readouterr().out)["findings"]
+    assert [(f["object"], f["code"], f["where"]) for f in findings] == [
+        ("ResourceClaimTemplate/ns/t", "compile-error", "request gpu, selector #0"),
+        ("ResourceClaimTemplate/ns/t", "unknown-class", "request x"),
+    ]
