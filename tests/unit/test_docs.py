@@ -74,6 +74,7 @@ NOT_RUN: dict[str, str] = {
     "make lint": _MAKE,
     "make cluster": "starts a local cluster that runs until Ctrl-C",
     "make bench": "benchmarks are kept out of the test suite by design",
+    "make test-compat": "a second cold Kubernetes build (1.34) and the integration suite; by hand, not CI",
     "K8S_VERSION=v1.34.4 tests/cluster/regen.sh": "re-pins the Go build and downloads modules (network)",
     'draplugin run --node-name "$(hostname)" --backend fake --fake-config examples/fake-gpus.yaml': (
         "a daemon that needs a kubelet and an API server; tests/e2e/test_examples.py runs it with this "
