@@ -45,10 +45,24 @@ GATES: Mapping[str, str] = {
 class Features:
     """Feature gates as kube-scheduler sees them. The defaults are Kubernetes 1.37's.
 
-    Besides the gates, two behaviours differ between releases and alter results:
+    Besides the gates, these behaviours differ between releases and alter results:
     `skip_unusable_pools` (from 1.35 on, incomplete and invalid pools are skipped for
     allocation; 1.34 still allocated from incomplete pools (ExactCount) and failed hard
-    when the search reached an invalid pool) and `distinct_rule` (see `DistinctRule`).
+    when the search reached an invalid pool), `distinct_rule` (see `DistinctRule`), and
+    two rules for `firstAvailable` subrequests with allocationMode All that 1.34 and 1.35
+    had and 1.36 dropped:
+
+    * `all_subrequest_selects_as_previous`: while sizing All subrequests, upstream caches
+      "device matches request" per (device, claim, request, subrequest index) but still had
+      the previous subrequest's index at hand (index 0 for the first). So an All subrequest
+      at index 1 after an All subrequest at index 0 gets the devices that index 0's class
+      and selectors accept (its own capacity requests still apply). The cache is emptied
+      before the search, so nothing else is affected.
+    * `all_subrequest_continues_with_first`: after each device of an All subrequest the
+      search went on with the next device of the request's *first* subrequest (the index
+      was dropped), until that subrequest's device count: e.g. All after a count-1
+      subrequest ends after its first device, and after a count-3 one adds two devices
+      chosen for (and named after) the first subrequest.
     """
 
     admin_access: bool = True
@@ -59,6 +73,8 @@ class Features:
     binding_conditions: bool = True
     skip_unusable_pools: bool = True
     distinct_rule: DistinctRule = DistinctRule.EVERY_DEVICE
+    all_subrequest_selects_as_previous: bool = False
+    all_subrequest_continues_with_first: bool = False
 
     @classmethod
     def for_release(cls, minor: int) -> Features:
@@ -76,6 +92,8 @@ class Features:
             binding_conditions=False,
             skip_unusable_pools=minor >= 35,
             distinct_rule=DistinctRule.LATEST_PER_REQUEST if minor >= 35 else DistinctRule.SAME_DEVICE_ONLY,
+            all_subrequest_selects_as_previous=True,
+            all_subrequest_continues_with_first=True,
         )
 
     def with_gates(self, gates: Mapping[str, bool]) -> Features:

@@ -145,6 +145,10 @@ class Search:
             except ValueError as err:
                 raise AllocationError(f"claim {ref}, {err}") from err
             self.plans.append(ClaimPlan(claim=claim, requests=plans, constraints=constraints))
+        # Like kube-scheduler, the search starts with a fresh "device matches request"
+        # cache: what sizing All requests cached (under the keys of its release) is not
+        # seen by the search.
+        self._matches.clear()
 
     def _plan_request(
         self, claim_index: int, request_index: int, alt_index: int, request: Request
@@ -178,6 +182,7 @@ class Search:
                 f"claim {ref}, request {request.name}: unsupported count mode {request.allocation_mode}"
             )
         devices: list[Candidate] = []
+        key = (claim_index, request_index, self._sizing_index(request, alt_index))
         for pool_index, pool in enumerate(self.pools):
             if pool.incomplete:
                 raise AllocationError(
@@ -190,7 +195,6 @@ class Search:
                     f"but resource pool {pool.id} is currently invalid"
                 )
             for candidate in self.candidates[pool_index]:
-                key = (claim_index, request_index, alt_index)
                 if not self.selectable(key, plan, candidate):
                     continue
                 if self.features.consumable_capacity and not self._capacity_fits(plan.request, candidate):
@@ -199,6 +203,17 @@ class Search:
         plan.all_devices = devices
         plan.num_devices = len(devices)
         return plan
+
+    def _sizing_index(self, request: Request, alt_index: int) -> int:
+        """The subrequest index under which sizing an All request caches device selection.
+
+        1.34/1.35 still had the previous subrequest's index at hand while sizing one
+        (`Features.all_subrequest_selects_as_previous`); the cache is first-write-wins, so
+        an All subrequest at index 1 after one at index 0 gets the devices index 0 selected.
+        """
+        if request.parent and self.features.all_subrequest_selects_as_previous:
+            return max(alt_index - 1, 0)
+        return alt_index
 
     # ----- per-device checks (also used by explain) -------------------------------
 
@@ -362,10 +377,12 @@ class Search:
             undo = self._take(claim_index, request_plan, candidate, must=True)
             if undo is None:
                 return False
-            if self._device(claim_index, request_index, alt_index, device_index + 1, start):
-                return True
-            undo()
-            return False
+            next_alt = alt_index
+            if request.parent and self.features.all_subrequest_continues_with_first:
+                next_alt = 0  # 1.34/1.35 went on with the request's first subrequest here.
+            return self._next_device_or_undo(
+                undo, claim_index, request_index, next_alt, device_index + 1, start
+            )
 
         key = (claim_index, request_index, alt_index)
         start_pool, start_offset = start
@@ -393,12 +410,35 @@ class Search:
                 undo = self._take(claim_index, request_plan, candidate, must=False)
                 if undo is None:
                     continue
-                if self._device(
-                    claim_index, request_index, alt_index, device_index + 1, (pool_index, offset + 1)
+                if self._next_device_or_undo(
+                    undo, claim_index, request_index, alt_index, device_index + 1, (pool_index, offset + 1)
                 ):
                     return True
-                undo()
         return False
+
+    def _next_device_or_undo(
+        self,
+        undo: Callable[[], None],
+        claim_index: int,
+        request_index: int,
+        alt_index: int,
+        device_index: int,
+        start: tuple[int, int],
+    ) -> bool:
+        """Search on from the given device; give the last device back unless that found a solution.
+
+        Also when the rest raises: a firstAvailable request that catches
+        `_MaxResultsExceeded` tries its next subrequest, which must not see the
+        devices of the one that was abandoned (kube-scheduler deallocates then too).
+        """
+        try:
+            done = self._device(claim_index, request_index, alt_index, device_index, start)
+        except BaseException:
+            undo()
+            raise
+        if not done:
+            undo()
+        return done
 
     def _take(
         self, claim_index: int, request_plan: RequestPlan, candidate: Candidate, must: bool
