@@ -14,7 +14,7 @@ import logging
 import os
 import random
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -151,7 +151,7 @@ def violations(scenario: Scenario, results: list[Mapping[str, Any]], features: F
         spec = next(s for s in request["firstAvailable"] if s["name"] == sub) if sub else request["exactly"]
         if not class_selector.matches(D, dev):
             problems.append(f"{name}: fails the class selector")
-        for selector in spec.get("selectors", []):
+        for selector in selecting_spec(request, sub, features).get("selectors", []):
             if not compile_selector(selector["cel"]["expression"]).matches(D, dev):
                 problems.append(f"{name}: fails request selector {selector['cel']['expression']}")
         if blocking_taint(dev, Request(name=sub or main, parent=main if sub else "", spec=spec)) is not None:
@@ -160,9 +160,9 @@ def violations(scenario: Scenario, results: list[Mapping[str, Any]], features: F
     for request_name, devs in per_request.items():
         main, _, sub = request_name.partition("/")
         request = requests[main]
-        spec = next(s for s in request["firstAvailable"] if s["name"] == sub) if sub else request["exactly"]
-        if spec.get("allocationMode", "ExactCount") == "ExactCount" and len(devs) != spec.get("count", 1):
-            problems.append(f"request {request_name}: {len(devs)} devices instead of {spec.get('count', 1)}")
+        wanted = expected_count(request, sub, per_request, features)
+        if wanted is not None and len(devs) != wanted:
+            problems.append(f"request {request_name}: {len(devs)} devices instead of {wanted}")
     if len({r["request"].partition("/")[0] for r in results}) != len(requests):
         problems.append("not every request got devices")
     for constraint in scenario.claim["spec"]["devices"].get("constraints", []):
@@ -180,6 +180,48 @@ def violations(scenario: Scenario, results: list[Mapping[str, Any]], features: F
                 f"distinctAttribute {attribute} violated ({features.distinct_rule.value}): {values}"
             )
     return problems
+
+
+def is_all(spec: Mapping[str, Any]) -> bool:
+    return bool(spec.get("allocationMode") == "All")
+
+
+def selecting_spec(request: Mapping[str, Any], sub: str, features: Features) -> Mapping[str, Any]:
+    """The (sub)request whose selectors chose the devices of `request`/`sub` under the release's rules.
+
+    Its own, except in 1.34/1.35 for an All subrequest at index 1 after an All subrequest
+    (Features.all_subrequest_selects_as_previous): that one got index 0's selection.
+    """
+    if not sub:
+        spec: Mapping[str, Any] = request["exactly"]
+        return spec
+    subs: list[Mapping[str, Any]] = request["firstAvailable"]
+    index = next(i for i, s in enumerate(subs) if s["name"] == sub)
+    if features.all_subrequest_selects_as_previous and index == 1 and is_all(subs[0]) and is_all(subs[1]):
+        return subs[0]
+    return subs[index]
+
+
+def expected_count(
+    request: Mapping[str, Any], sub: str, per_request: Mapping[str, list[Any]], features: Features
+) -> int | None:
+    """How many devices `request`/`sub` must have under the release's rules (None: All, not checked).
+
+    In 1.34/1.35 (Features.all_subrequest_continues_with_first) an All subrequest after the
+    first one got one device, after which the search went on with the first subrequest's
+    second device: that one then has one device fewer than its count.
+    """
+    spec = next(s for s in request["firstAvailable"] if s["name"] == sub) if sub else request["exactly"]
+    count = None if is_all(spec) else int(spec.get("count", 1))
+    if not (sub and features.all_subrequest_continues_with_first):
+        return count
+    subs = request["firstAvailable"]
+    if not any(is_all(s) and f"{request['name']}/{s['name']}" in per_request for s in subs[1:]):
+        return count
+    # A later All subrequest was chosen: it has one device, the first subrequest the rest.
+    if sub == subs[0]["name"]:
+        return None if count is None else count - 1
+    return 1
 
 
 def distinct_holds(
@@ -200,6 +242,11 @@ def distinct_holds(
         if not rule.add(main, sub, by_name[r["device"]], DeviceID(D, scenario.pool, r["device"])):
             return False
     return True
+
+
+def brief(results: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Results as request=device, for failure messages."""
+    return [f"{r['request']}={r['device']}" for r in results]
 
 
 # ----- cluster plumbing --------------------------------------------------------------------
@@ -343,14 +390,18 @@ def run_round(
             pytest.fail(f"scheduler did not decide pod-{s.index} in time: {state.get('status')}")
         placed = bool(p["spec"].get("nodeName"))
         outcome = ours[s.index]
+        theirs: list[Mapping[str, Any]] = []
         if placed:
             assert p["spec"]["nodeName"] == s.node
             theirs = claims[f"claim-{s.index}"]["status"]["allocation"]["devices"]["results"]
             for problem in violations(s, theirs, features):
-                invalid.append(f"scheduler, scenario {s.index}: {problem}")
+                invalid.append(f"scheduler, scenario {s.index}: {problem}; results={brief(theirs)}")
         if outcome.ok:
-            for problem in violations(s, outcome.allocations[0]["devices"]["results"], features):
-                invalid.append(f"ours, scenario {s.index}: {problem}")
+            mine = outcome.allocations[0]["devices"]["results"]
+            for problem in violations(s, mine, features):
+                invalid.append(
+                    f"ours, scenario {s.index}: {problem}; results={brief(mine)}, scheduler's={brief(theirs)}"
+                )
         if placed == outcome.ok:
             agree += 1
         else:
