@@ -1,9 +1,8 @@
 """The `draplugin` command: `draplugin run` serves the kubelet plugin; more subcommands plug in.
 
-Subcommands live in a registry. `run` is defined here; other modules add
-theirs by calling `register_subcommand` when imported, and are listed in
-`SUBCOMMAND_MODULES` so the parser imports them (lazily, only when the CLI is
-built, so `import draplugin.cli` stays cheap).
+Subcommands live in a registry (`draplugin.subcommands`). `run` is defined
+here; other modules add theirs by calling `register_subcommand` when imported,
+and are listed in `SUBCOMMAND_MODULES` so the parser imports them.
 
 Exit codes: 0 clean shutdown, 1 runtime failure, 2 bad command line or settings.
 """
@@ -19,7 +18,6 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Final, Protocol
 
 from prometheus_client import start_http_server
@@ -30,10 +28,19 @@ from draplugin.kubelet.interface import Driver
 from draplugin.kubelet.server import KubeletPluginServer, PluginServerError, PluginServerOptions
 from draplugin.kubelet.sockets import SocketPathError
 from draplugin.logs import setup_logging
+from draplugin.subcommands import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, CommandLine, Subcommand
 
-EXIT_OK: Final = 0
-EXIT_FAILURE: Final = 1
-EXIT_USAGE: Final = 2
+__all__ = [
+    "EXIT_FAILURE",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "Subcommand",
+    "build_driver",
+    "build_parser",
+    "main",
+    "register_subcommand",
+]
+
 # Test hook: "module:function" naming a `(Settings) -> Driver` factory, used by
 # `build_driver` in place of the real driver (end-to-end tests of the protocol layer).
 DRIVER_FACTORY_ENV: Final = "DRAPLUGIN_DRIVER_FACTORY"
@@ -41,25 +48,17 @@ DRIVER_FACTORY_ENV: Final = "DRAPLUGIN_DRIVER_FACTORY"
 log = logging.getLogger("draplugin.cli")
 
 
-@dataclass(frozen=True, slots=True)
-class Subcommand:
-    name: str
-    help: str
-    add_arguments: Callable[[argparse.ArgumentParser], None]
-    handler: Callable[[argparse.Namespace], int]
-
-
-_SUBCOMMANDS: dict[str, Subcommand] = {}
-
-# Modules that register more subcommands when imported. The `devices` subcommand
-# (list what the discovery backend sees) belongs here, e.g. "draplugin.devices.cli".
+# Modules that register more subcommands when imported (`devices`: what the
+# discovery backend sees, as the ResourceSlices it would publish).
 SUBCOMMAND_MODULES: tuple[str, ...] = ("draplugin.devices.cli",)
 
-
-def register_subcommand(command: Subcommand) -> None:
-    if command.name in _SUBCOMMANDS and _SUBCOMMANDS[command.name] != command:
-        raise ValueError(f"subcommand {command.name!r} is already registered")
-    _SUBCOMMANDS[command.name] = command
+COMMAND_LINE = CommandLine(
+    prog="draplugin",
+    description="Kubernetes DRA driver for GPUs: the node side (kubelet plugin).",
+    modules=SUBCOMMAND_MODULES,
+)
+register_subcommand = COMMAND_LINE.register
+build_parser = COMMAND_LINE.build_parser
 
 
 class DriverUnavailable(RuntimeError):
@@ -220,25 +219,8 @@ register_subcommand(
 # --- entry point ------------------------------------------------------------------------------
 
 
-def build_parser() -> argparse.ArgumentParser:
-    for module in SUBCOMMAND_MODULES:
-        importlib.import_module(module)
-    parser = argparse.ArgumentParser(
-        prog="draplugin", description="Kubernetes DRA driver for GPUs: the node side (kubelet plugin)."
-    )
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for command in _SUBCOMMANDS.values():
-        sub = subparsers.add_parser(command.name, help=command.help, description=command.help)
-        command.add_arguments(sub)
-        sub.set_defaults(handler=command.handler)
-    return parser
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    handler: Callable[[argparse.Namespace], int] = args.handler
-    namespace = argparse.Namespace(**{k: v for k, v in vars(args).items() if k not in ("handler", "command")})
-    return handler(namespace)
+    return COMMAND_LINE.main(argv)
 
 
 if __name__ == "__main__":

@@ -202,7 +202,7 @@ def test_subcommands_register_in_one_table() -> None:
         with pytest.raises(ValueError, match="already registered"):
             cli.register_subcommand(cli.Subcommand("probe-test", "other", add_arguments, handler))
     finally:
-        cli._SUBCOMMANDS.pop("probe-test")
+        cli.COMMAND_LINE.unregister("probe-test")
 
 
 # --- serving ----------------------------------------------------------------------------------
