@@ -99,23 +99,6 @@ def daemon(kube_cluster: ControlPlane, kubelet_node: KubeletNode) -> Iterator[Da
         shutil.rmtree(state_dir, ignore_errors=True)
 
 
-@pytest.fixture
-def device_class(kube_cluster: ControlPlane) -> Iterator[str]:
-    name = f"e2e-node-gpu-{uuid.uuid4().hex[:6]}"
-    with kube_cluster.api_client() as client:
-        api = KubeJSON(client)
-        api.create(f"{RESOURCE}/deviceclasses", {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "DeviceClass",
-            "metadata": {"name": name},
-            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
-        })  # fmt: skip
-        try:
-            yield name
-        finally:
-            api.delete(f"{RESOURCE}/deviceclasses/{name}")
-
-
 def node_slices(api: KubeJSON, node: str) -> list[dict[str, Any]]:
     selector = f"spec.nodeName={node},spec.driver={DRIVER}"
     found = api.get(f"{RESOURCE}/resourceslices", query={"fieldSelector": selector})
@@ -132,7 +115,7 @@ def test_daemon_registers_publishes_and_runs_a_pod_with_our_cdi_device(
     kube_cluster: ControlPlane,
     kubelet_node: KubeletNode,
     daemon: Daemon,
-    device_class: str,
+    gpu_device_class: str,
     test_namespace: str,
 ) -> None:
     paths = socket_paths(kubelet_node.root_dir, DRIVER, daemon.pod_uid)
@@ -164,7 +147,7 @@ def test_daemon_registers_publishes_and_runs_a_pod_with_our_cdi_device(
             "kind": "ResourceClaimTemplate",
             "metadata": {"name": "one-gpu"},
             "spec": {"spec": {"devices": {"requests": [
-                {"name": "gpu", "exactly": {"deviceClassName": device_class}},
+                {"name": "gpu", "exactly": {"deviceClassName": gpu_device_class}},
             ]}}},
         })  # fmt: skip
         api.create(f"/api/v1/namespaces/{ns}/pods", {

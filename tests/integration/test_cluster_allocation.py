@@ -4,7 +4,7 @@ hand-made ResourceSlice on a fake node and bind the pod there."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -17,23 +17,6 @@ pytestmark = pytest.mark.cluster
 
 DRIVER = "gpu.draplugin.dev"
 RESOURCE_V1 = "/apis/resource.k8s.io/v1"
-
-
-@pytest.fixture
-def gpu_device_class(kube_cluster: ControlPlane) -> Iterator[str]:
-    name = f"gpu-{uuid.uuid4().hex[:8]}"
-    with kube_cluster.api_client() as api:
-        rest = KubeJSON(api)
-        rest.create(f"{RESOURCE_V1}/deviceclasses", {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "DeviceClass",
-            "metadata": {"name": name},
-            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
-        })  # fmt: skip
-        try:
-            yield name
-        finally:
-            rest.delete(f"{RESOURCE_V1}/deviceclasses/{name}")
 
 
 def resource_slice(node: str) -> dict[str, Any]:

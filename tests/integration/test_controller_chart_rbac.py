@@ -22,7 +22,6 @@ from tests.integration.test_controller_run import (  # fixtures are used by name
     allocated,
     claim_body,
     devices_of,
-    gpu_class,
     pod_body,
     publish_two_gpus,
     start_controller,
@@ -34,7 +33,7 @@ from tests.kube.wait import wait_for
 
 pytestmark = pytest.mark.cluster
 
-__all__ = ["admin", "gpu_class", "installed", "start_controller"]
+__all__ = ["admin", "installed", "start_controller"]
 
 
 def test_controller_does_its_job_with_the_charts_rbac(
@@ -42,7 +41,7 @@ def test_controller_does_its_job_with_the_charts_rbac(
     admin: k8s.ApiClient,
     installed: Installed,
     fake_node: Callable[..., str],
-    gpu_class: str,
+    gpu_device_class: str,
     start_controller: StartController,
     tmp_path: Path,
 ) -> None:
@@ -59,7 +58,7 @@ def test_controller_does_its_job_with_the_charts_rbac(
     # Pre-allocation: annotate + finalizer (claims patch), allocation (status patch).
     rest.create(
         f"{RESOURCE_V1}/namespaces/{ns}/resourceclaims",
-        claim_body("pinned", gpu_class, annotations={PREALLOCATE: node}),
+        claim_body("pinned", gpu_device_class, annotations={PREALLOCATE: node}),
     )
     claim = wait_for("the controller to allocate the claim", lambda: allocated(rest, ns, "pinned"), 60)
     assert devices_of(claim) in ([(node, "gpu-0")], [(node, "gpu-1")])
@@ -68,7 +67,7 @@ def test_controller_does_its_job_with_the_charts_rbac(
     no_match = 'device.attributes["gpu.draplugin.dev"].model == "none"'
     rest.create(
         f"{RESOURCE_V1}/namespaces/{ns}/resourceclaims",
-        claim_body("impossible", gpu_class, selector=no_match),
+        claim_body("impossible", gpu_device_class, selector=no_match),
     )
     rest.create(f"/api/v1/namespaces/{ns}/pods", pod_body("waiting", "impossible", containers=1))
 

@@ -124,23 +124,6 @@ def start_controller(
                 controller.proc.wait()
 
 
-@pytest.fixture
-def gpu_class(kube_cluster: ControlPlane) -> Iterator[str]:
-    name = f"gpu-{uuid.uuid4().hex[:8]}"
-    with kube_cluster.api_client() as api:
-        rest = KubeJSON(api)
-        rest.create(f"{RESOURCE_V1}/deviceclasses", {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "DeviceClass",
-            "metadata": {"name": name},
-            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
-        })  # fmt: skip
-        try:
-            yield name
-        finally:
-            rest.delete(f"{RESOURCE_V1}/deviceclasses/{name}")
-
-
 def publish_two_gpus(rest: KubeJSON, node: str) -> None:
     rest.create(f"{RESOURCE_V1}/resourceslices", {
         "apiVersion": "resource.k8s.io/v1",
@@ -215,7 +198,7 @@ def test_preallocated_claim_is_shared_by_two_scheduled_pods(
     kube_cluster: ControlPlane,
     fake_node: Callable[..., str],
     test_namespace: str,
-    gpu_class: str,
+    gpu_device_class: str,
     start_controller: StartController,
 ) -> None:
     ns = test_namespace
@@ -226,7 +209,7 @@ def test_preallocated_claim_is_shared_by_two_scheduled_pods(
         controller = start_controller("solo")
         rest.create(
             f"{RESOURCE_V1}/namespaces/{ns}/resourceclaims",
-            claim_body("shared", gpu_class, annotations={PREALLOCATE: node}, count=2),
+            claim_body("shared", gpu_device_class, annotations={PREALLOCATE: node}, count=2),
         )
         claim = wait_for("the controller to allocate the claim", lambda: allocated(rest, ns, "shared"), 60)
         assert claim["metadata"]["annotations"][ALLOCATED_BY] == "dra-controller"
@@ -281,7 +264,7 @@ def test_stuck_claim_gets_event_naming_the_filter(
     kube_cluster: ControlPlane,
     fake_node: Callable[..., str],
     test_namespace: str,
-    gpu_class: str,
+    gpu_device_class: str,
     start_controller: StartController,
 ) -> None:
     ns = test_namespace
@@ -292,7 +275,9 @@ def test_stuck_claim_gets_event_naming_the_filter(
         rest.create(
             f"{RESOURCE_V1}/namespaces/{ns}/resourceclaims",
             claim_body(
-                "impossible", gpu_class, selector='device.attributes["gpu.draplugin.dev"].model == "none"'
+                "impossible",
+                gpu_device_class,
+                selector='device.attributes["gpu.draplugin.dev"].model == "none"',
             ),
         )
         rest.create(f"/api/v1/namespaces/{ns}/pods", pod_body("waiting", "impossible", containers=1))
@@ -326,7 +311,7 @@ def test_two_replicas_one_leader_no_double_allocation(
     kube_cluster: ControlPlane,
     fake_node: Callable[..., str],
     test_namespace: str,
-    gpu_class: str,
+    gpu_device_class: str,
     start_controller: StartController,
 ) -> None:
     ns = test_namespace
@@ -347,7 +332,7 @@ def test_two_replicas_one_leader_no_double_allocation(
         for i in range(3):  # three one-GPU claims on a two-GPU node: exactly two fit
             rest.create(
                 f"{RESOURCE_V1}/namespaces/{ns}/resourceclaims",
-                claim_body(f"pinned-{i}", gpu_class, annotations={PREALLOCATE: "any"}),
+                claim_body(f"pinned-{i}", gpu_device_class, annotations={PREALLOCATE: "any"}),
             )
 
         def two_allocated() -> list[dict[str, Any]] | None:

@@ -6,6 +6,7 @@
 - `kubelet_node` (session): a real kubelet on the recording fake CRI, started
   only when a test asks for it.
 - `test_namespace` (function): a fresh namespace with its default ServiceAccount.
+- `gpu_device_class` (function): a DeviceClass selecting every device of our driver.
 
 Missing binaries fail the tests (with the command that builds them); they
 never skip.
@@ -28,10 +29,12 @@ from tests.kube.controlplane import ControlPlane
 from tests.kube.kubelet import KubeletNode
 from tests.kube.objects import create_fake_node, create_namespace, delete_fake_node, delete_namespace
 from tests.kube.procs import ComponentError
+from tests.kube.rest import KubeJSON
 
 log = logging.getLogger(__name__)
 
 FakeNodeFactory = Callable[..., str]
+DRIVER = "gpu.draplugin.dev"
 
 
 def _keep_logs(logs: Path) -> None:
@@ -107,3 +110,21 @@ def test_namespace(kube_cluster: ControlPlane) -> Iterator[str]:
             yield name
         finally:
             delete_namespace(api, name)
+
+
+@pytest.fixture
+def gpu_device_class(kube_cluster: ControlPlane) -> Iterator[str]:
+    """A DeviceClass (unique name) that selects every device of our driver; deleted afterwards."""
+    name = f"gpu-{uuid.uuid4().hex[:8]}"
+    with kube_cluster.api_client() as api:
+        rest = KubeJSON(api)
+        rest.create("/apis/resource.k8s.io/v1/deviceclasses", {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "DeviceClass",
+            "metadata": {"name": name},
+            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
+        })  # fmt: skip
+        try:
+            yield name
+        finally:
+            rest.delete(f"/apis/resource.k8s.io/v1/deviceclasses/{name}")
