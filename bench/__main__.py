@@ -19,8 +19,10 @@ def main(argv: list[str]) -> int:
     chosen = argv or [name for name in BENCHMARKS if (here / name / "__main__.py").exists()]
     unknown = [name for name in chosen if name not in BENCHMARKS]
     if unknown:
-        print(f"bench: unknown benchmark(s) {', '.join(unknown)}; choose from {', '.join(BENCHMARKS)}",
-              file=sys.stderr)
+        print(
+            f"bench: unknown benchmark(s) {', '.join(unknown)}; choose from {', '.join(BENCHMARKS)}",
+            file=sys.stderr,
+        )
         return 2
     failed: list[str] = []
     for name in chosen:

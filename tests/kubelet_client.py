@@ -173,9 +173,9 @@ class RegisteredPlugin:
         if failed:
             raise KubeletError(f"NodeUnprepareResources failed for claims: {failed}")
 
-    def watch_health(self) -> grpc.aio.UnaryStreamCall[
-        health_pb.NodeWatchResourcesRequest, health_pb.NodeWatchResourcesResponse
-    ]:
+    def watch_health(
+        self,
+    ) -> grpc.aio.UnaryStreamCall[health_pb.NodeWatchResourcesRequest, health_pb.NodeWatchResourcesResponse]:
         stub = health_grpc.DRAResourceHealthStub(self.channel)
         return stub.NodeWatchResources(health_pb.NodeWatchResourcesRequest())
 

@@ -117,8 +117,10 @@ class LivenessHealth:
         await self.servicer.set(OVERALL_SERVICE, health_pb2.HealthCheckResponse.NOT_SERVING)
 
     async def on_registration(self, status: RegistrationStatus) -> None:
-        serving = health_pb2.HealthCheckResponse.SERVING if status.registered else (
-            health_pb2.HealthCheckResponse.NOT_SERVING
+        serving = (
+            health_pb2.HealthCheckResponse.SERVING
+            if status.registered
+            else (health_pb2.HealthCheckResponse.NOT_SERVING)
         )
         await self.servicer.set(OVERALL_SERVICE, serving)
 

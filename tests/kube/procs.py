@@ -33,6 +33,7 @@ def _die_with_parent() -> None:
     a thread that lives as long as the cluster (the main thread)."""
     _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
+
 LOG_TAIL_CHARS = 6000
 
 

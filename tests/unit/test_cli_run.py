@@ -106,8 +106,19 @@ def test_every_flag_has_a_distinct_environment_mirror() -> None:
     flags = [o.flag for o in config.RUN_OPTIONS]
     envs = [o.env for o in config.RUN_OPTIONS]
     assert len(set(flags)) == len(flags) and len(set(envs)) == len(envs)
-    assert {"--driver-name", "--node-name", "--kubelet-root-dir", "--state-dir", "--cdi-root", "--backend",
-            "--kubeconfig", "--log-format", "--metrics-port", "--pod-uid", "--healthcheck-port"} <= set(flags)
+    assert {
+        "--driver-name",
+        "--node-name",
+        "--kubelet-root-dir",
+        "--state-dir",
+        "--cdi-root",
+        "--backend",
+        "--kubeconfig",
+        "--log-format",
+        "--metrics-port",
+        "--pod-uid",
+        "--healthcheck-port",
+    } <= set(flags)
 
 
 @pytest.mark.parametrize(

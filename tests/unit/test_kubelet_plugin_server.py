@@ -265,10 +265,7 @@ async def test_device_health_is_advertised_and_streamed(kubelet_root: Path) -> N
                 first = await stream.read()
             stream.cancel()
     assert isinstance(first, health_pb.NodeWatchResourcesResponse)
-    got = [
-        (d.device.pool_name, d.device.device_name, d.health, d.last_updated_time)
-        for d in first.devices
-    ]
+    got = [(d.device.pool_name, d.device.device_name, d.health, d.last_updated_time) for d in first.devices]
     assert got == [("node-a", "gpu-0", 1, 1700000000), ("node-a", "gpu-1", 2, 1700000001)]
     assert [d.health_check_timeout_seconds for d in first.devices] == [60, 0]
     assert first.devices[1].message == "x" * 1021 + "..."
@@ -362,9 +359,7 @@ async def test_five_thousand_claims_in_one_request(plugin: RegisteredPlugin, dri
     assert driver.prepared == {}
 
 
-async def test_cancelled_call_does_not_break_the_server(
-    plugin: RegisteredPlugin, driver: FakeDriver
-) -> None:
+async def test_cancelled_call_does_not_break_the_server(plugin: RegisteredPlugin, driver: FakeDriver) -> None:
     driver.gate = asyncio.Event()
     stub = v1_grpc.DRAPluginStub(plugin.channel)
     call = stub.NodePrepareResources(
