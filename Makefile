@@ -37,12 +37,12 @@ test: venv kube
 	$(MAKE) --no-print-directory lint
 	DRA_KUBE_BIN_DIR="$$($(KUBE_BUILD))" $(PY) -m pytest
 
-# The integration tests (real control plane) against the compatibility release,
+# The integration and end-to-end tests against the compatibility release,
 # the supported floor. A second cold Kubernetes build: not part of `make test`.
 COMPAT_K8S_VERSION ?= v1.34.4
 test-compat: venv
 	DRA_KUBE_BIN_DIR="$$(K8S_VERSION=$(COMPAT_K8S_VERSION) tests/cluster/build_compat.sh)" \
-	  $(PY) -m pytest tests/integration -m cluster
+	  $(PY) -m pytest tests/integration tests/e2e -m "cluster or kubelet"
 
 # The main job on the embedded default: a local cluster with fake GPUs.
 demo: venv kube

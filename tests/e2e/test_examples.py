@@ -190,7 +190,7 @@ def cdi_ids(claim: dict[str, Any]) -> list[str]:
 def container_cdi(node: KubeletNode, namespace: str, pod: str) -> dict[str, list[str]]:
     """The CDI device IDs the kubelet gave each container of the pod (the runtime's record)."""
     records = [r for r in node.container_records() if r["podNamespace"] == namespace and r["podName"] == pod]
-    return {r["containerName"]: sorted(r["cdiDevices"]) for r in records}
+    return {r["containerName"]: sorted(node.cdi_ids_per_device(r["cdiDevices"])) for r in records}
 
 
 def runtime_env(cluster: ControlPlane, node: KubeletNode, cdi_devices: list[str]) -> dict[str, str]:

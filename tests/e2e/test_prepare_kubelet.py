@@ -300,7 +300,7 @@ def test_two_pods_share_one_claim_prepared_once(
     claim = pod_claim(api, test_namespace, first)
     uid = claim["metadata"]["uid"]
     ids = [
-        r["cdiDevices"]
+        kubelet_node.cdi_ids_per_device(r["cdiDevices"])
         for name in ("first", "second")
         for r in records_of(kubelet_node, test_namespace, name)
     ]

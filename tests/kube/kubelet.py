@@ -106,6 +106,21 @@ class KubeletNode:
             return []
         return [json.loads(line) for line in self.record_path.read_text().splitlines() if line.strip()]
 
+    def cdi_ids_per_device(self, ids: list[str]) -> list[str]:
+        """A container's CDI IDs as this kubelet means them: one per prepared device.
+
+        Kubelet 1.34 appends a driver's devices to its claim record on every
+        NodePrepareResources answer without clearing the previous ones, so when
+        two pods sharing a claim both prepare it, the second pod's containers
+        receive each CDI ID twice (pkg/kubelet/cm/dra manager.go/claiminfo.go
+        at v1.34.4; from 1.35 on the record is reset before each answer is
+        added). Our plugin answers identically each time; that repetition is the
+        kubelet's, so it is folded here for 1.34 only and kept visible for newer
+        kubelets, where a repeated ID would be our bug.
+        """
+        minor = int(self.cluster.kubernetes_version.split(".")[1])
+        return list(dict.fromkeys(ids)) if minor <= 34 else ids
+
     def start(self) -> None:
         started = time.monotonic()
         require_binaries(self.cluster.bin_dir, NODE_BINARIES)
