@@ -25,15 +25,13 @@ from kubernetes.client.exceptions import ApiException
 
 from draplugin.demo import (
     DEVICE_CLASSES,
-    FAKE_GPUS,
     PluginProcess,
     collection_path,
-    delete_node_slices,
     load_manifests,
     node_slices,
-    wait_published,
 )
 from tests.e2e.cleanup import release_namespace
+from tests.e2e.plugin import running_plugin
 from tests.kube.controlplane import ControlPlane
 from tests.kube.kubelet import KubeletNode
 from tests.kube.objects import create_namespace, delete_namespace
@@ -53,12 +51,6 @@ WHOLE_GPUS = {"gpu-0", "gpu-1", "gpu-2"}  # gpu-3 is split into MIG devices
 
 
 @pytest.fixture(scope="module")
-def api(kube_cluster: ControlPlane) -> Iterator[KubeJSON]:
-    with kube_cluster.api_client() as client:
-        yield KubeJSON(client)
-
-
-@pytest.fixture(scope="module")
 def plugin(
     kube_cluster: ControlPlane,
     kubelet_node: KubeletNode,
@@ -66,24 +58,11 @@ def plugin(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[PluginProcess]:
     """One plugin for the whole module; it publishes the node's slices and deletes them when stopped."""
-    process = PluginProcess(
-        kubeconfig=kube_cluster.kubeconfig,
-        node_name=kubelet_node.name,
-        kubelet_root_dir=kubelet_node.root_dir,
-        cdi_root=kubelet_node.cdi_root,
-        state_dir=tmp_path_factory.mktemp("examples-plugin"),
-        fake_config=FAKE_GPUS,
-        delete_slices_on_shutdown=True,
-    )
-    try:
-        process.start()
-        process.wait_registered()
-        wait_published(process, api.api)
+    state_dir = tmp_path_factory.mktemp("examples-plugin")
+    with running_plugin(
+        kube_cluster, kubelet_node, api, state_dir, delete_slices_on_shutdown=True
+    ) as process:
         yield process
-    finally:
-        process.stop()
-        if node_slices(api.api, kubelet_node.name, DRIVER):  # it was killed before it could delete them
-            delete_node_slices(api.api, kubelet_node.name, DRIVER)
 
 
 @pytest.fixture(scope="module")

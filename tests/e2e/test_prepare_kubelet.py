@@ -24,11 +24,12 @@ import grpc
 import pytest
 
 from draplugin import crashpoints
-from draplugin.demo import FAKE_GPUS, PluginProcess, delete_node_slices, wait_published
+from draplugin.demo import PluginProcess
 from draplugin.kubelet._proto.dra.v1 import api_pb2 as v1
 from draplugin.kubelet._proto.dra.v1 import api_pb2_grpc as v1_grpc
 from draplugin.kubelet.sockets import socket_paths
 from tests.e2e.cleanup import release_namespace
+from tests.e2e.plugin import running_plugin
 from tests.kube.controlplane import ControlPlane
 from tests.kube.kubelet import KubeletNode
 from tests.kube.rest import KubeJSON
@@ -42,34 +43,18 @@ POD_TIMEOUT = 120.0
 
 
 @pytest.fixture(scope="module")
-def api(kube_cluster: ControlPlane) -> Iterator[KubeJSON]:
-    with kube_cluster.api_client() as client:
-        yield KubeJSON(client)
-
-
-@pytest.fixture(scope="module")
 def plugin(
     kube_cluster: ControlPlane,
     kubelet_node: KubeletNode,
     api: KubeJSON,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[PluginProcess]:
-    process = PluginProcess(
-        kubeconfig=kube_cluster.kubeconfig,
-        node_name=kubelet_node.name,
-        kubelet_root_dir=kubelet_node.root_dir,
-        cdi_root=kubelet_node.cdi_root,
-        state_dir=tmp_path_factory.mktemp("plugin"),
-        fake_config=FAKE_GPUS,
-    )
-    try:
-        process.start()
-        process.wait_registered()
-        wait_published(process, api.api)
+    """Keeps its slices across the restarts these tests put it through, as in production."""
+    state_dir = tmp_path_factory.mktemp("plugin")
+    with running_plugin(
+        kube_cluster, kubelet_node, api, state_dir, delete_slices_on_shutdown=False
+    ) as process:
         yield process
-    finally:
-        process.stop()
-        delete_node_slices(api.api, kubelet_node.name, DRIVER)  # restarts keep them; the module is done
 
 
 @pytest.fixture(scope="module")

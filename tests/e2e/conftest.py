@@ -1,0 +1,16 @@
+"""Fixtures shared by the end-to-end tests."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.kube.controlplane import ControlPlane
+from tests.kube.rest import KubeJSON
+
+
+@pytest.fixture(scope="module")
+def api(kube_cluster: ControlPlane) -> Iterator[KubeJSON]:
+    with kube_cluster.api_client() as client:
+        yield KubeJSON(client)

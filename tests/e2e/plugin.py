@@ -1,0 +1,47 @@
+"""The plugin daemon for a module of end-to-end tests."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from draplugin.config import DEFAULT_DRIVER_NAME
+from draplugin.demo import FAKE_GPUS, PluginProcess, delete_node_slices, node_slices, wait_published
+from tests.kube.controlplane import ControlPlane
+from tests.kube.kubelet import KubeletNode
+from tests.kube.rest import KubeJSON
+
+
+@contextmanager
+def running_plugin(
+    kube_cluster: ControlPlane,
+    kubelet_node: KubeletNode,
+    api: KubeJSON,
+    state_dir: Path,
+    *,
+    delete_slices_on_shutdown: bool,
+) -> Iterator[PluginProcess]:
+    """`draplugin run` for the kubelet node, registered and with its slices published.
+
+    Whatever the plugin leaves behind (it may be killed by a test, or keep its
+    slices across restarts on purpose) is removed when the module is done.
+    """
+    process = PluginProcess(
+        kubeconfig=kube_cluster.kubeconfig,
+        node_name=kubelet_node.name,
+        kubelet_root_dir=kubelet_node.root_dir,
+        cdi_root=kubelet_node.cdi_root,
+        state_dir=state_dir,
+        fake_config=FAKE_GPUS,
+        delete_slices_on_shutdown=delete_slices_on_shutdown,
+    )
+    try:
+        process.start()
+        process.wait_registered()
+        wait_published(process, api.api)
+        yield process
+    finally:
+        process.stop()
+        if node_slices(api.api, kubelet_node.name, DEFAULT_DRIVER_NAME):
+            delete_node_slices(api.api, kubelet_node.name, DEFAULT_DRIVER_NAME)
