@@ -137,19 +137,16 @@ class ApiJSON:
         """Returns the decoded body, or the raw response when `stream` is set."""
         from kubernetes.client.exceptions import ApiException
 
-        headers = {"Accept": "application/json"}
-        if body is not None:
-            headers["Content-Type"] = content_type
-        method, url, headers, payload, _ = self.api.param_serialize(
-            method=method,
-            resource_path=path,
-            query_params=list((query or {}).items()),
-            header_params=headers,
+        from draplugin.kube import send_raw
+
+        response = send_raw(
+            self.api,
+            method,
+            path,
+            query=query,
             body=dict(body) if body is not None else None,
-            auth_settings=["BearerToken"],
-        )
-        response = self.api.call_api(
-            method, url, header_params=headers, body=payload, _request_timeout=timeout
+            content_type=content_type,
+            timeout=timeout,
         )
         if stream and 200 <= response.status < 300:
             return response

@@ -3,18 +3,51 @@
 Each call builds its own `Configuration`, never touching the library's global
 default: two clients in one process (tests, or the controller talking to two
 clusters) must not leak settings into each other.
+
+`send_raw` is the one way both daemons (and the tests) talk JSON to the API
+server: plain dicts in and out, never the typed models, which drop fields a
+newer server sends and would lose them on a read-modify-write.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from kubernetes import client, config
 from kubernetes.config.config_exception import ConfigException
 
 log = logging.getLogger(__name__)
+
+
+def send_raw(
+    api_client: Any,
+    method: str,
+    path: str,
+    *,
+    query: Mapping[str, str] | list[tuple[str, str]] | None = None,
+    body: Any = None,
+    content_type: str = "application/json",
+    timeout: float | tuple[float, float] | None = None,
+) -> Any:
+    """One request with the client's server and credentials; returns the unread
+    response (status, `read()`, or a stream), leaving error policy to the caller."""
+    headers = {"Accept": "application/json"}
+    if body is not None:
+        headers["Content-Type"] = content_type
+    params = list(query.items()) if isinstance(query, Mapping) else list(query or [])
+    method, url, headers, payload, _ = api_client.param_serialize(
+        method=method,
+        resource_path=path,
+        query_params=params,
+        header_params=headers,
+        body=body,
+        auth_settings=["BearerToken"],
+    )
+    return api_client.call_api(method, url, header_params=headers, body=payload, _request_timeout=timeout)
 
 
 class KubeConfigError(RuntimeError):

@@ -57,13 +57,9 @@ def version_from_info(info: Any) -> KubernetesVersion:
 
 def server_version(api_client: Any, timeout_s: float = 30.0) -> KubernetesVersion:
     """The API server's release, read from `GET /version` with a kubernetes.client.ApiClient."""
-    serialized = api_client.param_serialize(
-        method="GET",
-        resource_path="/version",
-        header_params={"Accept": "application/json"},
-        auth_settings=["BearerToken"],
-    )
-    response = api_client.call_api(*serialized[:4], _request_timeout=timeout_s)
+    from draplugin.kube import send_raw
+
+    response = send_raw(api_client, "GET", "/version", timeout=timeout_s)
     data = response.read()
     if not 200 <= response.status < 300:
         raise VersionError(f"GET /version: HTTP {response.status}")

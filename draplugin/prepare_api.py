@@ -17,6 +17,8 @@ from urllib.parse import quote
 
 from kubernetes.client import ApiClient
 
+from draplugin.kube import send_raw
+
 # Enough parallel GETs for a burst of pods; beyond this the API server is the limit anyway.
 DEFAULT_WORKERS = 16
 REQUEST_TIMEOUT_S = 20.0
@@ -46,18 +48,8 @@ class RawApi:
             api_client.configuration.connection_pool_maxsize = workers
 
     def request(self, method: str, path: str, body: Any = None) -> tuple[int, bytes]:
-        headers = {"Accept": "application/json"}
-        if body is not None:
-            headers["Content-Type"] = "application/json"
-        params = self._client.param_serialize(
-            method=method,
-            resource_path=path,
-            header_params=headers,
-            body=body,
-            auth_settings=["BearerToken"],
-        )
-        response = self._client.call_api(*params[:4], _request_timeout=REQUEST_TIMEOUT_S)
-        data: bytes | None = response.read()  # type: ignore[no-untyped-call]
+        response = send_raw(self._client, method, path, body=body, timeout=REQUEST_TIMEOUT_S)
+        data: bytes | None = response.read()
         return int(response.status), bytes(data or b"")
 
     async def arequest(self, method: str, path: str, body: Any = None) -> tuple[int, bytes]:

@@ -344,20 +344,16 @@ class KubeSliceApi:
         timeout: float | tuple[float, float] | None = None,
         stream: bool = False,
     ) -> Any:
-        headers = {"Accept": "application/json"}
-        if body is not None:
-            headers["Content-Type"] = "application/json"
+        from draplugin.kube import send_raw  # the kubernetes client loads only when talking to a server
+
         try:
-            serialized = self._client.param_serialize(
-                method=method,
-                resource_path=path,
-                query_params=query or [],
-                header_params=headers,
+            response = send_raw(
+                self._client,
+                method,
+                path,
+                query=query,
                 body=body,
-                auth_settings=["BearerToken"],
-            )
-            response = self._client.call_api(
-                *serialized[:4], _request_timeout=timeout if timeout is not None else self._timeout
+                timeout=timeout if timeout is not None else self._timeout,
             )
         except ApiError:
             raise

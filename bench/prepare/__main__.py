@@ -55,7 +55,7 @@ def percentile(samples: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def make_claims(rest: KubeJSON, api: Any, namespace: str, count: int) -> list[ClaimRef]:
+def make_claims(rest: KubeJSON, namespace: str, count: int) -> list[ClaimRef]:
     refs = []
     base = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims"
     for i in range(count):
@@ -68,17 +68,9 @@ def make_claims(rest: KubeJSON, api: Any, namespace: str, count: int) -> list[Cl
         status = {"status": {"allocation": {"devices": {"results": [
             {"request": "gpu", "driver": DRIVER, "pool": NODE, "device": f"gpu-{i}"},
         ]}}}}  # fmt: skip
-        method, url, headers, body, _ = api.param_serialize(
-            method="PATCH",
-            resource_path=f"{base}/claim-{i}/status",
-            header_params={"Content-Type": "application/merge-patch+json", "Accept": "application/json"},
-            body=status,
-            auth_settings=["BearerToken"],
-        )
-        response = api.call_api(method, url, header_params=headers, body=body)
-        response.read()
-        if response.status != 200:
-            raise RuntimeError(f"writing allocation failed: HTTP {response.status}")
+        code = rest.merge_patch_status(f"{base}/claim-{i}/status", status)
+        if code != 200:
+            raise RuntimeError(f"writing allocation failed: HTTP {code}")
         refs.append(ClaimRef(namespace, claim["metadata"]["uid"], f"claim-{i}"))
     return refs
 
@@ -148,7 +140,7 @@ def main() -> int:
             with cluster.api_client() as api:
                 rest = KubeJSON(api)
                 namespace = create_namespace(api, prefix="bench-")
-                refs = make_claims(rest, api, namespace, CONCURRENT)
+                refs = make_claims(rest, namespace, CONCURRENT)
                 raw = RawApi(api)
                 backend = load_backend("fake", NODE, gpus=CONCURRENT)
                 driver = GpuDriver(

@@ -91,16 +91,8 @@ def describe(items: list[dict[str, Any]]) -> list[str]:
 
 
 def merge_patch(api: KubeJSON, path: str, patch: dict[str, Any]) -> None:
-    method, url, headers, body, _ = api.api.param_serialize(
-        method="PATCH",
-        resource_path=path,
-        header_params={"Content-Type": "application/merge-patch+json", "Accept": "application/json"},
-        body=patch,
-        auth_settings=["BearerToken"],
-    )
-    response = api.api.call_api(method, url, header_params=headers, body=body)
-    response.read()  # type: ignore[no-untyped-call]
-    assert response.status in (200, 404), f"PATCH {path}: HTTP {response.status}"
+    status = api.merge_patch_status(path, patch)
+    assert status in (200, 404), f"PATCH {path}: HTTP {status}"
 
 
 def prepared_claims(plugin: PluginProcess, namespace: str) -> list[str]:

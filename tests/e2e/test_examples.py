@@ -119,16 +119,8 @@ def create(api: KubeJSON, path: str, doc: dict[str, Any], *, retry: bool) -> Non
 
 
 def merge_patch(api: KubeJSON, path: str, patch: dict[str, Any]) -> None:
-    method, url, headers, body, _ = api.api.param_serialize(
-        method="PATCH",
-        resource_path=path,
-        header_params={"Content-Type": "application/merge-patch+json", "Accept": "application/json"},
-        body=patch,
-        auth_settings=["BearerToken"],
-    )
-    response = api.api.call_api(method, url, header_params=headers, body=body)
-    response.read()  # type: ignore[no-untyped-call]
-    assert response.status == 200, response.status
+    status = api.merge_patch_status(path, patch)
+    assert status == 200, status
 
 
 def wait_running(api: KubeJSON, namespace: str, name: str) -> dict[str, Any]:

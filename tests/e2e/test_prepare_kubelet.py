@@ -172,16 +172,9 @@ def cdicheck(cluster: ControlPlane, node: KubeletNode, *devices: str) -> dict[st
 
 def touch(api: KubeJSON, namespace: str, name: str) -> None:
     """Annotate the pod so the kubelet syncs it now instead of after its retry delay."""
-    method, url, headers, body, _ = api.api.param_serialize(
-        method="PATCH",
-        resource_path=f"/api/v1/namespaces/{namespace}/pods/{name}",
-        header_params={"Content-Type": "application/merge-patch+json", "Accept": "application/json"},
-        body={"metadata": {"annotations": {"e2e.draplugin.dev/nudge": uuid.uuid4().hex}}},
-        auth_settings=["BearerToken"],
-    )
-    response = api.api.call_api(method, url, header_params=headers, body=body)
-    response.read()  # type: ignore[no-untyped-call]
-    assert response.status in (200, 404), response.status
+    nudge = {"metadata": {"annotations": {"e2e.draplugin.dev/nudge": uuid.uuid4().hex}}}
+    status = api.merge_patch_status(f"/api/v1/namespaces/{namespace}/pods/{name}", nudge)
+    assert status in (200, 404), status
 
 
 def delete_pod_and_wait(api: KubeJSON, namespace: str, name: str) -> None:

@@ -14,6 +14,8 @@ from typing import Any
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
+from draplugin.kube import send_raw
+
 
 class KubeJSON:
     """GET/POST/DELETE API paths as JSON, with the client's server and credentials."""
@@ -29,27 +31,29 @@ class KubeJSON:
         query: Mapping[str, str] | None = None,
         timeout: float | None = None,
     ) -> dict[str, Any]:
-        headers = {"Accept": "application/json"}
-        if body is not None:
-            headers["Content-Type"] = "application/json"
-        method, url, headers, payload, _ = self.api.param_serialize(
-            method=method,
-            resource_path=path,
-            query_params=list((query or {}).items()),
-            header_params=headers,
+        response = send_raw(
+            self.api,
+            method,
+            path,
+            query=query,
             body=dict(body) if body is not None else None,
-            auth_settings=["BearerToken"],
+            timeout=timeout,
         )
-        response = self.api.call_api(
-            method, url, header_params=headers, body=payload, _request_timeout=timeout
-        )
-        data: bytes = response.read()  # type: ignore[no-untyped-call]
+        data: bytes = response.read()
         if not 200 <= response.status < 300:
             raise ApiException.from_response(
                 http_resp=response, body=data.decode(errors="replace"), data=None
             )
         result: dict[str, Any] = json.loads(data) if data else {}
         return result
+
+    def merge_patch_status(self, path: str, patch: Mapping[str, Any]) -> int:
+        """A JSON merge patch; returns the HTTP status (callers decide which ones are fine)."""
+        response = send_raw(
+            self.api, "PATCH", path, body=dict(patch), content_type="application/merge-patch+json"
+        )
+        response.read()
+        return int(response.status)
 
     def get(self, path: str, query: Mapping[str, str] | None = None) -> dict[str, Any]:
         return self.request("GET", path, query=query)
