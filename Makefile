@@ -46,11 +46,11 @@ test-compat: venv
 
 # The main job on the embedded default: a local cluster with fake GPUs.
 demo: venv kube
-	DRA_KUBE_BIN_DIR="$$($(KUBE_BUILD))" $(PY) -m draplugin.demo
+	DRA_KUBE_BIN_DIR="$$($(KUBE_BUILD))" $(PY) -m devcluster.demo
 
 # A local control plane (and kubelet) for humans; stays up until Ctrl-C.
 cluster: venv kube
-	DRA_KUBE_BIN_DIR="$$($(KUBE_BUILD))" $(PY) -m tests.kube.localcluster
+	DRA_KUBE_BIN_DIR="$$($(KUBE_BUILD))" $(PY) -m devcluster.localcluster
 
 bench: venv kube
 	DRA_KUBE_BIN_DIR="$$($(KUBE_BUILD))" $(PY) -m bench

@@ -2,7 +2,7 @@
 
 Each subcommand lives in its own module, which calls `register_subcommand` when
 imported; the module is listed in `SUBCOMMAND_MODULES` so the parser imports it
-(the registry is `draplugin.subcommands`, shared with the `draplugin` command).
+(the registry is `dracommon.subcommands`, shared with the `draplugin` command).
 To add one: write a module with a `Subcommand`, register it at import, and
 append the module name below.
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from draplugin.subcommands import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, CommandLine, Subcommand
+from dracommon.subcommands import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, CommandLine, Subcommand
 
 __all__ = [
     "EXIT_FAILURE",

@@ -20,7 +20,7 @@ from controller.allocator import Allocator
 from controller.cel import compile_selector, versions
 from controller.cel.versions import VERSION_ENV
 from controller.objects import ClusterObjects, ManifestError, load_from_cluster, load_manifests
-from draplugin.kubeversion import (
+from dracommon.kubeversion import (
     NEWEST_KNOWN,
     KubernetesVersion,
     VersionError,
@@ -81,7 +81,7 @@ def load_objects(args: argparse.Namespace) -> ClusterObjects:
             raise InputError(str(err)) from err
     from kubernetes.client.exceptions import ApiException
 
-    from draplugin.kube import KubeConfigError, load_api_client
+    from dracommon.kube import KubeConfigError, load_api_client
 
     try:
         api = load_api_client(args.kubeconfig, args.context)

@@ -207,7 +207,7 @@ def resolve(args: argparse.Namespace, environ: dict[str, str] | None = None) -> 
 
 
 def run(args: argparse.Namespace) -> int:
-    from draplugin.logs import setup_logging
+    from dracommon.logs import setup_logging
 
     try:
         values = resolve(args)
@@ -218,7 +218,7 @@ def run(args: argparse.Namespace) -> int:
 
     from controller.objects import ApiJSON
     from controller.reconcile_daemon import ControllerDaemon, DaemonSettings
-    from draplugin.kube import KubeConfigError, load_api_client
+    from dracommon.kube import KubeConfigError, load_api_client
 
     try:
         api = load_api_client(values["kubeconfig"], values["context"])

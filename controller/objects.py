@@ -137,7 +137,7 @@ class ApiJSON:
         """Returns the decoded body, or the raw response when `stream` is set."""
         from kubernetes.client.exceptions import ApiException
 
-        from draplugin.kube import send_raw
+        from dracommon.kube import send_raw
 
         response = send_raw(
             self.api,

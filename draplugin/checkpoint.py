@@ -35,7 +35,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from draplugin.cdi import atomic_write
+from draplugin.cdi.spec import atomic_write
 
 log = logging.getLogger(__name__)
 

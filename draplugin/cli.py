@@ -1,6 +1,6 @@
 """The `draplugin` command: `draplugin run` serves the kubelet plugin; more subcommands plug in.
 
-Subcommands live in a registry (`draplugin.subcommands`). `run` is defined
+Subcommands live in a registry (`dracommon.subcommands`). `run` is defined
 here; other modules add theirs by calling `register_subcommand` when imported,
 and are listed in `SUBCOMMAND_MODULES` so the parser imports them.
 
@@ -22,13 +22,13 @@ from typing import Final, Protocol
 
 from prometheus_client import start_http_server
 
+from dracommon.logs import setup_logging
+from dracommon.subcommands import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, CommandLine, Subcommand
 from draplugin import config
 from draplugin.config import ConfigError, Settings
 from draplugin.kubelet.interface import Driver
 from draplugin.kubelet.server import KubeletPluginServer, PluginServerError, PluginServerOptions
 from draplugin.kubelet.sockets import SocketPathError
-from draplugin.logs import setup_logging
-from draplugin.subcommands import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, CommandLine, Subcommand
 
 __all__ = [
     "EXIT_FAILURE",
@@ -71,7 +71,7 @@ def build_driver(settings: Settings) -> Driver:
     if factory_ref:
         return _load_factory(factory_ref)(settings)
     # Imported here: it pulls in the Kubernetes client and the device backends.
-    from draplugin.prepare_wiring import WiringError, driver_from_settings
+    from draplugin.prepare.wiring import WiringError, driver_from_settings
 
     try:
         return driver_from_settings(settings)

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from draplugin.kubeversion import KubernetesVersion, VersionError, parse_kubernetes_version
-from draplugin.logs import LOG_FORMATS, LOG_LEVELS
+from dracommon.kubeversion import KubernetesVersion, VersionError, parse_kubernetes_version
+from dracommon.logs import LOG_FORMATS, LOG_LEVELS
 
 DEFAULT_DRIVER_NAME: Final = "gpu.draplugin.dev"
 DEFAULT_KUBELET_ROOT_DIR: Final = "/var/lib/kubelet"

@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from draplugin.kubelet.interface import ClaimRef
-from draplugin.prepare_api import RawApi
+from draplugin.prepare.api import RawApi
 
 log = logging.getLogger(__name__)
 

@@ -63,7 +63,7 @@ def build_backend(settings: Settings) -> DeviceBackend:
 def prepare_driver(settings: Settings, backend: DeviceBackend) -> Driver:
     """The prepare driver for the devices `backend` publishes (recovered from its checkpoint)."""
     # Imported here: the prepare side pulls in the Kubernetes client and the CDI writer.
-    from draplugin.prepare_wiring import WiringError, driver_from_settings
+    from draplugin.prepare.wiring import WiringError, driver_from_settings
 
     try:
         return driver_from_settings(settings, backend)
@@ -73,7 +73,7 @@ def prepare_driver(settings: Settings, backend: DeviceBackend) -> Driver:
 
 def kube_slice_api(settings: Settings) -> SliceApi:
     """ResourceSlice access with the settings' credentials. Loading them does not contact the server."""
-    from draplugin.kube import load_api_client
+    from dracommon.kube import load_api_client
 
     try:
         client = load_api_client(str(settings.kubeconfig) if settings.kubeconfig else None)

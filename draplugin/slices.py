@@ -51,6 +51,7 @@ from typing import Any, Protocol
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter
 
+from dracommon.kubeversion import KubernetesVersion, VersionError, format_version, version_from_info
 from draplugin.devices.model import (
     CounterSet,
     Device,
@@ -58,7 +59,6 @@ from draplugin.devices.model import (
     DeviceValidationError,
     validate_devices,
 )
-from draplugin.kubeversion import KubernetesVersion, VersionError, format_version, version_from_info
 
 log = logging.getLogger(__name__)
 
@@ -344,7 +344,7 @@ class KubeSliceApi:
         timeout: float | tuple[float, float] | None = None,
         stream: bool = False,
     ) -> Any:
-        from draplugin.kube import send_raw  # the kubernetes client loads only when talking to a server
+        from dracommon.kube import send_raw  # the kubernetes client loads only when talking to a server
 
         try:
             response = send_raw(

@@ -40,11 +40,11 @@ from controller.metrics import ControllerMetrics
 from controller.objects import ApiJSON
 from controller.reconcile_api import KubeClaimApi
 from controller.reconciler import PREALLOCATE_ANNOTATION, Reconciler, ReconcilerSettings, Snapshot
-from tests.kube.binaries import MissingBinariesError
-from tests.kube.controlplane import ControlPlane
-from tests.kube.objects import create_fake_node
-from tests.kube.procs import ComponentError
-from tests.kube.rest import KubeJSON
+from devcluster.binaries import MissingBinariesError
+from devcluster.controlplane import ControlPlane
+from devcluster.objects import create_fake_node
+from devcluster.procs import ComponentError
+from devcluster.rest import KubeJSON
 
 D = "gpu.draplugin.dev"
 GPUS = 8

@@ -23,18 +23,18 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from draplugin.cdi import SpecStore
+from devcluster.controlplane import ControlPlane
+from devcluster.objects import create_namespace
+from devcluster.rest import KubeJSON
+from draplugin.cdi.spec import SpecStore
 from draplugin.checkpoint import CheckpointStore
 from draplugin.devices import load_backend
 from draplugin.events import NullEvents
 from draplugin.kubelet.interface import ClaimRef
 from draplugin.metrics import ClaimMetrics
-from draplugin.prepare import GpuDriver
-from draplugin.prepare_api import RawApi
-from draplugin.prepare_sharing import SharingState
-from tests.kube.controlplane import ControlPlane
-from tests.kube.objects import create_namespace
-from tests.kube.rest import KubeJSON
+from draplugin.prepare.api import RawApi
+from draplugin.prepare.driver import GpuDriver
+from draplugin.prepare.sharing import SharingState
 
 DRIVER = "gpu.draplugin.dev"
 NODE = "bench-node"

@@ -22,13 +22,13 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from devcluster.binaries import MissingBinariesError
+from devcluster.controlplane import ControlPlane
+from devcluster.objects import create_fake_node
+from devcluster.procs import ComponentError
 from draplugin.devices.fake import FakeBackend, config_from_flags
 from draplugin.devices.model import Device
 from draplugin.slices import KubeSliceApi, SliceMetrics, SlicePublisher, plan_slices, render_slice, slice_name
-from tests.kube.binaries import MissingBinariesError
-from tests.kube.controlplane import ControlPlane
-from tests.kube.objects import create_fake_node
-from tests.kube.procs import ComponentError
 
 DRIVER = "gpu.draplugin.dev"
 

@@ -22,7 +22,7 @@ import yaml
 from controller.cel import ENGINES, CompileError, EvaluationError, compile_selector
 from controller.cli import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, Subcommand, register_subcommand
 from controller.commands_common import add_version_argument
-from draplugin.kubeversion import KubernetesVersion
+from dracommon.kubeversion import KubernetesVersion
 
 
 class InputError(ValueError):

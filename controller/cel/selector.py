@@ -15,7 +15,7 @@ from controller.cel.engine import Engine, EvalFailure, Program
 from controller.cel.errors import CompileError, EngineUnavailable, EvaluationError
 from controller.cel.memo import KeyPlan
 from controller.cel.syntax import ParseFailure
-from draplugin.kubeversion import NEWEST_KNOWN, KubernetesVersion
+from dracommon.kubeversion import NEWEST_KNOWN, KubernetesVersion
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from typing import Final
 
 from controller.cel import syntax
 from controller.cel.errors import CompileError
-from draplugin.kubeversion import NEWEST_KNOWN, KubernetesVersion, VersionError, parse_kubernetes_version
+from dracommon.kubeversion import NEWEST_KNOWN, KubernetesVersion, VersionError, parse_kubernetes_version
 
 VERSION_ENV: Final = "DRA_KUBERNETES_VERSION"
 

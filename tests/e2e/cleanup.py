@@ -13,9 +13,9 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from draplugin.demo import PluginProcess
-from tests.kube.rest import KubeJSON
-from tests.kube.wait import wait_for
+from devcluster.demo import PluginProcess
+from devcluster.rest import KubeJSON
+from devcluster.wait import wait_for
 
 RESOURCE = "/apis/resource.k8s.io/v1"
 POLL_SECONDS = 0.1

@@ -6,8 +6,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.kube.controlplane import ControlPlane
-from tests.kube.rest import KubeJSON
+from devcluster.controlplane import ControlPlane
+from devcluster.rest import KubeJSON
 
 
 @pytest.fixture(scope="module")

@@ -6,11 +6,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from devcluster.controlplane import ControlPlane
+from devcluster.demo import FAKE_GPUS, PluginProcess, delete_node_slices, node_slices, wait_published
+from devcluster.kubelet import KubeletNode
+from devcluster.rest import KubeJSON
 from draplugin.config import DEFAULT_DRIVER_NAME
-from draplugin.demo import FAKE_GPUS, PluginProcess, delete_node_slices, node_slices, wait_published
-from tests.kube.controlplane import ControlPlane
-from tests.kube.kubelet import KubeletNode
-from tests.kube.rest import KubeJSON
 
 
 @contextmanager

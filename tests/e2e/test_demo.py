@@ -1,4 +1,4 @@
-"""The README's main-job command: `make demo` runs `python -m draplugin.demo`.
+"""The README's main-job command: `make demo` runs `python -m devcluster.demo`.
 
 This runs the demo once (`--once`) as a user would and checks what it prints:
 the plugin's published devices, the claim's allocation, the CDI spec it wrote,
@@ -49,7 +49,7 @@ def leading_json(body: str) -> Any:
 def test_demo_once_shows_allocation_cdi_spec_and_runtime_view(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     run = subprocess.run(
-        [sys.executable, "-m", "draplugin.demo", "--once", "--state-dir", str(tmp_path / "demo")],
+        [sys.executable, "-m", "devcluster.demo", "--once", "--state-dir", str(tmp_path / "demo")],
         cwd=REPO_ROOT,
         env=env,
         capture_output=True,

@@ -23,20 +23,20 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from draplugin.demo import (
+from devcluster.controlplane import ControlPlane
+from devcluster.demo import (
     DEVICE_CLASSES,
     PluginProcess,
     collection_path,
     load_manifests,
     node_slices,
 )
+from devcluster.kubelet import KubeletNode
+from devcluster.objects import create_namespace, delete_namespace
+from devcluster.rest import KubeJSON
+from devcluster.wait import wait_for
 from tests.e2e.cleanup import release_namespace
 from tests.e2e.plugin import running_plugin
-from tests.kube.controlplane import ControlPlane
-from tests.kube.kubelet import KubeletNode
-from tests.kube.objects import create_namespace, delete_namespace
-from tests.kube.rest import KubeJSON
-from tests.kube.wait import wait_for
 
 pytestmark = pytest.mark.kubelet
 

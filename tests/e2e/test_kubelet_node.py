@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
-from tests.kube.controlplane import ControlPlane
-from tests.kube.kubelet import KubeletNode, node_is_ready
-from tests.kube.rest import KubeJSON
-from tests.kube.wait import wait_for
+from devcluster.controlplane import ControlPlane
+from devcluster.kubelet import KubeletNode, node_is_ready
+from devcluster.rest import KubeJSON
+from devcluster.wait import wait_for
 
 pytestmark = pytest.mark.kubelet
 

@@ -26,11 +26,11 @@ from typing import Any
 
 import pytest
 
+from devcluster.controlplane import ControlPlane
+from devcluster.kubelet import KubeletNode
+from devcluster.rest import KubeJSON
+from devcluster.wait import wait_for
 from draplugin.kubelet.sockets import socket_paths
-from tests.kube.controlplane import ControlPlane
-from tests.kube.kubelet import KubeletNode
-from tests.kube.rest import KubeJSON
-from tests.kube.wait import wait_for
 
 pytestmark = pytest.mark.kubelet
 

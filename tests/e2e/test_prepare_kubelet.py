@@ -23,17 +23,17 @@ from typing import Any
 import grpc
 import pytest
 
+from devcluster.controlplane import ControlPlane
+from devcluster.demo import PluginProcess
+from devcluster.kubelet import KubeletNode
+from devcluster.rest import KubeJSON
+from devcluster.wait import wait_for
 from draplugin import crashpoints
-from draplugin.demo import PluginProcess
 from draplugin.kubelet._proto.dra.v1 import api_pb2 as v1
 from draplugin.kubelet._proto.dra.v1 import api_pb2_grpc as v1_grpc
 from draplugin.kubelet.sockets import socket_paths
 from tests.e2e.cleanup import release_namespace
 from tests.e2e.plugin import running_plugin
-from tests.kube.controlplane import ControlPlane
-from tests.kube.kubelet import KubeletNode
-from tests.kube.rest import KubeJSON
-from tests.kube.wait import wait_for
 
 pytestmark = pytest.mark.kubelet
 

@@ -8,8 +8,8 @@ and add the feature gates the fixtures switched on.
 from __future__ import annotations
 
 from controller.allocation.features import Features, parse_feature_gates
-from draplugin.kubeversion import KubernetesVersion, server_version
-from tests.kube.controlplane import ControlPlane
+from devcluster.controlplane import ControlPlane
+from dracommon.kubeversion import KubernetesVersion, server_version
 
 
 def cluster_version(cluster: ControlPlane) -> KubernetesVersion:

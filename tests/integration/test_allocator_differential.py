@@ -37,8 +37,8 @@ from controller.allocation.requests import Request, blocking_taint
 from controller.allocator import Allocator
 from controller.cel import compile_selector
 from controller.objects import RESOURCE_API, ApiJSON
+from devcluster.controlplane import ControlPlane
 from tests.integration.release import cluster_features
-from tests.kube.controlplane import ControlPlane
 
 pytestmark = pytest.mark.cluster
 log = logging.getLogger(__name__)

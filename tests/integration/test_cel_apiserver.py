@@ -14,9 +14,9 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from controller.cel import CompileError, compile_selector
+from devcluster.controlplane import ControlPlane
+from devcluster.rest import KubeJSON
 from tests.integration.release import cluster_version
-from tests.kube.controlplane import ControlPlane
-from tests.kube.rest import KubeJSON
 from tests.unit.cel.conformance import CASES, Case
 
 pytestmark = pytest.mark.cluster

@@ -21,8 +21,8 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 
-from tests.kube.binaries import REPO_ROOT, bin_dir, pinned_kubernetes_version
-from tests.kube.controlplane import ControlPlane
+from devcluster.binaries import REPO_ROOT, bin_dir, pinned_kubernetes_version
+from devcluster.controlplane import ControlPlane
 
 CHART = REPO_ROOT / "deploy" / "helm" / "draplugin"
 FAKE_GPU_VALUES = REPO_ROOT / "deploy" / "helm" / "values-fake-gpus.yaml"

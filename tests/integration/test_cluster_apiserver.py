@@ -10,9 +10,9 @@ import pytest
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
-from tests.kube.controlplane import ControlPlane
-from tests.kube.rest import KubeJSON
-from tests.kube.wait import wait_for
+from devcluster.controlplane import ControlPlane
+from devcluster.rest import KubeJSON
+from devcluster.wait import wait_for
 
 pytestmark = pytest.mark.cluster
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.kube.binaries import MissingBinariesError, bin_dir, require_binaries
+from devcluster.binaries import MissingBinariesError, bin_dir, require_binaries
 
 pytestmark = pytest.mark.cluster
 

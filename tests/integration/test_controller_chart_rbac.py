@@ -15,6 +15,9 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
+from devcluster.controlplane import ControlPlane, write_kubeconfig
+from devcluster.rest import KubeJSON
+from devcluster.wait import wait_for
 from tests.integration.test_controller_run import (  # fixtures are used by name
     PREALLOCATE,
     RESOURCE_V1,
@@ -27,9 +30,6 @@ from tests.integration.test_controller_run import (  # fixtures are used by name
     start_controller,
 )
 from tests.integration.test_rbac import Installed, admin, installed, unbound_token
-from tests.kube.controlplane import ControlPlane, write_kubeconfig
-from tests.kube.rest import KubeJSON
-from tests.kube.wait import wait_for
 
 pytestmark = pytest.mark.cluster
 

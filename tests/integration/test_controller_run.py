@@ -27,9 +27,9 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from tests.kube.controlplane import ControlPlane, free_port
-from tests.kube.rest import KubeJSON
-from tests.kube.wait import wait_for
+from devcluster.controlplane import ControlPlane, free_port
+from devcluster.rest import KubeJSON
+from devcluster.wait import wait_for
 
 pytestmark = pytest.mark.cluster
 

@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 
-from tests.kube.controlplane import ControlPlane
-from tests.kube.rest import KubeJSON
-from tests.kube.wait import wait_for
+from devcluster.controlplane import ControlPlane
+from devcluster.rest import KubeJSON
+from devcluster.wait import wait_for
 
 pytestmark = pytest.mark.cluster
 

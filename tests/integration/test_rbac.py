@@ -20,9 +20,9 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 
+from devcluster.controlplane import SERVICE_ACCOUNT_ISSUER, ControlPlane
+from devcluster.wait import wait_for
 from tests.integration.test_chart import DRIVER, render_chart
-from tests.kube.controlplane import SERVICE_ACCOUNT_ISSUER, ControlPlane
-from tests.kube.wait import wait_for
 
 pytestmark = pytest.mark.cluster
 

@@ -13,10 +13,13 @@ from prometheus_client import CollectorRegistry
 from controller.allocation.builders import claim, device_class, exactly
 from controller.allocation.nodes import Node
 from controller.allocator import Allocator
+from devcluster.controlplane import ControlPlane
+from devcluster.rest import KubeJSON
+from devcluster.wait import wait_for as wait_until
+from dracommon.kubeversion import server_version
 from draplugin.devices.fake import FakeBackend, config_from_flags, parse_config
 from draplugin.devices.health import HealthTracker
 from draplugin.devices.model import Device
-from draplugin.kubeversion import server_version
 from draplugin.slices import (
     KubeSliceApi,
     SliceMetrics,
@@ -26,9 +29,6 @@ from draplugin.slices import (
     wait_for,
 )
 from tests.integration.release import cluster_features
-from tests.kube.controlplane import ControlPlane
-from tests.kube.rest import KubeJSON
-from tests.kube.wait import wait_for as wait_until
 
 pytestmark = pytest.mark.cluster
 

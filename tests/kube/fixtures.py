@@ -24,12 +24,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.kube.binaries import MissingBinariesError
-from tests.kube.controlplane import ControlPlane
-from tests.kube.kubelet import KubeletNode
-from tests.kube.objects import create_fake_node, create_namespace, delete_fake_node, delete_namespace
-from tests.kube.procs import ComponentError
-from tests.kube.rest import KubeJSON
+from devcluster.binaries import MissingBinariesError
+from devcluster.controlplane import ControlPlane
+from devcluster.kubelet import KubeletNode
+from devcluster.objects import create_fake_node, create_namespace, delete_fake_node, delete_namespace
+from devcluster.procs import ComponentError
+from devcluster.rest import KubeJSON
 
 log = logging.getLogger(__name__)
 

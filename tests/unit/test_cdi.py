@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from draplugin import cdi
-from draplugin.cdi import CdiDevice, CdiError, ContainerEdits, DeviceNode, Mount, Spec, SpecStore
+from draplugin.cdi import spec as cdi
+from draplugin.cdi.spec import CdiDevice, CdiError, ContainerEdits, DeviceNode, Mount, Spec, SpecStore
 
 
 def spec(name: str = "claim-gpu-0", edits: ContainerEdits | None = None, kind: str = cdi.KIND) -> Spec:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from draplugin import cdi
 from draplugin import checkpoint as cp
+from draplugin.cdi import spec as cdi
 from draplugin.checkpoint import CheckpointStore, ClaimRecord, ClaimState, DeviceRecord
 
 DEVICE = DeviceRecord(

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from draplugin.claimconfig import (
+from draplugin.prepare.claimconfig import (
     API_VERSION,
     ConfigError,
     GpuConfig,

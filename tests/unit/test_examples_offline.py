@@ -21,7 +21,7 @@ from controller.cli import main
 from controller.commands_common import build_allocator, cluster_nodes
 from controller.commands_simulate import ClaimResult, simulate
 from controller.objects import load_manifests
-from draplugin.claimconfig import ConfigError, validate_opaque_config
+from draplugin.prepare.claimconfig import ConfigError, validate_opaque_config
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 BASE = [EXAMPLES / "deviceclasses.yaml", EXAMPLES / "resourceslices" / "fake-node.yaml"]

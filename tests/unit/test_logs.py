@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from draplugin.logs import setup_logging
+from dracommon.logs import setup_logging
 
 
 @pytest.fixture

@@ -13,13 +13,13 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from draplugin import crashpoints
-from draplugin.cdi import SpecStore
+from draplugin.cdi.spec import SpecStore
 from draplugin.checkpoint import CheckpointStore, ClaimState
 from draplugin.kubelet.interface import ClaimError, ClaimRef
 from draplugin.metrics import ClaimMetrics
-from draplugin.prepare import GpuDriver
-from draplugin.prepare_api import ApiError
-from draplugin.prepare_sharing import SharingState
+from draplugin.prepare.api import ApiError
+from draplugin.prepare.driver import GpuDriver
+from draplugin.prepare.sharing import SharingState
 from tests.unit.test_prepare_plan import DEVICES, DRIVER, NODE, claim_doc, config, gpu_config, result
 
 

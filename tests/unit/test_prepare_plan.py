@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 
 from draplugin.checkpoint import ClaimRecord, ClaimState
-from draplugin.claimconfig import API_VERSION, SharingStrategy, TimeSliceInterval
 from draplugin.devices.model import Device
 from draplugin.kubelet.interface import ClaimRef, PreparedDevice
-from draplugin.prepare_plan import (
+from draplugin.prepare.claimconfig import API_VERSION, SharingStrategy, TimeSliceInterval
+from draplugin.prepare.plan import (
     PlanError,
     base_request_name,
     check_sharing,

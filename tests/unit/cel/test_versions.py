@@ -11,7 +11,7 @@ import yaml
 from controller.cel import ENGINES, CompileError, compile_selector
 from controller.cel.versions import VERSION_ENV, environment_version, library_available
 from controller.cli import main
-from draplugin.kubeversion import VersionError, parse_kubernetes_version, version_from_info
+from dracommon.kubeversion import VersionError, parse_kubernetes_version, version_from_info
 from tests.unit.cel.conformance import CASES, COMPILE, UNSUPPORTED, Case
 
 GATED = [c for c in CASES if c.since is not None]

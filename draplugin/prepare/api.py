@@ -17,7 +17,7 @@ from urllib.parse import quote
 
 from kubernetes.client import ApiClient
 
-from draplugin.kube import send_raw
+from dracommon.kube import send_raw
 
 # Enough parallel GETs for a burst of pods; beyond this the API server is the limit anyway.
 DEFAULT_WORKERS = 16

@@ -28,10 +28,10 @@ import yaml
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from tests.kube import pki
-from tests.kube.binaries import CONTROL_PLANE_BINARIES, bin_dir, built_version, require_binaries
-from tests.kube.procs import ComponentError, ProcessGroup
-from tests.kube.rest import KubeJSON
+from devcluster import pki
+from devcluster.binaries import CONTROL_PLANE_BINARIES, bin_dir, built_version, require_binaries
+from devcluster.procs import ComponentError, ProcessGroup
+from devcluster.rest import KubeJSON
 
 log = logging.getLogger(__name__)
 

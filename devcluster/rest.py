@@ -14,7 +14,7 @@ from typing import Any
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from draplugin.kube import send_raw
+from dracommon.kube import send_raw
 
 
 class KubeJSON:

@@ -57,7 +57,7 @@ def version_from_info(info: Any) -> KubernetesVersion:
 
 def server_version(api_client: Any, timeout_s: float = 30.0) -> KubernetesVersion:
     """The API server's release, read from `GET /version` with a kubernetes.client.ApiClient."""
-    from draplugin.kube import send_raw
+    from dracommon.kube import send_raw
 
     response = send_raw(api_client, "GET", "/version", timeout=timeout_s)
     data = response.read()

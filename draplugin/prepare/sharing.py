@@ -17,9 +17,9 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 
-from draplugin.cdi import atomic_write
-from draplugin.claimconfig import SharingStrategy
-from draplugin.prepare_plan import ClaimPlan
+from draplugin.cdi.spec import atomic_write
+from draplugin.prepare.claimconfig import SharingStrategy
+from draplugin.prepare.plan import ClaimPlan
 
 log = logging.getLogger(__name__)
 

@@ -28,14 +28,15 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from draplugin import cdi, crashpoints
+from draplugin import crashpoints
+from draplugin.cdi import spec as cdi
 from draplugin.checkpoint import CheckpointStore, ClaimRecord, ClaimState
 from draplugin.devices.model import Device
 from draplugin.events import EventSink
 from draplugin.kubelet.interface import ClaimError, ClaimRef, PreparedDevice
 from draplugin.metrics import ClaimMetrics
-from draplugin.prepare_api import ApiError, ClaimReader
-from draplugin.prepare_plan import (
+from draplugin.prepare.api import ApiError, ClaimReader
+from draplugin.prepare.plan import (
     ClaimPlan,
     PlanError,
     check_sharing,
@@ -43,7 +44,7 @@ from draplugin.prepare_plan import (
     plan_from_record,
     render_spec,
 )
-from draplugin.prepare_sharing import SharingState
+from draplugin.prepare.sharing import SharingState
 
 log = logging.getLogger(__name__)
 

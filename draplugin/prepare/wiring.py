@@ -12,16 +12,16 @@ import os
 from pathlib import Path
 from typing import Any
 
-from draplugin.cdi import SpecStore
+from dracommon.kube import load_api_client
+from draplugin.cdi.spec import SpecStore
 from draplugin.checkpoint import DEFAULT_BOOT_ID_PATH, CheckpointStore, read_boot_id
 from draplugin.config import Settings
 from draplugin.devices import DeviceBackend, load_backend
 from draplugin.events import KubeEvents
-from draplugin.kube import load_api_client
 from draplugin.metrics import ClaimMetrics
-from draplugin.prepare import GpuDriver
-from draplugin.prepare_api import RawApi
-from draplugin.prepare_sharing import SharingState
+from draplugin.prepare.api import RawApi
+from draplugin.prepare.driver import GpuDriver
+from draplugin.prepare.sharing import SharingState
 
 log = logging.getLogger(__name__)
 

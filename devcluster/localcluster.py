@@ -1,4 +1,4 @@
-"""Run the test cluster for humans: `python -m tests.kube.localcluster`.
+"""Run the test cluster for humans: `python -m devcluster.localcluster`.
 
 Starts the same control plane the integration tests use (and, unless
 --no-kubelet, a real kubelet on the recording fake runtime), prints the
@@ -16,16 +16,16 @@ import threading
 from pathlib import Path
 from types import FrameType
 
-from tests.kube.binaries import MissingBinariesError
-from tests.kube.controlplane import ControlPlane
-from tests.kube.kubelet import DEFAULT_NODE_NAME, KubeletNode
-from tests.kube.procs import ComponentError
+from devcluster.binaries import MissingBinariesError
+from devcluster.controlplane import ControlPlane
+from devcluster.kubelet import DEFAULT_NODE_NAME, KubeletNode
+from devcluster.procs import ComponentError
 
 log = logging.getLogger("localcluster")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m tests.kube.localcluster", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m devcluster.localcluster", description=__doc__)
     parser.add_argument("--no-kubelet", action="store_true", help="control plane only (fake nodes)")
     parser.add_argument(
         "--state-dir", type=Path, help="where data, logs and the kubeconfig go (default: a new temp dir)"

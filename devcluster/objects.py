@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from tests.kube.rest import KubeJSON
+from devcluster.rest import KubeJSON
 
 FAKE_NODE_CAPACITY = {"cpu": "8", "memory": "32Gi", "pods": "110", "ephemeral-storage": "100Gi"}
 

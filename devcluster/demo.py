@@ -1,4 +1,4 @@
-"""`python -m draplugin.demo` (`make demo`): the plugin on a local cluster with a real kubelet and fake GPUs.
+"""`python -m devcluster.demo` (`make demo`): the plugin on a local cluster with a real kubelet and fake GPUs.
 
 It starts the test cluster (etcd, kube-apiserver, kube-scheduler,
 kube-controller-manager) and a real kubelet on the recording fake container
@@ -37,7 +37,7 @@ import yaml
 
 from draplugin.config import DEFAULT_DRIVER_NAME
 from draplugin.kubelet.sockets import socket_paths
-from draplugin.prepare_wiring import BOOT_ID_FILE_ENV, FAKE_CONFIG_ENV
+from draplugin.prepare.wiring import BOOT_ID_FILE_ENV, FAKE_CONFIG_ENV
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO_ROOT / "examples"
@@ -185,7 +185,7 @@ class PluginProcess:
 
 def node_slices(api_client: Any, node_name: str, driver: str) -> list[dict[str, Any]]:
     """The ResourceSlices of `driver` for the node, as the API server has them."""
-    from tests.kube.rest import KubeJSON
+    from devcluster.rest import KubeJSON
 
     query = {"fieldSelector": f"spec.nodeName={node_name},spec.driver={driver}"}
     items: list[dict[str, Any]] = KubeJSON(api_client).get(RESOURCE_SLICES, query)["items"]
@@ -199,8 +199,8 @@ def wait_published(plugin: PluginProcess, api_client: Any, timeout_s: float = 60
     nothing is published from here. Slices left by an earlier run with other
     devices do not count: the plugin replaces them.
     """
+    from devcluster.wait import wait_for
     from draplugin.devices import load_backend
-    from tests.kube.wait import wait_for
 
     expected = sorted(
         d.name for d in load_backend("fake", plugin.node_name, config_file=str(plugin.fake_config)).discover()
@@ -220,7 +220,7 @@ def wait_published(plugin: PluginProcess, api_client: Any, timeout_s: float = 60
 
 def delete_node_slices(api_client: Any, node_name: str, driver: str) -> None:
     """Remove what a plugin stopped without --delete-slices-on-shutdown left behind."""
-    from tests.kube.rest import KubeJSON
+    from devcluster.rest import KubeJSON
 
     query = {"fieldSelector": f"spec.nodeName={node_name},spec.driver={driver}"}
     KubeJSON(api_client).request("DELETE", RESOURCE_SLICES, query=query)
@@ -258,7 +258,7 @@ def apply(api_client: Any, docs: Sequence[Mapping[str, Any]], namespace: str, ou
     """Create each object; an existing one is reported and left as it is."""
     from kubernetes.client.exceptions import ApiException
 
-    from tests.kube.rest import KubeJSON
+    from devcluster.rest import KubeJSON
 
     rest = KubeJSON(api_client)
     for doc in docs:
@@ -286,7 +286,7 @@ def _step(message: str) -> Callable[[], None]:
 
 
 def _wait(what: str, probe: Callable[[], Any], timeout_s: float) -> Any:
-    from tests.kube.wait import wait_for
+    from devcluster.wait import wait_for
 
     return wait_for(what, probe, timeout_s)
 
@@ -297,11 +297,11 @@ def _show(title: str, value: Any) -> None:
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    from tests.kube.binaries import MissingBinariesError
-    from tests.kube.controlplane import ControlPlane
-    from tests.kube.kubelet import KubeletNode
-    from tests.kube.procs import ComponentError
-    from tests.kube.rest import KubeJSON
+    from devcluster.binaries import MissingBinariesError
+    from devcluster.controlplane import ControlPlane
+    from devcluster.kubelet import KubeletNode
+    from devcluster.procs import ComponentError
+    from devcluster.rest import KubeJSON
 
     state_dir: Path = args.state_dir or Path(tempfile.mkdtemp(prefix="draplugin-demo-"))
     stop = threading.Event()
@@ -385,7 +385,7 @@ def run_demo(args: argparse.Namespace) -> int:
 --- try your own specs
   export KUBECONFIG={cluster.kubeconfig}
   kubectl apply -n {DEMO_NAMESPACE} -f examples/09-time-slicing/time-slicing.yaml  # or, without kubectl:
-  {sys.executable} -m draplugin.demo apply -n {DEMO_NAMESPACE} -f examples/09-time-slicing/time-slicing.yaml
+  {sys.executable} -m devcluster.demo apply -n {DEMO_NAMESPACE} -f examples/09-time-slicing/time-slicing.yaml
   CDI specs land in {node.cdi_root}; the runtime's view is appended to {node.record_path}.
   Pending pod? `dra-controller explain CLAIM -n {DEMO_NAMESPACE}` tells why, device by device.
   Plugin log: {plugin.log_path}   cluster logs: {cluster.logs}""",
@@ -402,7 +402,7 @@ def run_demo(args: argparse.Namespace) -> int:
 
 
 def run_apply(args: argparse.Namespace) -> int:
-    from draplugin.kube import load_api_client
+    from dracommon.kube import load_api_client
 
     api = load_api_client(args.kubeconfig)
     try:
@@ -418,7 +418,7 @@ def run_apply(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m draplugin.demo", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m devcluster.demo", description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--once", action="store_true", help="exit after showing the example (default: stay up)"
     )

@@ -16,17 +16,17 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
-from draplugin import cdi
+from draplugin.cdi import spec as cdi
 from draplugin.checkpoint import ClaimRecord, DeviceRecord
-from draplugin.claimconfig import (
+from draplugin.devices.model import Device
+from draplugin.kubelet.interface import ClaimRef, PreparedDevice
+from draplugin.prepare.claimconfig import (
     DEFAULT_CONFIG,
     ConfigError,
     GpuConfig,
     SharingStrategy,
     validate_opaque_config,
 )
-from draplugin.devices.model import Device
-from draplugin.kubelet.interface import ClaimRef, PreparedDevice
 
 # Where a claim's MPS pipe and log directories appear inside its containers.
 MPS_CONTAINER_DIR = "/var/run/draplugin/mps"

@@ -29,11 +29,11 @@ from typing import Any
 import yaml
 from kubernetes.client.exceptions import ApiException
 
-from tests.kube import pki
-from tests.kube.binaries import NODE_BINARIES, require_binaries
-from tests.kube.controlplane import ControlPlane, free_port, write_kubeconfig
-from tests.kube.procs import ProcessGroup
-from tests.kube.rest import KubeJSON
+from devcluster import pki
+from devcluster.binaries import NODE_BINARIES, require_binaries
+from devcluster.controlplane import ControlPlane, free_port, write_kubeconfig
+from devcluster.procs import ProcessGroup
+from devcluster.rest import KubeJSON
 
 log = logging.getLogger(__name__)
 

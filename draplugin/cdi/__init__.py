@@ -1,0 +1,1 @@
+"""CDI: the spec model and its atomic writer."""
