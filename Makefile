@@ -15,13 +15,17 @@ $(VENV)/.installed: pyproject.toml
 
 venv: $(VENV)/.installed
 
-# Cached under ~/.cache/draplugin-kube/<version>; a no-op when inputs are unchanged.
+# Cached under ~/.cache/draplugin-kube/<version> (containerd and crictl under
+# runtime-<version>); a no-op when inputs are unchanged. runc, the CNI plugins
+# and busybox come from Debian (installed only when missing).
 kube:
+	tests/cluster/install_debs.sh
 	$(KUBE_BUILD) >/dev/null
+	tests/cluster/build_runtime.sh >/dev/null
 	tests/cluster/build_helm.sh >/dev/null
 
 proto: venv
-	$(PY) -m draplugin.kubelet.protogen
+	$(PY) -m tools.protogen
 
 lint: venv
 	$(PY) -m ruff check .

@@ -19,12 +19,12 @@ from typing import Any
 from controller.allocation.features import Features
 from controller.allocation.nodes import Node, NodeSelectorError
 from controller.allocation.pools import Pool, gather_pools
-from controller.allocation.quantity import QuantityError
 from controller.allocation.requests import claim_ref, claim_requests
 from controller.allocation.result import NodeSelectorConflict, allocation_config, device_result, node_selector
 from controller.allocation.search import AllocationError, Search
 from controller.allocation.selectors import Compiler, SelectorCache, SelectorError
 from controller.allocation.state import AllocatedState, allocated_state, apply_taint_rules
+from dracommon.quantity import QuantityError
 
 JSON = Mapping[str, Any]
 

@@ -79,9 +79,7 @@ def load_objects(args: argparse.Namespace) -> ClusterObjects:
             return load_manifests(args.objects)
         except (ManifestError, OSError) as err:
             raise InputError(str(err)) from err
-    from kubernetes.client.exceptions import ApiException
-
-    from dracommon.kube import KubeConfigError, load_api_client
+    from dracommon.kubeapi import ApiError, KubeApi, KubeConfigError, load_api_client
 
     try:
         api = load_api_client(args.kubeconfig, args.context)
@@ -89,8 +87,8 @@ def load_objects(args: argparse.Namespace) -> ClusterObjects:
         raise InputError(str(err)) from err
     try:
         with api:
-            return load_from_cluster(api)
-    except (ApiException, OSError) as err:
+            return load_from_cluster(KubeApi(api))
+    except (ApiError, OSError) as err:
         raise InputError(f"cannot read objects from the cluster: {err}") from err
 
 

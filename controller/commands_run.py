@@ -21,6 +21,7 @@ from typing import Any
 
 from controller.cli import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, Subcommand, register_subcommand
 from controller.leader import LeaderConfig
+from dracommon.drivername import DEFAULT_DRIVER_NAME, check_driver_name
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +111,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("--kubeconfig", "kubeconfig file (default: in-cluster, else $KUBECONFIG / ~/.kube/config)", None),
     Option("--context", "kubeconfig context to use", None),
     Option("--namespace", "only handle claims (and pods) in this namespace (default: all namespaces)", None),
-    Option("--driver-name", "driver name; Events report as <driver>/dra-controller", "gpu.draplugin.dev"),
+    Option(
+        "--driver-name",
+        "driver name; annotations are <driver>/preallocate, Events report as <driver>/dra-controller",
+        DEFAULT_DRIVER_NAME,
+        check_driver_name,
+    ),
     Option(
         "--leader-elect",
         "elect one active replica through a Lease (false: this replica always acts; run only one)",
@@ -216,9 +222,8 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     setup_logging(values["log_format"], values["log_level"])
 
-    from controller.objects import ApiJSON
     from controller.reconcile_daemon import ControllerDaemon, DaemonSettings
-    from dracommon.kube import KubeConfigError, load_api_client
+    from dracommon.kubeapi import KubeApi, KubeConfigError, load_api_client
 
     try:
         api = load_api_client(values["kubeconfig"], values["context"])
@@ -240,7 +245,7 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
-    daemon = ControllerDaemon(ApiJSON(api), settings)
+    daemon = ControllerDaemon(KubeApi(api), settings)
     try:
         daemon.start()
     except OSError as err:

@@ -47,9 +47,12 @@ from controller.podclaims import (
     pod_node_constraints,
     resolve_pods,
 )
-from controller.reconciler import ANY_NODE_SYNONYMS, PREALLOCATE_ANNOTATION
+from controller.reconciler import ANY_NODE_SYNONYMS, preallocate_annotation
+from dracommon.drivername import DEFAULT_DRIVER_NAME
 
 JSON = Mapping[str, Any]
+# simulate has no --driver-name: it reads the default driver's pre-allocation annotation.
+PREALLOCATE_ANNOTATION = preallocate_annotation(DEFAULT_DRIVER_NAME)
 
 
 @dataclass

@@ -1,5 +1,8 @@
 """Leader election on a `coordination.k8s.io/v1` Lease, so several replicas can run safely.
 
+Ours, not `kubernetes.leaderelection` (37.x): its `run()` cannot be stopped, it never releases the
+Lease, replaces a whole typed V1Lease via the global default client and sys.exit()s on bad config.
+
 The rules are client-go's leader election, written for this daemon:
 
 - A replica takes the Lease when it is free (absent, `holderIdentity` empty)
@@ -28,7 +31,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from controller.objects import ApiJSON
+from dracommon.kubeapi import ApiError, KubeApi
 
 log = logging.getLogger(__name__)
 
@@ -53,17 +56,15 @@ class LeaseApi(Protocol):
 class KubeLeaseApi:
     """`LeaseApi` over the API server, as raw JSON."""
 
-    def __init__(self, api: ApiJSON, namespace: str, name: str) -> None:
+    def __init__(self, api: KubeApi, namespace: str, name: str) -> None:
         self._api = api
         self._collection = f"{LEASE_API}/namespaces/{namespace}/leases"
         self._path = f"{self._collection}/{name}"
 
     def get(self) -> JSON | None:
-        from kubernetes.client.exceptions import ApiException
-
         try:
             return self._api.get(self._path)
-        except ApiException as err:
+        except ApiError as err:
             if err.status == 404:
                 return None
             raise
@@ -75,15 +76,12 @@ class KubeLeaseApi:
         return self._write("PUT", self._path, lease)
 
     def _write(self, method: str, path: str, lease: Mapping[str, Any]) -> JSON:
-        from kubernetes.client.exceptions import ApiException
-
         try:
-            result: JSON = self._api.request(method, path, lease, timeout=10)
-        except ApiException as err:
+            return self._api.request(method, path, dict(lease), timeout=10)
+        except ApiError as err:
             if err.status == 409:
-                raise LeaseConflict(str(err.reason)) from err
+                raise LeaseConflict(err.message) from err
             raise
-        return result
 
 
 @dataclass(frozen=True)

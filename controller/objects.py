@@ -14,6 +14,8 @@ from typing import Any, ClassVar
 
 import yaml
 
+from dracommon.kubeapi import ApiError, KubeApi
+
 JSON = dict[str, Any]
 
 RESOURCE_API = "/apis/resource.k8s.io/v1"
@@ -118,65 +120,6 @@ def load_manifests(paths: Iterable[str | Path]) -> ClusterObjects:
     return objects
 
 
-class ApiJSON:
-    """Raw JSON requests with a kubernetes ApiClient's server and credentials."""
-
-    def __init__(self, api: Any) -> None:
-        self.api = api
-
-    def request(
-        self,
-        method: str,
-        path: str,
-        body: Mapping[str, Any] | None = None,
-        query: Mapping[str, str] | None = None,
-        content_type: str = "application/json",
-        timeout: float | None = None,
-        stream: bool = False,
-    ) -> Any:
-        """Returns the decoded body, or the raw response when `stream` is set."""
-        from kubernetes.client.exceptions import ApiException
-
-        from dracommon.kube import send_raw
-
-        response = send_raw(
-            self.api,
-            method,
-            path,
-            query=query,
-            body=dict(body) if body is not None else None,
-            content_type=content_type,
-            timeout=timeout,
-        )
-        if stream and 200 <= response.status < 300:
-            return response
-        data: bytes = response.read()
-        if not 200 <= response.status < 300:
-            raise ApiException.from_response(
-                http_resp=response, body=data.decode(errors="replace"), data=None
-            )
-        return json.loads(data) if data else {}
-
-    def get(self, path: str, query: Mapping[str, str] | None = None) -> JSON:
-        result: JSON = self.request("GET", path, query=query)
-        return result
-
-    def list_items(self, path: str, kind: str) -> tuple[list[JSON], str]:
-        """All items of a collection (following `continue`), with kind filled in, and the list's
-        resourceVersion."""
-        items: list[JSON] = []
-        query: dict[str, str] = {"limit": "500"}
-        while True:
-            page = self.get(path, query)
-            for item in page.get("items") or []:
-                item.setdefault("kind", kind)
-                items.append(item)
-            token = (page.get("metadata") or {}).get("continue")
-            if not token:
-                return items, str((page.get("metadata") or {}).get("resourceVersion", ""))
-            query = {"limit": "500", "continue": token}
-
-
 COLLECTIONS: Sequence[tuple[str, str, str]] = (
     ("device_classes", f"{RESOURCE_API}/deviceclasses", "DeviceClass"),
     ("slices", f"{RESOURCE_API}/resourceslices", "ResourceSlice"),
@@ -187,19 +130,16 @@ COLLECTIONS: Sequence[tuple[str, str, str]] = (
 )
 
 
-def load_from_cluster(api: Any, *, include_taint_rules: bool = True) -> ClusterObjects:
+def load_from_cluster(api: KubeApi, *, include_taint_rules: bool = True) -> ClusterObjects:
     """List the objects allocation depends on from a live cluster."""
-    from kubernetes.client.exceptions import ApiException
-
-    reader = ApiJSON(api)
     objects = ClusterObjects()
     for attribute, path, kind in COLLECTIONS:
-        items, _ = reader.list_items(path, kind)
+        items, _ = api.list(path, kind=kind)
         setattr(objects, attribute, items)
     if include_taint_rules:
         try:
-            objects.taint_rules, _ = reader.list_items(f"{RESOURCE_API}/devicetaintrules", "DeviceTaintRule")
-        except ApiException as err:
+            objects.taint_rules, _ = api.list(f"{RESOURCE_API}/devicetaintrules", kind="DeviceTaintRule")
+        except ApiError as err:
             if err.status != 404:  # DeviceTaintRule is not served before 1.37 (or with the gate off)
                 raise
     return objects

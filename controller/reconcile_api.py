@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from controller.objects import RESOURCE_API, ApiJSON
+from controller.objects import RESOURCE_API
+from dracommon.kubeapi import MERGE_PATCH, ApiError, KubeApi
 
 JSON = dict[str, Any]
-MERGE_PATCH = "application/merge-patch+json"
 
 
 class Conflict(Exception):
@@ -44,7 +44,7 @@ class ClaimApi(Protocol):
 class KubeClaimApi:
     """`ClaimApi` over the API server, as raw JSON."""
 
-    def __init__(self, api: ApiJSON, timeout_s: float = 15.0) -> None:
+    def __init__(self, api: KubeApi, timeout_s: float = 15.0) -> None:
         self._api = api
         self._timeout = timeout_s
 
@@ -78,16 +78,12 @@ class KubeClaimApi:
         body: Mapping[str, Any] | None = None,
         content_type: str = "application/json",
     ) -> JSON:
-        from kubernetes.client.exceptions import ApiException
-
+        body = dict(body) if body is not None else None
         try:
-            result: JSON = self._api.request(
-                method, path, body, content_type=content_type, timeout=self._timeout
-            )
-        except ApiException as err:
+            return self._api.request(method, path, body, content_type=content_type, timeout=self._timeout)
+        except ApiError as err:
             if err.status == 409:
-                raise Conflict(f"{method} {path}: {err.reason}") from err
+                raise Conflict(f"{method} {path}: {err.message}") from err
             if err.status == 404:
-                raise NotFound(f"{method} {path}: {err.reason}") from err
+                raise NotFound(f"{method} {path}: {err.message}") from err
             raise
-        return result

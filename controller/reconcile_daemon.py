@@ -18,10 +18,12 @@ from prometheus_client import CollectorRegistry
 
 from controller.leader import KubeLeaseApi, LeaderConfig, LeaderElector
 from controller.metrics import ControllerMetrics, MetricsServer
-from controller.objects import RESOURCE_API, ApiJSON
+from controller.objects import RESOURCE_API
 from controller.reconcile_api import KubeClaimApi
 from controller.reconciler import Reconciler, ReconcilerSettings, Snapshot
 from controller.watchcache import KubeListWatch, WatchCache
+from dracommon.drivername import DEFAULT_DRIVER_NAME
+from dracommon.kubeapi import KubeApi
 
 log = logging.getLogger(__name__)
 
@@ -42,14 +44,14 @@ class DaemonSettings:
     metrics_port: int = 8080
     event_after_s: float = 60.0
     event_interval_s: float = 600.0
-    driver_name: str = "gpu.draplugin.dev"
+    driver_name: str = DEFAULT_DRIVER_NAME
     leader_elect: bool = True
     leader_config: LeaderConfig = field(default_factory=LeaderConfig)
 
 
 class ControllerDaemon:
     def __init__(
-        self, api: ApiJSON, settings: DaemonSettings, registry: CollectorRegistry | None = None
+        self, api: KubeApi, settings: DaemonSettings, registry: CollectorRegistry | None = None
     ) -> None:
         self.settings = settings
         self.registry = registry or CollectorRegistry()
@@ -86,7 +88,7 @@ class ControllerDaemon:
                 namespace=settings.namespace,
                 event_after_s=settings.event_after_s,
                 event_interval_s=settings.event_interval_s,
-                reporting_controller=f"{settings.driver_name}/dra-controller",
+                driver_name=settings.driver_name,
             ),
             is_leader=self.elector.is_leader if settings.leader_elect else lambda: True,
         )

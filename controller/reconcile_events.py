@@ -18,7 +18,6 @@ from controller.leader import micro_time
 
 NOTE_LIMIT = 1024  # events.k8s.io/v1 rejects longer notes
 REASON = "CannotAllocate"
-REPORTING_CONTROLLER = "gpu.draplugin.dev/dra-controller"
 
 
 @dataclass
@@ -56,10 +55,8 @@ class EventLimiter:
         self._last_posted[uid] = now
 
 
-def cannot_allocate_event(
-    claim: dict[str, Any], note: str, instance: str, controller: str = REPORTING_CONTROLLER
-) -> dict[str, Any]:
-    """An events.k8s.io/v1 Warning about `claim`."""
+def cannot_allocate_event(claim: dict[str, Any], note: str, instance: str, controller: str) -> dict[str, Any]:
+    """An events.k8s.io/v1 Warning about `claim`; `controller` is `drivername.reporting_controller(...)`."""
     meta = claim.get("metadata") or {}
     namespace, name = str(meta.get("namespace", "default")), str(meta.get("name", ""))
     return {

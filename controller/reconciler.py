@@ -6,7 +6,8 @@ everything from scratch (level-triggered): a missed event, a crash or a new
 leader costs nothing but the next pass.
 
 Pre-allocation
-    A standalone ResourceClaim annotated `gpu.draplugin.dev/preallocate` with
+    A standalone ResourceClaim annotated `<driver>/preallocate` (the configured
+    driver name, `gpu.draplugin.dev/preallocate` by default) with
     a node name (or `any` / `true`: the first node that fits) is allocated by
     us before any pod exists, with our copy of kube-scheduler's allocator,
     treating every claim that already has `status.allocation` as in use. Pods
@@ -16,7 +17,7 @@ Pre-allocation
 
     Writes, each with the resourceVersion the decision was based on (409 →
     re-read, decide again):
-      1. metadata: annotation `gpu.draplugin.dev/allocated-by: dra-controller`
+      1. metadata: annotation `<driver>/allocated-by: dra-controller`
          and upstream's finalizer `resource.kubernetes.io/delete-protection`,
          as kube-scheduler adds before it writes an allocation;
       2. status: `status.allocation`.
@@ -71,14 +72,13 @@ from controller.allocator import Allocator
 from controller.explain import explain_claim
 from controller.metrics import ControllerMetrics
 from controller.reconcile_api import ClaimApi, Conflict, NotFound
-from controller.reconcile_events import REASON, REPORTING_CONTROLLER, EventLimiter, cannot_allocate_event
+from controller.reconcile_events import REASON, EventLimiter, cannot_allocate_event
+from dracommon.drivername import DEFAULT_DRIVER_NAME, annotation_key, reporting_controller
 
 log = logging.getLogger(__name__)
 
 JSON = dict[str, Any]
 
-PREALLOCATE_ANNOTATION = "gpu.draplugin.dev/preallocate"
-ALLOCATED_BY_ANNOTATION = "gpu.draplugin.dev/allocated-by"
 ALLOCATED_BY = "dra-controller"
 FINALIZER = "resource.kubernetes.io/delete-protection"  # upstream's, handled by kube-controller-manager
 ANY_NODE = "any"
@@ -97,13 +97,24 @@ class Snapshot:
     pending_pods: Sequence[JSON] = ()
 
 
+def preallocate_annotation(driver_name: str) -> str:
+    """`<driver>/preallocate`: asks the controller to allocate a standalone claim now."""
+    return annotation_key(driver_name, "preallocate")
+
+
+def allocated_by_annotation(driver_name: str) -> str:
+    """`<driver>/allocated-by`: marks the claims the controller allocated (and so may release)."""
+    return annotation_key(driver_name, "allocated-by")
+
+
 @dataclass(frozen=True)
 class ReconcilerSettings:
     identity: str = "dra-controller"
     namespace: str | None = None  # only claims in this namespace; None = all
     event_after_s: float = 60.0
     event_interval_s: float = 600.0
-    reporting_controller: str = REPORTING_CONTROLLER
+    # Annotation keys and the Events' reportingController follow it (dracommon.drivername).
+    driver_name: str = DEFAULT_DRIVER_NAME
 
 
 @dataclass
@@ -139,10 +150,6 @@ def _status(claim: Mapping[str, Any]) -> Mapping[str, Any]:
 
 def is_allocated(claim: Mapping[str, Any]) -> bool:
     return bool(_status(claim).get("allocation"))
-
-
-def is_ours(claim: Mapping[str, Any]) -> bool:
-    return _annotations(claim).get(ALLOCATED_BY_ANNOTATION) == ALLOCATED_BY
 
 
 def is_reserved(claim: Mapping[str, Any]) -> bool:
@@ -204,6 +211,9 @@ class Reconciler:
         self._clock = clock
         self._wall_time = wall_time
         self._events = EventLimiter(self.settings.event_after_s, self.settings.event_interval_s)
+        self._preallocate_key = preallocate_annotation(self.settings.driver_name)
+        self._allocated_by_key = allocated_by_annotation(self.settings.driver_name)
+        self._reporting_controller = reporting_controller(self.settings.driver_name)
         # Our writes the watch cache may not have delivered yet: key -> (stale versions, object).
         self._written: dict[str, tuple[set[str], JSON]] = {}
         self._invalid_logged: set[str] = set()
@@ -255,6 +265,9 @@ class Reconciler:
         self._post_events(allocator, claims, pending_refs, report)
 
     # ---------------------------------------------------------------- inputs
+
+    def _is_ours(self, claim: Mapping[str, Any]) -> bool:
+        return _annotations(claim).get(self._allocated_by_key) == ALLOCATED_BY
 
     def _in_scope(self, claim: Mapping[str, Any]) -> bool:
         namespace = self.settings.namespace
@@ -310,7 +323,7 @@ class Reconciler:
 
     def _wants_allocation(self, claim: Mapping[str, Any]) -> bool:
         return (
-            PREALLOCATE_ANNOTATION in _annotations(claim)
+            self._preallocate_key in _annotations(claim)
             and not is_allocated(claim)
             and not is_deleting(claim)
         )
@@ -325,7 +338,7 @@ class Reconciler:
         for device, keys in holders.items():
             if len(keys) < 2:
                 continue
-            ours = [k for k in keys if is_ours(claims[k])]
+            ours = [k for k in keys if self._is_ours(claims[k])]
             if not ours:
                 continue  # not our allocation: the scheduler's business
             self._metrics.double_allocations.inc()
@@ -354,10 +367,10 @@ class Reconciler:
 
     def _release(self, claims: dict[str, JSON], pending_refs: set[str], report: PassReport) -> None:
         for key, claim in list(claims.items()):
-            if not is_ours(claim):
+            if not self._is_ours(claim):
                 continue
             # Deleting claims are kube-controller-manager's (upstream's finalizer): no duel over them.
-            released = PREALLOCATE_ANNOTATION not in _annotations(claim) and not is_deleting(claim)
+            released = self._preallocate_key not in _annotations(claim) and not is_deleting(claim)
             if not released or is_reserved(claim) or key in pending_refs:
                 continue
             if is_allocated(claim):
@@ -407,7 +420,7 @@ class Reconciler:
                 {
                     "metadata": {
                         "resourceVersion": meta.get("resourceVersion"),
-                        "annotations": {ALLOCATED_BY_ANNOTATION: None},
+                        "annotations": {self._allocated_by_key: None},
                         "finalizers": finalizers,
                     }
                 },
@@ -422,7 +435,7 @@ class Reconciler:
 
     def _target_nodes(self, allocator: Allocator, claim: Mapping[str, Any]) -> list[Node | None] | None:
         """Nodes to try, in order; None when the annotation is not usable (logged once)."""
-        value = _annotations(claim).get(PREALLOCATE_ANNOTATION, "").strip()
+        value = _annotations(claim).get(self._preallocate_key, "").strip()
         key = claim_key(claim)
         if value in ANY_NODE_SYNONYMS:
             names = allocator.node_names()
@@ -437,7 +450,7 @@ class Reconciler:
                 self._invalid_logged.add(key)
                 log.warning(
                     "claim cannot be pre-allocated: annotation value must be a node name or 'any'",
-                    extra={"claim": key, "annotation": PREALLOCATE_ANNOTATION, "value": value},
+                    extra={"claim": key, "annotation": self._preallocate_key, "value": value},
                 )
             self._metrics.allocation_attempts.labels("invalid").inc()
             return None
@@ -479,7 +492,7 @@ class Reconciler:
             return
         if (
             outcome.node is not None
-            and _annotations(claim).get(PREALLOCATE_ANNOTATION, "").strip() in ANY_NODE_SYNONYMS
+            and _annotations(claim).get(self._preallocate_key, "").strip() in ANY_NODE_SYNONYMS
         ):
             self._any_cursor = outcome.node
         claims[key] = written
@@ -505,14 +518,14 @@ class Reconciler:
             namespace, name = str(meta.get("namespace")), str(meta.get("name"))
             try:
                 marked = current
-                if not is_ours(current) or FINALIZER not in (meta.get("finalizers") or []):
+                if not self._is_ours(current) or FINALIZER not in (meta.get("finalizers") or []):
                     finalizers = [*(meta.get("finalizers") or [])]
                     if FINALIZER not in finalizers:
                         finalizers.append(FINALIZER)
                     marked = self._api.patch_claim(namespace, name, {
                         "metadata": {
                             "resourceVersion": meta.get("resourceVersion"),
-                            "annotations": {ALLOCATED_BY_ANNOTATION: ALLOCATED_BY},
+                            "annotations": {self._allocated_by_key: ALLOCATED_BY},
                             "finalizers": finalizers,
                         }
                     })  # fmt: skip
@@ -552,9 +565,7 @@ class Reconciler:
             try:
                 self._api.create_event(
                     str(_meta(claim).get("namespace")),
-                    cannot_allocate_event(
-                        claim, note, self.settings.identity, self.settings.reporting_controller
-                    ),
+                    cannot_allocate_event(claim, note, self.settings.identity, self._reporting_controller),
                 )
             except Exception as err:  # best effort; retried after the interval
                 log.warning("posting event failed", extra={"claim": claim_key(claim), "error": str(err)})

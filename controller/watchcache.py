@@ -19,7 +19,6 @@ hands out the same dicts without copying; callers must not mutate them.
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import threading
@@ -27,15 +26,11 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 
-from controller.objects import ApiJSON
+from dracommon.kubeapi import Gone, KubeApi, raise_for_error_event
 
 log = logging.getLogger(__name__)
 
 JSON = dict[str, Any]
-
-
-class Gone(Exception):
-    """410: the resourceVersion we asked for is too old; relist."""
 
 
 class ListWatch(Protocol):
@@ -60,7 +55,7 @@ class KubeListWatch:
 
     def __init__(
         self,
-        api: ApiJSON,
+        api: KubeApi,
         path: str,
         kind: str,
         *,
@@ -70,54 +65,16 @@ class KubeListWatch:
         self._api = api
         self.path = path
         self.kind = kind
-        self._field_selector = field_selector
+        self._query = {"fieldSelector": field_selector} if field_selector else {}
         self._watch_timeout_s = watch_timeout_s
-        self._response: Any = None
 
     def list(self) -> tuple[list[JSON], str]:
-        items: list[JSON] = []
-        query = self._query({"limit": "500"})
-        while True:
-            page = self._api.get(self.path, query)
-            for item in page.get("items") or []:
-                item.setdefault("kind", self.kind)
-                items.append(item)
-            meta = page.get("metadata") or {}
-            if not meta.get("continue"):
-                return items, str(meta.get("resourceVersion", ""))
-            query = self._query({"limit": "500", "continue": str(meta["continue"])})
+        return self._api.list(self.path, kind=self.kind, query=self._query)
 
     def watch(self, resource_version: str) -> Iterator[JSON]:
-        from kubernetes.client.exceptions import ApiException
-        from kubernetes.watch.watch import iter_resp_lines
-
         # Spread the server-side timeouts so several caches do not all re-watch at once.
         timeout = int(self._watch_timeout_s * random.uniform(1.0, 1.5))
-        query = self._query({
-            "watch": "true",
-            "resourceVersion": resource_version,
-            "allowWatchBookmarks": "true",
-            "timeoutSeconds": str(timeout),
-        })  # fmt: skip
-        try:
-            response = self._api.request("GET", self.path, query=query, stream=True, timeout=timeout + 30.0)
-        except ApiException as err:
-            if err.status == 410:
-                raise Gone(str(err.reason)) from err
-            raise
-        self._response = response
-        try:
-            for line in iter_resp_lines(response.response):  # type: ignore[no-untyped-call]
-                if line:
-                    yield json.loads(line)
-        finally:
-            self._response = None
-            response.response.release_conn()
-
-    def _query(self, base: dict[str, str]) -> dict[str, str]:
-        if self._field_selector:
-            base["fieldSelector"] = self._field_selector
-        return base
+        return self._api.watch(self.path, resource_version, query=self._query, timeout_s=timeout)
 
 
 class WatchCache:
@@ -180,14 +137,10 @@ class WatchCache:
         self.synced.set()
 
     def apply(self, event: Mapping[str, Any]) -> None:
-        """Apply one watch event. Raises `Gone` for a 410 ERROR event, ValueError for other errors."""
+        """Apply one watch event. Raises `Gone` for a 410 ERROR event, `ApiError` for other errors."""
+        raise_for_error_event(event)
         kind = event.get("type")
         obj = event.get("object") or {}
-        if kind == "ERROR":
-            code = obj.get("code")
-            if code == 410:
-                raise Gone(str(obj.get("message", "too old resource version")))
-            raise ValueError(f"watch error {code}: {obj.get('message', obj)}")
         version = str((obj.get("metadata") or {}).get("resourceVersion", ""))
         with self._lock:
             if version:

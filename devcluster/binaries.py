@@ -6,13 +6,13 @@ import os
 import re
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 CLUSTER_MODULE = REPO_ROOT / "tests" / "cluster"
 BUILD_COMMAND = "tests/cluster/build.sh"
 
 CONTROL_PLANE_BINARIES = ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager")
 NODE_BINARIES = ("kubelet", "fakecri")
-ALL_BINARIES = (*CONTROL_PLANE_BINARIES, *NODE_BINARIES, "cdicheck")
+ALL_BINARIES = (*CONTROL_PLANE_BINARIES, *NODE_BINARIES, "cdicheck", "kubectl")
 
 
 class MissingBinariesError(RuntimeError):

@@ -11,7 +11,6 @@ handling (taint-based eviction).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import secrets
@@ -26,16 +25,16 @@ from typing import Any
 
 import yaml
 from kubernetes import client as k8s
-from kubernetes.client.exceptions import ApiException
 
 from devcluster import pki
 from devcluster.binaries import CONTROL_PLANE_BINARIES, bin_dir, built_version, require_binaries
 from devcluster.procs import ComponentError, ProcessGroup
-from devcluster.rest import KubeJSON
+from dracommon.kubeapi import ApiError, KubeApi
 
 log = logging.getLogger(__name__)
 
 ADMIN_USER = "draplugin-admin"
+KUBELET_CLIENT_USER = "kube-apiserver-kubelet-client"
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 DRA_API_VERSION = "resource.k8s.io/v1"
 
@@ -198,10 +197,10 @@ class ControlPlane:
         """A bound token for the ServiceAccount (created if missing), via TokenRequest."""
         base = f"/api/v1/namespaces/{namespace}/serviceaccounts"
         with self.api_client() as admin:
-            rest = KubeJSON(admin)
+            rest = KubeApi(admin)
             try:
                 rest.create(base, {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name}})
-            except ApiException as err:
+            except ApiError as err:
                 if err.status != 409:
                     raise
             response = rest.create(f"{base}/{name}/token", {
@@ -216,13 +215,10 @@ class ControlPlane:
         """A client that acts as system:serviceaccount:<namespace>:<name> (RBAC applies)."""
         return self.token_client(self.service_account_token(namespace, name))
 
-    def get_json(self, path: str) -> Any:
-        """GET an API path with the admin token; for discovery documents."""
-        context = ssl.create_default_context(cafile=str(self.ca_file))
-        headers = {"Authorization": f"Bearer {self.token}"}
-        request = urllib.request.Request(self.server + path, headers=headers)
-        with urllib.request.urlopen(request, context=context, timeout=10) as response:
-            return json.load(response)
+    def get_json(self, path: str) -> dict[str, Any]:
+        """GET an API path with the admin identity; for discovery documents."""
+        with self.api_client() as api:
+            return KubeApi(api, timeout_s=10).get(path)
 
     # ------------------------------------------------------------ start-up
 
@@ -251,6 +247,11 @@ class ControlPlane:
     def _start_apiserver(self) -> None:
         service_account_key = pki.rsa_key(self.pki_dir / "service-account.key")
         self._client_ca = pki.self_signed_ca(self.pki_dir, "draplugin-test-client-ca")
+        # The identity the apiserver shows kubelets (logs, exec, port-forward);
+        # what it may do there is RBAC's answer (_allow_kubelet_api).
+        kubelet_client = pki.client_cert(
+            self._client_ca, self.pki_dir, "apiserver-kubelet-client", KUBELET_CLIENT_USER, ()
+        )
         tokens = self.state_dir / "tokens.csv"
         tokens.write_text(f'{self.token},{ADMIN_USER},{ADMIN_USER},"system:masters"\n')
         tokens.chmod(0o600)
@@ -264,6 +265,11 @@ class ControlPlane:
             f"--cert-dir={self.pki_dir}",
             f"--token-auth-file={tokens}",
             f"--client-ca-file={self._client_ca.cert}",
+            f"--kubelet-client-certificate={kubelet_client.cert}",
+            f"--kubelet-client-key={kubelet_client.key}",
+            f"--kubelet-certificate-authority={self._client_ca.cert}",
+            # Kubelets serve on loopback and their nodes say so (devcluster/kubelet.py).
+            "--kubelet-preferred-address-types=InternalIP",
             # Node authorizer + NodeRestriction: a kubelet sees only what its
             # node may see, as in a real cluster.
             "--authorization-mode=Node,RBAC",
@@ -289,6 +295,24 @@ class ControlPlane:
             blame=apiserver,
         )
         write_kubeconfig(self.kubeconfig, self.server, self.ca_file, {"token": self.token}, "draplugin-test")
+        self._allow_kubelet_api()
+
+    def _allow_kubelet_api(self) -> None:
+        """Let the apiserver's kubelet client identity use the kubelet API, as kubeadm does."""
+        with self.api_client() as admin:
+            try:
+                KubeApi(admin).create("/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", {
+                    "apiVersion": "rbac.authorization.k8s.io/v1",
+                    "kind": "ClusterRoleBinding",
+                    "metadata": {"name": "draplugin-apiserver-kubelet-client"},
+                    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                "name": "system:kubelet-api-admin"},
+                    "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User",
+                                  "name": KUBELET_CLIENT_USER}],
+                })  # fmt: skip
+            except ApiError as err:
+                if err.status != 409:  # a restarted control plane on kept state has it
+                    raise
 
     def _start_scheduler_and_controllers(self) -> None:
         common = [
@@ -336,7 +360,7 @@ class ControlPlane:
         def serves_dra_v1() -> bool:
             try:
                 group = self.get_json("/apis/resource.k8s.io")
-            except OSError:
+            except ApiError:  # not served yet (404), or the server is still starting
                 return False
             return DRA_API_VERSION in {v["groupVersion"] for v in group.get("versions", [])}
 

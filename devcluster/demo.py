@@ -1,13 +1,15 @@
 """`python -m devcluster.demo` (`make demo`): the plugin on a local cluster with a real kubelet and fake GPUs.
 
 It starts the test cluster (etcd, kube-apiserver, kube-scheduler,
-kube-controller-manager) and a real kubelet on the recording fake container
-runtime, runs `draplugin run --backend fake` against that kubelet, waits
+kube-controller-manager) and a real kubelet on containerd with runc, runs
+`draplugin run --backend fake` against that kubelet (a host process), waits
 for the ResourceSlices the plugin publishes for the node, applies
-`examples/02-shared-claim-two-containers` (two containers sharing one claim),
-and prints the allocation, the CDI spec the plugin wrote and what the runtime
-received. Then it stays up for your own specs until Ctrl-C (or exits with
---once).
+`examples/02-shared-claim-two-containers` (two containers sharing one claim;
+their image swapped for the locally built workload image, since no registry
+is reachable), and prints the allocation, the CDI spec the plugin wrote and
+what each container got, from the container's own log and from `exec` into
+it (`kubectl logs` / `kubectl exec`). Then it stays up for your own specs until
+Ctrl-C (or exits with --once).
 
 Run from a source checkout: the cluster comes from `tests/kube` and the
 binaries from `tests/cluster/build.sh` (`make demo` builds them).
@@ -35,7 +37,7 @@ from typing import IO, Any
 
 import yaml
 
-from draplugin.config import DEFAULT_DRIVER_NAME
+from dracommon.drivername import DEFAULT_DRIVER_NAME
 from draplugin.kubelet.sockets import socket_paths
 from draplugin.prepare.wiring import BOOT_ID_FILE_ENV, FAKE_CONFIG_ENV
 
@@ -185,10 +187,10 @@ class PluginProcess:
 
 def node_slices(api_client: Any, node_name: str, driver: str) -> list[dict[str, Any]]:
     """The ResourceSlices of `driver` for the node, as the API server has them."""
-    from devcluster.rest import KubeJSON
+    from dracommon.kubeapi import KubeApi
 
     query = {"fieldSelector": f"spec.nodeName={node_name},spec.driver={driver}"}
-    items: list[dict[str, Any]] = KubeJSON(api_client).get(RESOURCE_SLICES, query)["items"]
+    items: list[dict[str, Any]] = KubeApi(api_client).get(RESOURCE_SLICES, query)["items"]
     return items
 
 
@@ -220,10 +222,10 @@ def wait_published(plugin: PluginProcess, api_client: Any, timeout_s: float = 60
 
 def delete_node_slices(api_client: Any, node_name: str, driver: str) -> None:
     """Remove what a plugin stopped without --delete-slices-on-shutdown left behind."""
-    from devcluster.rest import KubeJSON
+    from dracommon.kubeapi import KubeApi
 
     query = {"fieldSelector": f"spec.nodeName={node_name},spec.driver={driver}"}
-    KubeJSON(api_client).request("DELETE", RESOURCE_SLICES, query=query)
+    KubeApi(api_client).delete(RESOURCE_SLICES, query=query)
 
 
 # --- applying manifests without kubectl ---------------------------------------------------------------
@@ -256,17 +258,15 @@ def collection_path(doc: Mapping[str, Any], namespace: str) -> str:
 
 def apply(api_client: Any, docs: Sequence[Mapping[str, Any]], namespace: str, out: IO[str]) -> None:
     """Create each object; an existing one is reported and left as it is."""
-    from kubernetes.client.exceptions import ApiException
+    from dracommon.kubeapi import ApiError, KubeApi
 
-    from devcluster.rest import KubeJSON
-
-    rest = KubeJSON(api_client)
+    rest = KubeApi(api_client)
     for doc in docs:
         name = doc.get("metadata", {}).get("name", "?")
         try:
             rest.create(collection_path(doc, namespace), doc)
             print(f"  created {doc['kind']} {name}", file=out)
-        except ApiException as err:
+        except ApiError as err:
             if err.status != 409:
                 raise
             print(f"  {doc['kind']} {name} already exists, left unchanged", file=out)
@@ -296,12 +296,26 @@ def _show(title: str, value: Any) -> None:
     print(value if isinstance(value, str) else json.dumps(value, indent=2))
 
 
+def _container_view(rest: Any, pod: Mapping[str, Any], container: str) -> dict[str, Any]:
+    """What one container of the pod got: its log (the example prints its variables) and its /dev/nvidia*."""
+    from devcluster import pods
+
+    namespace, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
+    log = _wait(
+        f"container {container}'s log", lambda: pods.container_log(rest, namespace, name, container), 30
+    )
+    _, devices, _ = pods.exec_in(rest, namespace, name, container, ["sh", "-c", "ls -l /dev/nvidia*"])
+    return {"container": container, "log": log.splitlines(), "devices": devices.splitlines()}
+
+
 def run_demo(args: argparse.Namespace) -> int:
+    from devcluster import pods
     from devcluster.binaries import MissingBinariesError
     from devcluster.controlplane import ControlPlane
+    from devcluster.images import use_local_image
     from devcluster.kubelet import KubeletNode
     from devcluster.procs import ComponentError
-    from devcluster.rest import KubeJSON
+    from dracommon.kubeapi import KubeApi
 
     state_dir: Path = args.state_dir or Path(tempfile.mkdtemp(prefix="draplugin-demo-"))
     stop = threading.Event()
@@ -314,7 +328,7 @@ def run_demo(args: argparse.Namespace) -> int:
             cleanup.callback(cluster.stop)
             cluster.start()
             done()
-            done = _step("starting a kubelet on the recording fake container runtime")
+            done = _step("starting containerd (runc) and a kubelet on it")
             # Unix socket paths are short: the kubelet root goes in a short temp dir.
             node = KubeletNode(cluster, Path(tempfile.mkdtemp(prefix="dra-demo-")))
             cleanup.callback(node.stop)
@@ -336,7 +350,7 @@ def run_demo(args: argparse.Namespace) -> int:
         plugin.wait_registered()
         api = cluster.api_client()
         cleanup.callback(api.close)
-        rest = KubeJSON(api)
+        rest = KubeApi(api)
         slices = wait_published(plugin, api)
         devices = [d["name"] for s in slices for d in s["spec"].get("devices", [])]
         done()
@@ -355,18 +369,17 @@ def run_demo(args: argparse.Namespace) -> int:
             30,
         )
         apply(api, load_manifests(DEVICE_CLASSES), DEMO_NAMESPACE, sys.stdout)
-        docs = load_manifests(SHARED_CLAIM_EXAMPLE)
+        docs = [use_local_image(doc, node.workload_image) for doc in load_manifests(SHARED_CLAIM_EXAMPLE)]
         for doc in docs:
             if doc["kind"] == "Pod":
                 doc["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node.name}
         apply(api, docs, DEMO_NAMESPACE, sys.stdout)
         pod_name = next(d["metadata"]["name"] for d in docs if d["kind"] == "Pod")
-        pods = f"/api/v1/namespaces/{DEMO_NAMESPACE}/pods"
-        pod = _wait(
-            f"pod {pod_name} to run",
-            lambda: (p := rest.get(f"{pods}/{pod_name}"))["status"].get("phase") == "Running" and p,
-            120,
-        )
+        try:
+            pod = pods.wait_running(rest, DEMO_NAMESPACE, pod_name, 120, node.cdi_root)
+        except pods.PodError as err:
+            print(f"demo: {err}", file=sys.stderr)
+            return 1
         done()
 
         claim_name = pod["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
@@ -374,19 +387,19 @@ def run_demo(args: argparse.Namespace) -> int:
         _show(f"allocation of claim {DEMO_NAMESPACE}/{claim_name}", claim["status"]["allocation"]["devices"])
         spec_path = node.cdi_root / f"gpu.draplugin.dev-claim_{claim['metadata']['uid']}.json"
         _show(f"CDI spec {spec_path}", spec_path.read_text())
-        records = [
-            {"container": r["containerName"], "cdiDevices": r["cdiDevices"]}
-            for r in node.container_records()
-            if r["podNamespace"] == DEMO_NAMESPACE and r["podName"] == pod_name
-        ]
-        _show("what the container runtime received (fake CRI record)", records)
+        _show(
+            "what the containers got (their own logs, and exec: ls -l /dev/nvidia*)",
+            [_container_view(rest, pod, c["name"]) for c in pod["spec"]["containers"]],
+        )
         print(
             f"""
 --- try your own specs
   export KUBECONFIG={cluster.kubeconfig}
-  kubectl apply -n {DEMO_NAMESPACE} -f examples/09-time-slicing/time-slicing.yaml  # or, without kubectl:
+  kubectl logs -n {DEMO_NAMESPACE} {pod_name} -c {pod["spec"]["containers"][0]["name"]}
+  kubectl exec -n {DEMO_NAMESPACE} {pod_name} -- ls -l /dev
   {sys.executable} -m devcluster.demo apply -n {DEMO_NAMESPACE} -f examples/09-time-slicing/time-slicing.yaml
-  CDI specs land in {node.cdi_root}; the runtime's view is appended to {node.record_path}.
+  (`apply` swaps the examples' public image for {node.workload_image}, which the node has; no registry here)
+  CDI specs land in {node.cdi_root}; kubectl is {cluster.bin_dir / "kubectl"}.
   Pending pod? `dra-controller explain CLAIM -n {DEMO_NAMESPACE}` tells why, device by device.
   Plugin log: {plugin.log_path}   cluster logs: {cluster.logs}""",
             flush=True,
@@ -402,13 +415,21 @@ def run_demo(args: argparse.Namespace) -> int:
 
 
 def run_apply(args: argparse.Namespace) -> int:
-    from dracommon.kube import load_api_client
+    from devcluster.images import use_local_image, workload_image
+    from dracommon.kubeapi import load_api_client
 
     api = load_api_client(args.kubeconfig)
     try:
+        # The demo's node has no registry to pull from: pods run its local workload image.
+        image = workload_image().name
         for path in args.filename:
             print(f"{path}:")
-            apply(api, load_manifests(Path(path)), args.namespace, sys.stdout)
+            apply(
+                api,
+                [use_local_image(d, image) for d in load_manifests(Path(path))],
+                args.namespace,
+                sys.stdout,
+            )
     except (ValueError, OSError) as err:
         print(f"apply: {err}", file=sys.stderr)
         return 1
@@ -425,7 +446,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--state-dir", type=Path, help="where logs and state go (default: a new temp dir)")
     sub = parser.add_subparsers(dest="command")
     apply_parser = sub.add_parser(
-        "apply", help="create the objects of YAML files in the demo cluster (no kubectl)"
+        "apply",
+        help="create the objects of YAML files in the demo cluster, pods on the local image (no kubectl)",
     )
     apply_parser.add_argument("-f", "--filename", action="append", required=True)
     apply_parser.add_argument("-n", "--namespace", default=DEMO_NAMESPACE)

@@ -1,17 +1,30 @@
-"""A real kubelet on the recording fake container runtime (tests/cluster/cmd/fakecri).
+"""A real kubelet on a container runtime: containerd with runc (default) or the recording fake CRI.
 
 The kubelet runs as root on the test machine with its own root directory, so
 its plugin registry (`<root>/plugins_registry`) and plugin directory
-(`<root>/plugins`) are where a DRA plugin under test puts its sockets. The
-fake runtime "runs" containers without running anything and records every
-CreateContainer call, CDI device IDs included, as one JSON line.
+(`<root>/plugins`) are where a DRA plugin under test puts its sockets.
 
-Settings follow what a kubelet needs on a cgroup v1 machine without systemd
-and without a real runtime: no per-QoS cgroups, no node-allocatable
-enforcement, no eviction thresholds, cgroup v1 allowed. With
-protectKernelDefaults off (the default) the kubelet sets a few sysctls of the
-machine it runs on (vm.overcommit_memory, kernel.panic, kernel.panic_on_oops),
-as it does on every node.
+Runtimes (`runtime=`):
+- "containerd" (default): containerd + runc (devcluster/containerd.py); pods
+  really run, and containerd applies our CDI specs itself.
+- "fakecri": the recording fake runtime (tests/cluster/cmd/fakecri), which
+  "runs" containers without running anything and records every
+  CreateContainer call, CDI device IDs included, as one JSON line. Only for
+  tests that check what the kubelet sent and gain nothing from a real runtime.
+
+The API server reaches the kubelet on loopback (logs, exec, port-forward):
+the kubelet serves a certificate from the cluster CA for 127.0.0.1 and
+accepts the API server's client certificate, authorizing it through the API
+server (webhook). The kubelet refuses a loopback node IP, so it runs with
+`--cloud-provider=external`, and start() does the cloud controller's part:
+it sets the Node's address to 127.0.0.1 and removes the "uninitialized" taint.
+
+Settings follow what a kubelet needs on a cgroup v1 machine without systemd:
+cgroupfs, no per-QoS cgroups, no node-allocatable enforcement, no eviction
+thresholds, cgroup v1 allowed. With protectKernelDefaults off (the default)
+the kubelet sets a few sysctls of the machine it runs on
+(vm.overcommit_memory, kernel.panic, kernel.panic_on_oops), as it does on
+every node.
 """
 
 from __future__ import annotations
@@ -27,13 +40,13 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from kubernetes.client.exceptions import ApiException
 
-from devcluster import pki
+from devcluster import images, pki
 from devcluster.binaries import NODE_BINARIES, require_binaries
+from devcluster.containerd import Containerd
 from devcluster.controlplane import ControlPlane, free_port, write_kubeconfig
-from devcluster.procs import ProcessGroup
-from devcluster.rest import KubeJSON
+from devcluster.procs import ComponentError, ProcessGroup
+from dracommon.kubeapi import ApiError, KubeApi
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +82,12 @@ def unmount_below(directory: Path) -> None:
         subprocess.run(["umount", "-l", point], check=False, capture_output=True)
 
 
+RUNTIMES = ("containerd", "fakecri")
+UNINITIALIZED_TAINT = "node.cloudprovider.kubernetes.io/uninitialized"
+
+
 class KubeletNode:
-    """fakecri + kubelet registered as Node `name`; start() waits for Ready."""
+    """A container runtime + kubelet registered as Node `name`; start() waits for Ready."""
 
     def __init__(
         self,
@@ -79,18 +96,36 @@ class KubeletNode:
         name: str = DEFAULT_NODE_NAME,
         startup_timeout: float = 120.0,
         remove_state_on_stop: bool = True,
+        runtime: str = "containerd",
     ) -> None:
+        if runtime not in RUNTIMES:
+            raise ValueError(f"unknown container runtime {runtime!r}; choose one of: {', '.join(RUNTIMES)}")
         self.cluster = cluster
         self.name = name
+        self.runtime = runtime
         self.state_dir = state_dir
         self.root_dir = state_dir / "root"
         self.cdi_root = state_dir / "cdi"
         self.record_path = state_dir / "cri-record.jsonl"
-        self.cri_socket = state_dir / "cri.sock"
         self.startup_timeout = startup_timeout
         self.remove_state_on_stop = remove_state_on_stop
         self.processes = ProcessGroup(cluster.logs)
         self.startup_seconds = 0.0
+        self.containerd = (
+            Containerd(self.processes, state_dir, self.cdi_root, name) if runtime == "containerd" else None
+        )
+        self._fakecri_socket = state_dir / "cri.sock"
+
+    @property
+    def cri_socket(self) -> Path:
+        return self.containerd.socket if self.containerd else self._fakecri_socket
+
+    @property
+    def workload_image(self) -> str:
+        """The image pods on this node run (imported, never pulled); the fake CRI runs any name."""
+        if self.containerd is not None and self.containerd.workload is not None:
+            return self.containerd.workload.name
+        return images.workload_image().name
 
     @property
     def plugins_registry(self) -> Path:
@@ -101,7 +136,9 @@ class KubeletNode:
         return self.root_dir / "plugins"
 
     def container_records(self) -> list[dict[str, Any]]:
-        """One dict per CreateContainer the kubelet sent to the runtime, oldest first."""
+        """One dict per CreateContainer the kubelet sent to the fake runtime, oldest first."""
+        if self.containerd is not None:
+            raise RuntimeError("container_records() needs the fake CRI; this node runs containerd")
         if not self.record_path.exists():
             return []
         return [json.loads(line) for line in self.record_path.read_text().splitlines() if line.strip()]
@@ -123,7 +160,7 @@ class KubeletNode:
 
     def start(self) -> None:
         started = time.monotonic()
-        require_binaries(self.cluster.bin_dir, NODE_BINARIES)
+        require_binaries(self.cluster.bin_dir, NODE_BINARIES if self.containerd is None else ("kubelet",))
         for directory in (self.root_dir, self.cdi_root, self.state_dir / "pod-logs", self.state_dir / "pki"):
             directory.mkdir(parents=True, exist_ok=True)
         try:
@@ -136,6 +173,12 @@ class KubeletNode:
         log.info("kubelet node ready node=%s seconds=%.1f", self.name, self.startup_seconds)
 
     def stop(self) -> None:
+        # The kubelet first (it would restart what the runtime stops), then the
+        # runtime with its pods, then anything else.
+        for component in [c for c in self.processes.components if c.name == f"kubelet-{self.name}"]:
+            self.processes.stop(component)
+        if self.containerd is not None:
+            self.containerd.stop()
         self.processes.stop_all()
         self._delete_node()
         # The kubelet bind-mounts its root dir onto itself (to make it a
@@ -147,6 +190,9 @@ class KubeletNode:
     # ------------------------------------------------------------ start-up
 
     def _start_runtime(self) -> None:
+        if self.containerd is not None:
+            self.containerd.start()
+            return
         runtime = self.processes.start(f"fakecri-{self.name}", [
             str(self.cluster.bin_dir / "fakecri"),
             f"--socket={self.cri_socket}",
@@ -170,6 +216,14 @@ class KubeletNode:
         )
 
     def _config(self) -> Path:
+        serving = pki.serving_cert(
+            self.cluster.client_ca,
+            self.state_dir / "pki",
+            "kubelet-serving",
+            self.name,
+            ("127.0.0.1",),
+            (self.name,),
+        )
         config: dict[str, Any] = {
             "apiVersion": "kubelet.config.k8s.io/v1beta1",
             "kind": "KubeletConfiguration",
@@ -179,8 +233,18 @@ class KubeletNode:
             "healthzBindAddress": "127.0.0.1",
             "healthzPort": free_port(),
             "containerRuntimeEndpoint": f"unix://{self.cri_socket}",
-            "authentication": {"anonymous": {"enabled": True}, "webhook": {"enabled": False}},
-            "authorization": {"mode": "AlwaysAllow"},
+            "imageServiceEndpoint": f"unix://{self.cri_socket}",
+            # The API server's logs/exec/port-forward requests: a serving
+            # certificate it can verify, its client certificate accepted, and
+            # what it may do decided by the API server's RBAC (webhook).
+            "tlsCertFile": str(serving.cert),
+            "tlsPrivateKeyFile": str(serving.key),
+            "authentication": {
+                "anonymous": {"enabled": False},
+                "webhook": {"enabled": True},
+                "x509": {"clientCAFile": str(self.cluster.client_ca.cert)},
+            },
+            "authorization": {"mode": "Webhook"},
             "cgroupDriver": "cgroupfs",
             # The machine has cgroup v1 and no systemd: no pod/QoS cgroup tree,
             # nothing to enforce node allocatable on.
@@ -210,29 +274,58 @@ class KubeletNode:
             f"--kubeconfig={self._kubeconfig()}",
             f"--root-dir={self.root_dir}",
             f"--cert-dir={self.state_dir / 'pki'}",
-            # No --node-ip: the kubelet rejects loopback node IPs and picks
-            # the machine's address instead.
             f"--hostname-override={self.name}",
+            # The kubelet rejects a loopback --node-ip; as with an external
+            # cloud provider, it keeps the addresses set for it (module docstring).
+            "--cloud-provider=external",
             "--v=2",
         ])  # fmt: skip
         with self.cluster.api_client() as api:
-            rest = KubeJSON(api)
+            rest = KubeApi(api)
 
-            def ready() -> bool:
+            def get_node() -> dict[str, Any] | None:
                 try:
-                    return node_is_ready(rest.get(f"/api/v1/nodes/{self.name}"))
-                except ApiException as err:
+                    return rest.get(f"/api/v1/nodes/{self.name}")
+                except ApiError as err:
                     if err.status == 404:
-                        return False
+                        return None
                     raise
 
-            self.processes.wait_until(f"Node {self.name} Ready", ready, self.startup_timeout, blame=kubelet)
+            self.processes.wait_until(
+                f"Node {self.name} registered",
+                lambda: get_node() is not None,
+                self.startup_timeout,
+                blame=kubelet,
+            )
+            self._initialize_node(rest, get_node() or {})
+            self.processes.wait_until(
+                f"Node {self.name} Ready",
+                lambda: node_is_ready(get_node() or {}),
+                self.startup_timeout,
+                blame=kubelet,
+            )
+
+    def _initialize_node(self, rest: KubeApi, node: Mapping[str, Any]) -> None:
+        """The external cloud controller's part: a loopback address, then the taint off."""
+        path = f"/api/v1/nodes/{self.name}"
+        addresses = [
+            {"type": "InternalIP", "address": "127.0.0.1"},
+            {"type": "Hostname", "address": self.name},
+        ]
+        taints = [t for t in node.get("spec", {}).get("taints") or [] if t.get("key") != UNINITIALIZED_TAINT]
+        try:
+            rest.patch_status(path, {"status": {"addresses": addresses}})
+            rest.merge_patch(path, {"spec": {"taints": taints or None}})
+        except ApiError as err:
+            raise ComponentError(
+                f"initializing Node {self.name} (address, {UNINITIALIZED_TAINT} taint): {err}"
+            ) from err
 
     def _delete_node(self) -> None:
         try:
             with self.cluster.api_client() as api:
-                KubeJSON(api).delete(f"/api/v1/nodes/{self.name}", timeout=5)
-        except ApiException as err:
+                KubeApi(api).delete(f"/api/v1/nodes/{self.name}", timeout=5)
+        except ApiError as err:
             if err.status != 404:
                 log.warning("deleting node=%s failed status=%s", self.name, err.status)
         except Exception as err:  # the control plane may already be gone

@@ -1,8 +1,13 @@
 """Run the test cluster for humans: `python -m devcluster.localcluster`.
 
 Starts the same control plane the integration tests use (and, unless
---no-kubelet, a real kubelet on the recording fake runtime), prints the
-KUBECONFIG to export, and stays up until Ctrl-C or SIGTERM.
+--no-kubelet, a real kubelet on containerd with runc, or with `--runtime
+fakecri` on the recording fake runtime), prints the KUBECONFIG to export and
+the kubectl built for the cluster's release, and stays up until Ctrl-C or
+SIGTERM. `kubectl logs`, `exec` and `port-forward` work: the API server
+reaches the kubelet on loopback. Pods use images the node has imported
+(`imagePullPolicy: Never`; no registry is reachable), such as the workload
+image printed at start.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from types import FrameType
 
 from devcluster.binaries import MissingBinariesError
 from devcluster.controlplane import ControlPlane
-from devcluster.kubelet import DEFAULT_NODE_NAME, KubeletNode
+from devcluster.kubelet import DEFAULT_NODE_NAME, RUNTIMES, KubeletNode
 from devcluster.procs import ComponentError
 
 log = logging.getLogger("localcluster")
@@ -31,6 +36,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--state-dir", type=Path, help="where data, logs and the kubeconfig go (default: a new temp dir)"
     )
     parser.add_argument("--node-name", default=DEFAULT_NODE_NAME, help="Node name of the kubelet")
+    parser.add_argument(
+        "--runtime", choices=RUNTIMES, default="containerd", help="the kubelet's container runtime"
+    )
     return parser.parse_args(argv)
 
 
@@ -54,13 +62,24 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cluster.start()
         if not args.no_kubelet:
-            node = KubeletNode(cluster, state_dir / "node", name=args.node_name, remove_state_on_stop=False)
+            node = KubeletNode(
+                cluster,
+                state_dir / "node",
+                name=args.node_name,
+                remove_state_on_stop=False,
+                runtime=args.runtime,
+            )
             node.start()
         print(f"export KUBECONFIG={cluster.kubeconfig}", flush=True)
+        print(f"# kubectl for this release: {cluster.bin_dir / 'kubectl'}", flush=True)
         print(f"# logs: {cluster.logs}", flush=True)
         if node is not None:
-            print(f"# kubelet node {node.name}: root dir {node.root_dir}, CDI dir {node.cdi_root}, "
-                  f"container record {node.record_path}", flush=True)  # fmt: skip
+            runtime = f"container record {node.record_path}" if node.containerd is None else (
+                f"containerd socket {node.cri_socket}; pods run image {node.workload_image} "
+                "with imagePullPolicy: Never"
+            )  # fmt: skip
+            print(f"# kubelet node {node.name}: root dir {node.root_dir}, CDI dir {node.cdi_root}, {runtime}",
+                  flush=True)  # fmt: skip
         print("# Ctrl-C stops the cluster", flush=True)
         while not stop.wait(1.0):
             cluster.processes.check_alive()

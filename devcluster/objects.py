@@ -6,9 +6,8 @@ import time
 from collections.abc import Mapping
 
 from kubernetes import client as k8s
-from kubernetes.client.exceptions import ApiException
 
-from devcluster.rest import KubeJSON
+from dracommon.kubeapi import ApiError, KubeApi
 
 FAKE_NODE_CAPACITY = {"cpu": "8", "memory": "32Gi", "pods": "110", "ephemeral-storage": "100Gi"}
 
@@ -20,7 +19,7 @@ def create_fake_node(api: k8s.ApiClient, name: str, labels: Mapping[str, str] | 
     with TaintNodesByCondition off and no node-lifecycle controller nothing
     ever marks it NotReady, so the scheduler keeps placing pods on it.
     """
-    KubeJSON(api).create("/api/v1/nodes", {
+    KubeApi(api).create("/api/v1/nodes", {
         "apiVersion": "v1",
         "kind": "Node",
         "metadata": {
@@ -40,31 +39,29 @@ def create_fake_node(api: k8s.ApiClient, name: str, labels: Mapping[str, str] | 
     })  # fmt: skip
 
 
-def _ignore_not_found(error: ApiException) -> None:
+def _ignore_not_found(error: ApiError) -> None:
     if error.status != 404:
         raise error
 
 
 def delete_fake_node(api: k8s.ApiClient, name: str) -> None:
     """Delete the Node and the ResourceSlices published for it."""
-    rest = KubeJSON(api)
+    rest = KubeApi(api)
     try:
-        rest.request(
-            "DELETE",
-            "/apis/resource.k8s.io/v1/resourceslices",
-            query={"fieldSelector": f"spec.nodeName={name}"},
+        rest.delete(
+            "/apis/resource.k8s.io/v1/resourceslices", query={"fieldSelector": f"spec.nodeName={name}"}
         )
-    except ApiException as err:
+    except ApiError as err:
         _ignore_not_found(err)
     try:
         rest.delete(f"/api/v1/nodes/{name}")
-    except ApiException as err:
+    except ApiError as err:
         _ignore_not_found(err)
 
 
 def create_namespace(api: k8s.ApiClient, prefix: str = "test-", timeout: float = 30.0) -> str:
     """A fresh namespace whose `default` ServiceAccount exists (pods need it)."""
-    rest = KubeJSON(api)
+    rest = KubeApi(api)
     created = rest.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
                                                  "metadata": {"generateName": prefix}})  # fmt: skip
     name: str = created["metadata"]["name"]
@@ -73,7 +70,7 @@ def create_namespace(api: k8s.ApiClient, prefix: str = "test-", timeout: float =
         try:
             rest.get(f"/api/v1/namespaces/{name}/serviceaccounts/default")
             return name
-        except ApiException as err:
+        except ApiError as err:
             _ignore_not_found(err)
         if time.monotonic() > deadline:
             raise TimeoutError(f"ServiceAccount {name}/default not created within {timeout:.0f}s")
@@ -83,6 +80,6 @@ def create_namespace(api: k8s.ApiClient, prefix: str = "test-", timeout: float =
 def delete_namespace(api: k8s.ApiClient, name: str) -> None:
     """Start deleting the namespace; the namespace controller finishes in the background."""
     try:
-        KubeJSON(api).delete(f"/api/v1/namespaces/{name}")
-    except ApiException as err:
+        KubeApi(api).delete(f"/api/v1/namespaces/{name}")
+    except ApiError as err:
         _ignore_not_found(err)

@@ -32,7 +32,8 @@ class CertKey:
 
 
 def self_signed_ca(directory: Path, common_name: str) -> CertKey:
-    """A CA that signs client certificates (kube-apiserver --client-ca-file)."""
+    """The cluster's CA: it signs client certificates (kube-apiserver --client-ca-file) and the
+    kubelets' serving certificates (kube-apiserver --kubelet-certificate-authority)."""
     ca = CertKey(directory / "client-ca.crt", directory / "client-ca.key")
     rsa_key(ca.key)
     _openssl(
@@ -47,12 +48,31 @@ def self_signed_ca(directory: Path, common_name: str) -> CertKey:
 def client_cert(ca: CertKey, directory: Path, stem: str, user: str, groups: tuple[str, ...]) -> CertKey:
     """A client certificate: the apiserver reads the user from CN and groups from O."""
     subject = "".join(f"/O={group}" for group in groups) + f"/CN={user}"
+    return _signed(ca, directory, stem, subject, "clientAuth", "")
+
+
+def serving_cert(
+    ca: CertKey,
+    directory: Path,
+    stem: str,
+    common_name: str,
+    ips: tuple[str, ...],
+    dns_names: tuple[str, ...],
+) -> CertKey:
+    """A TLS server certificate for the given addresses (the kubelet's, for the API server to verify)."""
+    names = [f"IP:{ip}" for ip in ips] + [f"DNS:{name}" for name in dns_names]
+    return _signed(
+        ca, directory, stem, f"/CN={common_name}", "serverAuth", f"subjectAltName={','.join(names)}\n"
+    )
+
+
+def _signed(ca: CertKey, directory: Path, stem: str, subject: str, usage: str, extra: str) -> CertKey:
     out = CertKey(directory / f"{stem}.crt", directory / f"{stem}.key")
     rsa_key(out.key)
     csr = directory / f"{stem}.csr"
     ext = directory / f"{stem}.ext"
     ext.write_text("basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n"
-                   "extendedKeyUsage=clientAuth\n")  # fmt: skip
+                   f"extendedKeyUsage={usage}\n{extra}")  # fmt: skip
     _openssl("req", "-new", "-key", str(out.key), "-subj", subject, "-out", str(csr))
     _openssl(
         "x509", "-req", "-in", str(csr), "-CA", str(ca.cert), "-CAkey", str(ca.key),

@@ -7,9 +7,11 @@ of shared counters, CEL libraries, allocator rules), so the parsing and the
 
 from __future__ import annotations
 
-import json
 import re
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
+
+if TYPE_CHECKING:
+    from dracommon.kubeapi import KubeApi
 
 KubernetesVersion = tuple[int, int]
 
@@ -55,15 +57,10 @@ def version_from_info(info: Any) -> KubernetesVersion:
     return parse_kubernetes_version(f"{major}.{minor}")
 
 
-def server_version(api_client: Any, timeout_s: float = 30.0) -> KubernetesVersion:
-    """The API server's release, read from `GET /version` with a kubernetes.client.ApiClient."""
-    from dracommon.kube import send_raw
-
-    response = send_raw(api_client, "GET", "/version", timeout=timeout_s)
-    data = response.read()
-    if not 200 <= response.status < 300:
-        raise VersionError(f"GET /version: HTTP {response.status}")
-    return version_from_info(json.loads(data or b"{}"))
+def server_version(api: KubeApi) -> KubernetesVersion:
+    """The API server's release, read from `GET /version`; ApiError when the call fails,
+    VersionError when the answer names no release we support."""
+    return version_from_info(api.get("/version"))
 
 
 def format_version(version: KubernetesVersion) -> str:

@@ -49,8 +49,9 @@ log = logging.getLogger("draplugin.cli")
 
 
 # Modules that register more subcommands when imported (`devices`: what the
-# discovery backend sees, as the ResourceSlices it would publish).
-SUBCOMMAND_MODULES: tuple[str, ...] = ("draplugin.devices.cli",)
+# discovery backend sees, as the ResourceSlices it would publish; `cdi-spec`: the
+# CDI spec a claim's containers would get).
+SUBCOMMAND_MODULES: tuple[str, ...] = ("draplugin.devices.cli", "draplugin.cdi.cli")
 
 COMMAND_LINE = CommandLine(
     prog="draplugin",

@@ -13,19 +13,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from dracommon.drivername import DEFAULT_DRIVER_NAME, DriverNameError, check_driver_name
 from dracommon.kubeversion import KubernetesVersion, VersionError, parse_kubernetes_version
 from dracommon.logs import LOG_FORMATS, LOG_LEVELS
 
-DEFAULT_DRIVER_NAME: Final = "gpu.draplugin.dev"
 DEFAULT_KUBELET_ROOT_DIR: Final = "/var/lib/kubelet"
 DEFAULT_STATE_DIR: Final = "/var/lib/draplugin"
 DEFAULT_CDI_ROOT: Final = "/var/run/cdi"
 DEFAULT_METRICS_PORT: Final = 8080
 BACKENDS: Final = ("nvml", "fake")
 
-# Kubernetes limits: a DRA driver name is a DNS-1123 subdomain of at most 63
-# characters; a node name is a DNS-1123 subdomain (at most 253).
-DRIVER_NAME_MAX: Final = 63
+# Kubernetes limits: a node name is a DNS-1123 subdomain (at most 253). The driver
+# name's rule (a subdomain of at most 63) is dracommon.drivername's.
 NODE_NAME_MAX: Final = 253
 _DNS1123_SUBDOMAIN: Final = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 # Pod UIDs are UUIDs in practice; accept anything that is a safe file-name part.
@@ -82,7 +81,26 @@ RUN_OPTIONS: Final = (
         None,
         "fake backend: YAML `device: xid` file of injected faults (default <state-dir>/fake-faults.yaml)",
     ),
+    Option(
+        "--fake-device-dir",
+        "DRAPLUGIN_FAKE_DEVICE_DIR",
+        None,
+        "fake backend: host directory for the fake GPUs' device nodes (default <state-dir>/fake-dev)",
+    ),
     Option("--nvml-lib-path", "NVML_LIB_PATH", None, "nvml backend: libnvidia-ml.so.1 or the driver root"),
+    Option(
+        "--driver-root",
+        "DRIVER_ROOT",
+        None,
+        "host directory of the NVIDIA driver install whose files CUDA containers get (/, or "
+        "/run/nvidia/driver with the GPU Operator); default / for nvml, none for fake",
+    ),
+    Option(
+        "--driver-root-mount",
+        "DRIVER_ROOT_MOUNT",
+        None,
+        "where this process sees --driver-root (the chart mounts it at /driver-root); default: the same path",
+    ),
     Option(
         "--kubernetes-version",
         "KUBERNETES_VERSION",
@@ -92,6 +110,7 @@ RUN_OPTIONS: Final = (
 )
 
 FAKE_FAULT_FILE_NAME: Final = "fake-faults.yaml"
+FAKE_DEVICE_DIR_NAME: Final = "fake-dev"
 # Upper bound for --fake-gpus: a typo like 10000 should fail at start, not publish 79 slices.
 FAKE_GPUS_MAX: Final = 1024
 _TRUE: Final = ("true", "1", "yes", "on")
@@ -117,9 +136,13 @@ class Settings:
     fake_model: str | None = None
     fake_config: Path | None = None
     fake_fault_file: Path | None = None
+    fake_device_dir: Path | None = None
     nvml_lib_path: str | None = None
     # None: the API server's own release, read with GET /version.
     kubernetes_version: KubernetesVersion | None = None
+    # The driver root on the host (paths in CDI specs) and where we read it; None: no driver files.
+    driver_root: str | None = None
+    driver_root_mount: Path | None = None
 
     def backend_options(self) -> dict[str, object]:
         """Keyword options for `draplugin.devices.load_backend(self.backend, ...)`."""
@@ -131,6 +154,8 @@ class Settings:
                 options["gpus"] = self.fake_gpus
             if self.fake_model is not None:
                 options["model"] = self.fake_model
+            # The runtime injects these nodes from the host: a path the host sees (a hostPath in the chart).
+            options["device_dir"] = str(self.fake_device_dir or self.state_dir / FAKE_DEVICE_DIR_NAME)
         elif self.nvml_lib_path is not None:
             options["lib_path"] = self.nvml_lib_path
         return options
@@ -202,6 +227,13 @@ def _dns_subdomain(dest: str, raw: str, max_len: int) -> str:
     return raw
 
 
+def _driver_name(raw: str) -> str:
+    try:
+        return check_driver_name(raw)
+    except DriverNameError as err:
+        raise ConfigError(f"{_name_of('driver_name')}: {err}") from None
+
+
 def _boolean(dest: str, raw: str) -> bool:
     lowered = raw.strip().lower()
     if lowered in _TRUE:
@@ -227,6 +259,7 @@ class _BackendSettings:
     fake_model: str | None
     fake_config: Path | None
     fake_fault_file: Path | None
+    fake_device_dir: Path | None
     nvml_lib_path: str | None
 
 
@@ -234,6 +267,7 @@ def _backend_settings(values: Mapping[str, str | None], backend: str) -> _Backen
     """The backend-specific settings, checked against the chosen backend and each other."""
     fake = {dest: values.get(dest) or None for dest in ("fake_gpus", "fake_model", "fake_config")}
     fake["fake_fault_file"] = values.get("fake_fault_file") or None
+    fake["fake_device_dir"] = values.get("fake_device_dir") or None
     nvml_lib_path = values.get("nvml_lib_path") or None
     if backend != "fake":
         given = [dest for dest, raw in fake.items() if raw is not None]
@@ -252,13 +286,31 @@ def _backend_settings(values: Mapping[str, str | None], backend: str) -> _Backen
     fault_file = Path(fake["fake_fault_file"]) if fake["fake_fault_file"] else None
     if fault_file is not None and not fault_file.is_absolute():
         raise ConfigError(f"{_name_of('fake_fault_file')}: {str(fault_file)!r} must be an absolute path")
+    device_dir = Path(fake["fake_device_dir"]) if fake["fake_device_dir"] else None
+    if device_dir is not None:
+        _absolute_dir("fake_device_dir", str(device_dir))
     return _BackendSettings(
         fake_gpus=_count("fake_gpus", fake["fake_gpus"], FAKE_GPUS_MAX) if fake["fake_gpus"] else None,
         fake_model=fake["fake_model"],
         fake_config=fake_config,
         fake_fault_file=fault_file,
+        fake_device_dir=device_dir,
         nvml_lib_path=nvml_lib_path,
     )
+
+
+def driver_root_setting(values: Mapping[str, str | None], backend: str) -> tuple[str | None, Path | None]:
+    """Real GPUs need the driver's files in containers (default `/`); fake ones only when asked."""
+    raw = values.get("driver_root") or ("/" if backend == "nvml" else None)
+    mount_raw = values.get("driver_root_mount") or None
+    if raw is None:
+        if mount_raw is not None:
+            raise ConfigError(f"{_name_of('driver_root_mount')} needs {_name_of('driver_root')}")
+        return None, None
+    if not raw.startswith("/"):
+        raise ConfigError(f"{_name_of('driver_root')}: {raw!r} must be an absolute path")
+    # Not required to exist yet: the GPU Operator fills it after we start; prepare reports it.
+    return raw, _absolute_dir("driver_root_mount", mount_raw or raw)
 
 
 def validate(values: Mapping[str, str | None]) -> Settings:
@@ -291,8 +343,9 @@ def validate(values: Mapping[str, str | None]) -> Settings:
     except VersionError as err:
         raise ConfigError(f"{_name_of('kubernetes_version')}: {err}") from None
 
+    driver_root, driver_root_mount = driver_root_setting(values, backend)
     return Settings(
-        driver_name=_dns_subdomain("driver_name", required("driver_name"), DRIVER_NAME_MAX),
+        driver_name=_driver_name(required("driver_name")),
         node_name=_dns_subdomain("node_name", required("node_name"), NODE_NAME_MAX),
         kubelet_root_dir=_absolute_dir("kubelet_root_dir", required("kubelet_root_dir")),
         state_dir=_absolute_dir("state_dir", required("state_dir")),
@@ -309,8 +362,11 @@ def validate(values: Mapping[str, str | None]) -> Settings:
         fake_model=chosen.fake_model,
         fake_config=chosen.fake_config,
         fake_fault_file=chosen.fake_fault_file,
+        fake_device_dir=chosen.fake_device_dir,
         nvml_lib_path=chosen.nvml_lib_path,
         kubernetes_version=kubernetes_version,
+        driver_root=driver_root,
+        driver_root_mount=driver_root_mount,
     )
 
 

@@ -19,8 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+from dracommon.kubeapi import ApiError, KubeApi
 from draplugin.kubelet.interface import ClaimRef
-from draplugin.prepare.api import RawApi
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ class KubeEvents:
 
     def __init__(
         self,
-        api: RawApi,
+        api: KubeApi,
         driver_name: str,
         node_name: str,
         clock: Callable[[], float] = time.monotonic,
@@ -120,13 +120,11 @@ class KubeEvents:
 
     def _post(self, namespace: str, body: dict[str, Any]) -> None:
         try:
-            path = f"/apis/events.k8s.io/v1/namespaces/{namespace}/events"
-            status, data = self._api.request("POST", path, body)
+            self._api.create(f"/apis/events.k8s.io/v1/namespaces/{namespace}/events", body)
+        except ApiError as err:
+            log.warning(
+                "posting event failed",
+                extra={"reason": body["reason"], "status": err.status, "body": err.message[:200]},
+            )
         except Exception as err:  # an event must never take anything down with it
             log.warning("posting event failed", extra={"reason": body["reason"], "error": str(err)})
-            return
-        if not 200 <= status < 300:
-            detail = data[:200].decode(errors="replace")
-            log.warning(
-                "posting event failed", extra={"reason": body["reason"], "status": status, "body": detail}
-            )

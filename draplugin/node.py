@@ -30,14 +30,10 @@ from draplugin.devices import DeviceBackend, load_backend
 from draplugin.devices.health import FaultFile, HealthReporter, HealthTracker
 from draplugin.kubelet.interface import Driver
 from draplugin.kubelet.server import KubeletPluginServer, PluginServerOptions
-from draplugin.slices import (
-    KubeSliceApi,
-    SliceApi,
-    SliceMetrics,
-    SlicePublisher,
-    backend_source,
-    layout_for,
-)
+from draplugin.slices.api import KubeSliceApi, SliceApi
+from draplugin.slices.metrics import SliceMetrics
+from draplugin.slices.plan import layout_for
+from draplugin.slices.publisher import SlicePublisher, backend_source
 
 log = logging.getLogger(__name__)
 
@@ -73,13 +69,13 @@ def prepare_driver(settings: Settings, backend: DeviceBackend) -> Driver:
 
 def kube_slice_api(settings: Settings) -> SliceApi:
     """ResourceSlice access with the settings' credentials. Loading them does not contact the server."""
-    from dracommon.kube import load_api_client
+    from dracommon.kubeapi import KubeApi, load_api_client
 
     try:
         client = load_api_client(str(settings.kubeconfig) if settings.kubeconfig else None)
     except Exception as err:  # KubeConfigError, or the client library's own errors on a bad file
         raise NodeUnavailable(f"no API server credentials: {err}") from err
-    return KubeSliceApi(client)
+    return KubeSliceApi(KubeApi(client))
 
 
 def health_monitor(

@@ -321,6 +321,9 @@ class StaticDriver:
     async def unprepare_claim(self, claim: ClaimRef) -> None:
         self.prepared.discard(claim.uid)
 
+    def reload_state(self) -> None:
+        """Nothing is shared with other processes."""
+
 
 def static_driver_factory(settings: object) -> StaticDriver:
     """`DRAPLUGIN_DRIVER_FACTORY=tests.kubelet_client:static_driver_factory` for `draplugin run`."""

@@ -37,14 +37,14 @@ from controller.allocation.nodes import Node
 from controller.allocator import Allocator
 from controller.commands_simulate import Simulator
 from controller.metrics import ControllerMetrics
-from controller.objects import ApiJSON
 from controller.reconcile_api import KubeClaimApi
-from controller.reconciler import PREALLOCATE_ANNOTATION, Reconciler, ReconcilerSettings, Snapshot
+from controller.reconciler import Reconciler, ReconcilerSettings, Snapshot, preallocate_annotation
 from devcluster.binaries import MissingBinariesError
 from devcluster.controlplane import ControlPlane
 from devcluster.objects import create_fake_node
 from devcluster.procs import ComponentError
-from devcluster.rest import KubeJSON
+from devcluster.wait import wait_for
+from dracommon.kubeapi import KubeApi
 
 D = "gpu.draplugin.dev"
 GPUS = 8
@@ -98,18 +98,9 @@ def parallel(fn: Callable[[Any], Any], items: list[Any]) -> None:
             pass
 
 
-def wait_until(what: str, probe: Callable[[], bool], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not probe():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.2)
-
-
 class ClusterBench:
     def __init__(self, api: Any, nodes: int, claims: int) -> None:
-        self.rest = KubeJSON(api)
-        self.raw = ApiJSON(api)
+        self.rest = KubeApi(api)
         self.api = api
         self.nodes = nodes
         self.claims = claims
@@ -133,7 +124,7 @@ class ClusterBench:
                 "metadata": {"name": f"mix-{i}"},
                 "spec": {"spec": claim_spec(count, numa)},
             })  # fmt: skip
-        wait_until(
+        wait_for(
             "the default ServiceAccount",
             lambda: bool(self.rest.get("/api/v1/namespaces/bench-sched/serviceaccounts").get("items")),
             60,
@@ -157,16 +148,13 @@ class ClusterBench:
                 },
             })  # fmt: skip
         parallel(lambda pod: self.rest.create("/api/v1/namespaces/bench-sched/pods", pod), pods)
-        wait_until(
+        wait_for(
             "kube-controller-manager to create every claim", lambda: self._count_claims() == self.claims, 180
         )
 
         def ungate(name: str) -> None:
-            self.raw.request(
-                "PATCH",
-                f"/api/v1/namespaces/bench-sched/pods/{name}",
-                {"spec": {"schedulingGates": None}},
-                content_type="application/merge-patch+json",
+            self.rest.merge_patch(
+                f"/api/v1/namespaces/bench-sched/pods/{name}", {"spec": {"schedulingGates": None}}
             )
 
         start = time.perf_counter()
@@ -175,25 +163,26 @@ class ClusterBench:
 
         def all_bound() -> bool:
             nonlocal bound
-            items, _ = self.raw.list_items("/api/v1/namespaces/bench-sched/pods", "Pod")
+            items, _ = self.rest.list("/api/v1/namespaces/bench-sched/pods", kind="Pod")
             bound = sum(1 for p in items if p["spec"].get("nodeName"))
             return bound == self.claims
 
-        wait_until("kube-scheduler to bind every pod", all_bound, 600)
+        wait_for("kube-scheduler to bind every pod", all_bound, 600)
         return time.perf_counter() - start, bound
 
     def _count_claims(self) -> int:
-        items, _ = self.raw.list_items(
-            f"{RESOURCE_V1}/namespaces/bench-sched/resourceclaims", "ResourceClaim"
+        items, _ = self.rest.list(
+            f"{RESOURCE_V1}/namespaces/bench-sched/resourceclaims", kind="ResourceClaim"
         )
         return len(items)
 
     def ours_end_to_end(self) -> tuple[float, int]:
         """Seconds for one reconcile pass that pre-allocates every claim (API writes included),
         and how many it allocated."""
+        annotations = {preallocate_annotation(D): "any"}
         bodies = [
             {
-                **claim(f"c{i:04d}", [], namespace="bench-ours", annotations={PREALLOCATE_ANNOTATION: "any"}),
+                **claim(f"c{i:04d}", [], namespace="bench-ours", annotations=annotations),
                 "spec": claim_spec(count, numa),
             }
             for i, (count, numa) in enumerate(self.mix)
@@ -201,15 +190,15 @@ class ClusterBench:
         parallel(
             lambda body: self.rest.create(f"{RESOURCE_V1}/namespaces/bench-ours/resourceclaims", body), bodies
         )
-        classes, _ = self.raw.list_items(f"{RESOURCE_V1}/deviceclasses", "DeviceClass")
-        slices, _ = self.raw.list_items(f"{RESOURCE_V1}/resourceslices", "ResourceSlice")
+        classes, _ = self.rest.list(f"{RESOURCE_V1}/deviceclasses", kind="DeviceClass")
+        slices, _ = self.rest.list(f"{RESOURCE_V1}/resourceslices", kind="ResourceSlice")
         ours = [s for s in slices if str(s["spec"].get("nodeName", "")).startswith("ours-")]
-        claims, _ = self.raw.list_items(
-            f"{RESOURCE_V1}/namespaces/bench-ours/resourceclaims", "ResourceClaim"
+        claims, _ = self.rest.list(
+            f"{RESOURCE_V1}/namespaces/bench-ours/resourceclaims", kind="ResourceClaim"
         )
         snapshot = Snapshot(device_classes=classes, slices=ours, claims=claims)
         reconciler = Reconciler(
-            KubeClaimApi(self.raw),
+            KubeClaimApi(self.rest),
             lambda: snapshot,
             metrics=ControllerMetrics(CollectorRegistry()),
             settings=ReconcilerSettings(namespace="bench-ours"),

@@ -25,14 +25,14 @@ from prometheus_client import CollectorRegistry
 
 from devcluster.controlplane import ControlPlane
 from devcluster.objects import create_namespace
-from devcluster.rest import KubeJSON
+from dracommon.kubeapi import AsyncKubeApi, KubeApi
 from draplugin.cdi.spec import SpecStore
 from draplugin.checkpoint import CheckpointStore
 from draplugin.devices import load_backend
 from draplugin.events import NullEvents
 from draplugin.kubelet.interface import ClaimRef
 from draplugin.metrics import ClaimMetrics
-from draplugin.prepare.api import RawApi
+from draplugin.prepare.api import DEFAULT_WORKERS, KubeClaimReader
 from draplugin.prepare.driver import GpuDriver
 from draplugin.prepare.sharing import SharingState
 
@@ -55,7 +55,7 @@ def percentile(samples: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def make_claims(rest: KubeJSON, namespace: str, count: int) -> list[ClaimRef]:
+def make_claims(rest: KubeApi, namespace: str, count: int) -> list[ClaimRef]:
     refs = []
     base = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims"
     for i in range(count):
@@ -68,9 +68,7 @@ def make_claims(rest: KubeJSON, namespace: str, count: int) -> list[ClaimRef]:
         status = {"status": {"allocation": {"devices": {"results": [
             {"request": "gpu", "driver": DRIVER, "pool": NODE, "device": f"gpu-{i}"},
         ]}}}}  # fmt: skip
-        code = rest.merge_patch_status(f"{base}/claim-{i}/status", status)
-        if code != 200:
-            raise RuntimeError(f"writing allocation failed: HTTP {code}")
+        rest.patch_status(f"{base}/claim-{i}", status)
         refs.append(ClaimRef(namespace, claim["metadata"]["uid"], f"claim-{i}"))
     return refs
 
@@ -81,7 +79,7 @@ async def timed(call: Callable[[], Awaitable[Any]]) -> float:
     return time.perf_counter() - start
 
 
-async def measure(driver: GpuDriver, raw: RawApi, refs: list[ClaimRef]) -> None:
+async def measure(driver: GpuDriver, raw: KubeClaimReader, refs: list[ClaimRef]) -> None:
     one = refs[0]
     # Warm-up: connections, imports, first file creation.
     for _ in range(5):
@@ -138,17 +136,17 @@ def main() -> int:
         cluster.start()
         try:
             with cluster.api_client() as api:
-                rest = KubeJSON(api)
+                rest = KubeApi(api)
                 namespace = create_namespace(api, prefix="bench-")
                 refs = make_claims(rest, namespace, CONCURRENT)
-                raw = RawApi(api)
+                raw = KubeClaimReader(AsyncKubeApi(rest, DEFAULT_WORKERS))
                 backend = load_backend("fake", NODE, gpus=CONCURRENT)
                 driver = GpuDriver(
                     driver_name=DRIVER,
                     node_name=NODE,
                     devices=backend.discover(),
                     claims=raw,
-                    cdi_store=SpecStore(root / "cdi"),
+                    cdi_store=SpecStore(root / "cdi", DRIVER),
                     checkpoint=CheckpointStore(root / "state" / "checkpoint.json", "bench-boot"),
                     sharing=SharingState(root / "state"),
                     events=NullEvents(),

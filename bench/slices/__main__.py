@@ -26,9 +26,14 @@ from devcluster.binaries import MissingBinariesError
 from devcluster.controlplane import ControlPlane
 from devcluster.objects import create_fake_node
 from devcluster.procs import ComponentError
+from dracommon.kubeapi import KubeApi
 from draplugin.devices.fake import FakeBackend, config_from_flags
 from draplugin.devices.model import Device
-from draplugin.slices import KubeSliceApi, SliceMetrics, SlicePublisher, plan_slices, render_slice, slice_name
+from draplugin.slices.api import KubeSliceApi
+from draplugin.slices.metrics import SliceMetrics
+from draplugin.slices.plan import plan_slices
+from draplugin.slices.publisher import SlicePublisher
+from draplugin.slices.render import NodeRef, render_slice, slice_name
 
 DRIVER = "gpu.draplugin.dev"
 
@@ -41,8 +46,6 @@ class NaivePublisher:
         self.writes = 0
 
     def resync(self) -> None:
-        from draplugin.slices import NodeRef
-
         planned = plan_slices(self.devices)
         existing = {o["metadata"]["name"]: o for o in self.api.list_slices(self._selector())[0]}
         for i, p in enumerate(planned):
@@ -89,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     try:
         with cluster.api_client() as api:
-            raw = KubeSliceApi(api)
+            raw = KubeSliceApi(KubeApi(api))
             ours_node, naive_node = "bench-ours", "bench-naive"
             create_fake_node(api, ours_node)
             create_fake_node(api, naive_node)

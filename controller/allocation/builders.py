@@ -9,8 +9,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from dracommon.drivername import DEFAULT_DRIVER_NAME
+
 API_VERSION = "resource.k8s.io/v1"
-DEFAULT_DRIVER = "gpu.draplugin.dev"
 
 
 def attr(value: object) -> dict[str, object]:
@@ -48,7 +49,7 @@ def resource_slice(
     *,
     node: str | None = None,
     pool: str | None = None,
-    driver: str = DEFAULT_DRIVER,
+    driver: str = DEFAULT_DRIVER_NAME,
     generation: int = 1,
     slice_count: int = 1,
     all_nodes: bool = False,
@@ -133,7 +134,7 @@ def claim(
     }
 
 
-def opaque(parameters: Mapping[str, Any], driver: str = DEFAULT_DRIVER) -> dict[str, Any]:
+def opaque(parameters: Mapping[str, Any], driver: str = DEFAULT_DRIVER_NAME) -> dict[str, Any]:
     return {"opaque": {"driver": driver, "parameters": dict(parameters)}}
 
 

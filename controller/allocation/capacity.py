@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from fractions import Fraction
 from typing import Any
 
-from controller.allocation.quantity import Quantity, parse_quantity
+from dracommon.quantity import Quantity
 
 JSON = Mapping[str, Any]
 
@@ -17,7 +16,7 @@ class CapacityRequestError(ValueError):
 
 def _policy_quantity(policy: JSON, key: str) -> Quantity | None:
     value = policy.get(key)
-    return None if value is None else parse_quantity(value)
+    return None if value is None else Quantity.from_json(value)
 
 
 def consumed_amount(requested: Quantity | None, capacity: JSON) -> Quantity:
@@ -26,27 +25,28 @@ def consumed_amount(requested: Quantity | None, capacity: JSON) -> Quantity:
     policy = capacity.get("requestPolicy")
     if requested is None:
         default = _policy_quantity(policy or {}, "default")
-        return default if default is not None else parse_quantity(capacity.get("value", "0"))
+        return default if default is not None else Quantity.from_json(capacity.get("value", "0"))
     if policy is None:
         return requested
     valid_range = policy.get("validRange")
     if valid_range is not None and valid_range.get("min") is not None:
-        minimum = parse_quantity(valid_range["min"])
-        if requested.value < minimum.value:
+        minimum = Quantity.from_json(valid_range["min"])
+        if requested < minimum:
             return minimum
         step_text = valid_range.get("step")
         if step_text is None:
             return requested
-        step = parse_quantity(step_text).ceil_int()
-        base = minimum.ceil_int()
-        added = requested.ceil_int() - base
+        step_quantity = Quantity.from_json(step_text)
+        step = step_quantity.value()
+        base = minimum.value()
+        added = requested.value() - base
         steps = -(-added // step)
-        return Quantity(Fraction(base + step * steps), binary=True)
+        return Quantity.from_int(base + step * steps, step_quantity.format)
     valid_values = policy.get("validValues")
     if valid_values is not None:
         for text in valid_values:
-            value = parse_quantity(text)
-            if requested.value <= value.value:
+            value = Quantity.from_json(text)
+            if requested <= value:
                 return value
     return requested
 
@@ -55,21 +55,21 @@ def violates_policy(amount: Quantity, policy: JSON | None) -> bool:
     if policy is None:
         return False
     default = _policy_quantity(policy, "default")
-    if default is not None and amount.value == default.value:
+    if default is not None and amount == default:
         return False
     valid_range = policy.get("validRange")
     if valid_range is not None:
         maximum = _policy_quantity(valid_range, "max")
-        if maximum is not None and amount.value > maximum.value:
+        if maximum is not None and amount > maximum:
             return True
         step = _policy_quantity(valid_range, "step")
         if step is not None:
-            minimum = _policy_quantity(valid_range, "min") or Quantity(Fraction(0))
-            return (amount.ceil_int() - minimum.ceil_int()) % step.ceil_int() != 0
+            minimum = _policy_quantity(valid_range, "min") or Quantity.from_int(0)
+            return (amount.value() - minimum.value()) % step.value() != 0
         return False
     valid_values = policy.get("validValues") or []
     if valid_values:
-        return all(amount.value != parse_quantity(v).value for v in valid_values)
+        return all(amount != Quantity.from_json(v) for v in valid_values)
     return False
 
 
@@ -78,7 +78,7 @@ def consumed_capacity(requests: Mapping[str, Any] | None, device: JSON) -> dict[
     result: dict[str, Quantity] = {}
     for name, capacity in (device.get("capacity") or {}).items():
         text = (requests or {}).get(name)
-        result[name] = consumed_amount(None if text is None else parse_quantity(text), capacity)
+        result[name] = consumed_amount(None if text is None else Quantity.from_json(text), capacity)
     return result
 
 
@@ -98,14 +98,14 @@ def request_fits(
             raise CapacityRequestError(f"requested capacity {name} is not defined by the device")
     for name, capacity in capacities.items():
         text = (requests or {}).get(name)
-        amount = consumed_amount(None if text is None else parse_quantity(text), capacity)
+        amount = consumed_amount(None if text is None else Quantity.from_json(text), capacity)
         if violates_policy(amount, capacity.get("requestPolicy")):
             return False
-        total = amount.value
+        total = amount
         if name in allocated:
-            total += allocated[name].value
+            total += allocated[name]
         if name in allocating:
-            total += allocating[name].value
-        if total > parse_quantity(capacity.get("value", "0")).value:
+            total += allocating[name]
+        if total > Quantity.from_json(capacity.get("value", "0")):
             return False
     return True

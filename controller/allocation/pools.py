@@ -14,7 +14,7 @@ from typing import Any
 
 from controller.allocation.features import Features
 from controller.allocation.nodes import Node, node_matches
-from controller.allocation.quantity import Quantity, QuantityError, parse_quantity
+from dracommon.quantity import Quantity, QuantityError
 
 JSON = Mapping[str, Any]
 
@@ -187,7 +187,7 @@ def _build_pool(
                 return _invalid(pool, f"duplicate counter set name {set_name}")
             try:
                 pool.counter_sets[set_name] = {
-                    counter: parse_quantity((value or {}).get("value", "0"))
+                    counter: Quantity.from_json((value or {}).get("value", "0"))
                     for counter, value in (counter_set.get("counters") or {}).items()
                 }
             except QuantityError as err:

@@ -9,8 +9,8 @@ from typing import Any
 
 from controller.allocation.nodes import Node
 from controller.allocation.pools import DeviceID
-from controller.allocation.quantity import Quantity, format_quantity
 from controller.allocation.requests import Request, claim_requests
+from dracommon.quantity import Quantity
 
 JSON = Mapping[str, Any]
 
@@ -48,7 +48,7 @@ def device_result(chosen: ChosenDevice, binding_conditions: bool) -> dict[str, A
     if chosen.share_id:
         result["shareID"] = chosen.share_id
     if chosen.consumed:
-        result["consumedCapacity"] = {name: format_quantity(q) for name, q in chosen.consumed.items()}
+        result["consumedCapacity"] = {name: str(q) for name, q in chosen.consumed.items()}
     return result
 
 

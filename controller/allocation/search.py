@@ -19,11 +19,11 @@ from controller.allocation.constraints import Constraint, build_constraints
 from controller.allocation.features import Features
 from controller.allocation.nodes import Node, node_matches
 from controller.allocation.pools import DeviceID, Pool
-from controller.allocation.quantity import Quantity, parse_quantity
 from controller.allocation.requests import ALL, EXACT_COUNT, Request, alternatives, blocking_taint, claim_ref
 from controller.allocation.result import ChosenDevice
 from controller.allocation.selectors import SelectorCache
 from controller.allocation.state import AllocatedState
+from dracommon.quantity import Quantity
 
 JSON = Mapping[str, Any]
 
@@ -289,7 +289,7 @@ class Search:
         for consumption in device.get("consumesCounters") or []:
             counters = target.setdefault(str(consumption.get("counterSet", "")), {})
             for name, value in (consumption.get("counters") or {}).items():
-                amount = parse_quantity((value or {}).get("value", "0"))
+                amount = Quantity.from_json((value or {}).get("value", "0"))
                 if sign < 0:
                     if name in counters:  # counters missing from the set are ignored
                         counters[name] = counters[name] - amount
@@ -303,7 +303,7 @@ class Search:
         for set_name, counters in available.items():
             used = consumed.get(set_name, {})
             for name, value in counters.items():
-                if name in used and value.value < used[name].value:
+                if name in used and value < used[name]:
                     self._release_counters(candidate)
                     return False
         return True
@@ -314,7 +314,7 @@ class Search:
             counters = consumed.setdefault(str(consumption.get("counterSet", "")), {})
             for name, value in (consumption.get("counters") or {}).items():
                 if name in counters:
-                    counters[name] = counters[name] - parse_quantity((value or {}).get("value", "0"))
+                    counters[name] = counters[name] - Quantity.from_json((value or {}).get("value", "0"))
 
     # ----- the search ----------------------------------------------------------------
 
@@ -503,7 +503,7 @@ class Search:
                 if totals is not None:
                     for name, amount in chosen.consumed.items():
                         totals[name] = totals[name] - amount
-                    if all(q.value == 0 for q in totals.values()):
+                    if all(q.is_zero() for q in totals.values()):
                         del self._allocating_capacity[device_id]
             elif counters_taken and self.features.partitionable_devices:
                 self._release_counters(candidate)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from controller.allocation.pools import DeviceID
-from controller.allocation.quantity import Quantity, QuantityError, parse_quantity
+from dracommon.quantity import Quantity, QuantityError
 
 JSON = Mapping[str, Any]
 
@@ -59,7 +59,7 @@ class AllocatedState:
             totals = self.capacity.setdefault(device, {})
             for name, value in consumed.items():
                 try:
-                    amount = parse_quantity(value)
+                    amount = Quantity.from_json(value)
                 except QuantityError:
                     continue
                 totals[name] = totals[name] + amount if name in totals else amount

@@ -11,8 +11,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from controller.cel.errors import LibraryError
-from controller.cel.quantity import Quantity, QuantityError
 from controller.cel.semver import Semver, SemverError
+from dracommon.quantity import Quantity, QuantityError
 
 _SCALAR_FIELDS = ("int", "bool", "string", "version")
 _LIST_FIELDS = {"ints": "int", "bools": "bool", "strings": "string", "versions": "version"}

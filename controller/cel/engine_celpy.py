@@ -23,8 +23,8 @@ from controller.cel.engine import EvalFailure, not_bool_error
 from controller.cel.errors import CompileError, LibraryError
 from controller.cel.library import FUNCTIONS, Function, Kind
 from controller.cel.netlib import CIDR, IP, URL
-from controller.cel.quantity import Quantity
 from controller.cel.semver import Semver
+from dracommon.quantity import Quantity
 
 NAME = "cel-python"
 

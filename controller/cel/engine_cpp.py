@@ -21,8 +21,8 @@ from controller.cel.engine import EvalFailure, not_bool_error
 from controller.cel.errors import CompileError, LibraryError
 from controller.cel.library import FUNCTIONS, SCALAR_KINDS, Function, Kind, Overload
 from controller.cel.netlib import CIDR, IP, URL
-from controller.cel.quantity import Quantity
 from controller.cel.semver import Semver
+from dracommon.quantity import Quantity
 
 from cel_expr_python import cel  # isort: skip  (optional dependency, imported last on purpose)
 from cel_expr_python.ext import ext_bindings, ext_math, ext_optional  # isort: skip

@@ -13,8 +13,8 @@ from enum import Enum
 
 from controller.cel import listlib, netlib, regexlib, stringlib
 from controller.cel.errors import LibraryError
-from controller.cel.quantity import Quantity, QuantityError, is_quantity
 from controller.cel.semver import Semver, SemverError, is_semver
+from dracommon.quantity import Quantity, QuantityError, is_quantity
 
 
 class Kind(Enum):

@@ -6,8 +6,8 @@ import functools
 from collections.abc import Sequence
 
 from controller.cel.errors import LibraryError, check_size
-from controller.cel.quantity import Quantity
 from controller.cel.semver import Semver
+from dracommon.quantity import Quantity
 
 
 def _compare(a: object, b: object) -> int:

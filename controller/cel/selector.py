@@ -27,6 +27,13 @@ ENGINE_ENV = "DRA_CEL_ENGINE"
 CPP_ENGINE = "cel-expr-python"
 CELPY_ENGINE = "cel-python"
 ENGINES = (CPP_ENGINE, CELPY_ENGINE)
+# cel-python is an optional extra (pyproject.toml): say how to get it when it is chosen but absent.
+_INSTALL_HINTS = {
+    CELPY_ENGINE: (
+        f" (the portable fallback, chosen by {ENGINE_ENV}={CELPY_ENGINE} or when {CPP_ENGINE} cannot"
+        " be loaded, is the optional extra: pip install 'draplugin[fallback]')"
+    )
+}
 
 _COMPILE_CACHE_SIZE = 256
 _MEMO_SIZE = 4096
@@ -56,7 +63,9 @@ def _load_engine(name: str) -> Engine:
 
             return CelpyEngine()
     except ImportError as err:
-        raise EngineUnavailable(f"CEL engine {name} cannot be loaded: {err}") from err
+        raise EngineUnavailable(
+            f"CEL engine {name} cannot be loaded: {err}{_INSTALL_HINTS.get(name, '')}"
+        ) from err
     raise EngineUnavailable(f"unknown CEL engine {name!r}; choose one of {', '.join(ENGINES)}")
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from controller.cel.errors import LibraryError, check_size
-from controller.cel.quantity import Quantity
 from controller.cel.semver import Semver
+from dracommon.quantity import Quantity
 
 
 def _out_of_range(index: int) -> LibraryError:

@@ -24,12 +24,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dracommon.drivername import DEFAULT_DRIVER_NAME, cdi_kind, cdi_vendor
+
 log = logging.getLogger(__name__)
 
 DEFAULT_CDI_ROOT = Path("/var/run/cdi")
-VENDOR = "gpu.draplugin.dev"
-CLASS = "gpu"
-KIND = f"{VENDOR}/{CLASS}"
+# The default driver's kind: only the default of the pure planning functions (their tests). The
+# node plugin takes its kind from its SpecStore, which follows the configured driver name.
+KIND = cdi_kind(DEFAULT_DRIVER_NAME)
 
 # Versions in order; the minimum for each feature follows the CDI spec's version table.
 BASE_VERSION = "0.3.0"
@@ -210,11 +212,16 @@ class SpecStore:
 
     The runtime watches the directory and only reads `*.json`/`*.yaml`, so the
     temporary file is a dot-file ending in `.tmp` that it ignores.
+
+    Vendor and kind follow the driver name (`dracommon.drivername`): the files
+    are `<driver>-claim_<uid>.json` and their devices `<driver>/gpu=<name>`.
     """
 
-    def __init__(self, root: Path, vendor: str = VENDOR) -> None:
+    def __init__(self, root: Path, driver_name: str) -> None:
         self.root = root
-        self._prefix = f"{vendor}-claim_"
+        # The kind of every spec written here, and so of every CDI device ID handed out for one.
+        self.kind = cdi_kind(driver_name)
+        self._prefix = f"{cdi_vendor(driver_name)}-claim_"
 
     def path_for(self, claim_uid: str) -> Path:
         if not _UID.match(claim_uid):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from draplugin.devices.model import (
@@ -33,7 +34,8 @@ BACKENDS = ("fake", "nvml")
 def load_backend(kind: str, node_name: str, **options: Any) -> DeviceBackend:
     """Build the named backend.
 
-    fake: `config_file` (YAML path) or `gpus` + `model` (+ `partitionable`), `dev_root`.
+    fake: `config_file` (YAML path) or `gpus` + `model` (+ `partitionable`), `dev_root` or
+    `device_dir` (where to create the fake device nodes).
     nvml: `lib_path` (libnvidia-ml.so.1 or a driver root), `partitionable`, `sysfs_root`, `proc_root`.
     Raises ValueError (a subclass naming the problem) for bad options or a missing NVML library.
     """
@@ -42,6 +44,7 @@ def load_backend(kind: str, node_name: str, **options: Any) -> DeviceBackend:
 
         config_file = options.pop("config_file", None)
         dev_root = options.pop("dev_root", None)
+        device_dir = options.pop("device_dir", None)
         if config_file is not None:
             config = fake.load_config(config_file)
             if options.pop("partitionable", False):
@@ -57,7 +60,9 @@ def load_backend(kind: str, node_name: str, **options: Any) -> DeviceBackend:
                 partitionable=bool(options.pop("partitionable", False)),
             )
         _reject_unknown(kind, options)
-        return fake.FakeBackend(node_name, config, dev_root=dev_root)
+        return fake.FakeBackend(
+            node_name, config, dev_root=dev_root, device_dir=None if device_dir is None else Path(device_dir)
+        )
     if kind == "nvml":
         from draplugin.devices.nvml import NvmlBackend
 

@@ -14,14 +14,13 @@ from typing import Any
 
 import yaml
 
+from dracommon.drivername import DEFAULT_DRIVER_NAME, check_driver_name
 from draplugin.cli import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, Subcommand, register_subcommand
-from draplugin.devices import load_backend
+from draplugin.devices import DeviceBackend, load_backend
 from draplugin.devices.fake import FakeConfigError
 from draplugin.devices.model import DeviceValidationError
 from draplugin.devices.nvml import NvmlUnavailableError
-from draplugin.slices import NodeRef, render_pool
-
-DEFAULT_DRIVER_NAME = "gpu.draplugin.dev"
+from draplugin.slices.render import NodeRef, render_pool
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,13 +30,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--driver-name", default=DEFAULT_DRIVER_NAME, help="DRA driver name")
     parser.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml", help="output format")
     parser.add_argument(
+        "--expect-taints", action="store_true", help="use the 64-device slice limit (health on)"
+    )
+    add_backend_arguments(parser)
+
+
+def add_backend_arguments(parser: argparse.ArgumentParser) -> None:
+    """The backend choice and its options, shared with `draplugin cdi-spec`."""
+    parser.add_argument(
         "--backend", choices=("nvml", "fake"), default="nvml", help="device discovery backend"
     )
     parser.add_argument(
         "--partitionable", action="store_true", help="publish MIG profiles with shared counters"
-    )
-    parser.add_argument(
-        "--expect-taints", action="store_true", help="use the 64-device slice limit (health on)"
     )
     nvml = parser.add_argument_group("nvml backend")
     nvml.add_argument("--nvml-lib-path", help="libnvidia-ml.so.1 file or NVIDIA driver root directory")
@@ -48,20 +52,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     fake.add_argument("--fake-dev-root", help="render NVIDIA-shaped device node paths under this directory")
 
 
-def run(args: argparse.Namespace) -> int:
+def backend_from_args(args: argparse.Namespace) -> DeviceBackend:
+    """The backend `add_backend_arguments` describes; raises like `load_backend`."""
     options: dict[str, Any] = {"partitionable": args.partitionable}
     if args.backend == "fake":
         options.update(config_file=args.fake_config, gpus=args.fake_gpus, model=args.fake_model)
         options["dev_root"] = args.fake_dev_root
     else:
         options["lib_path"] = args.nvml_lib_path
+    return load_backend(args.backend, args.node_name, **options)
+
+
+def run(args: argparse.Namespace) -> int:
     try:
-        backend = load_backend(args.backend, args.node_name, **options)
+        backend = backend_from_args(args)
         slices = render_pool(
             backend.discover(),
             backend.shared_counters(),
             node=NodeRef(args.node_name, None),
-            driver=args.driver_name,
+            driver=check_driver_name(args.driver_name),
             expect_taints=args.expect_taints,
         )
     except (FakeConfigError, DeviceValidationError) as err:

@@ -5,12 +5,20 @@ and the GPU index, so restarts publish identical slices (no generation bump)
 and two fake nodes never share a UUID. Attributes follow the same schema as
 NVML (`draplugin.devices.schema`), so DeviceClasses work on both.
 
-Device nodes: a fake GPU has no character device of its own. By default each
-fake device references `/dev/null`, which exists on every host and inside
-every container, so a CDI spec that injects it is valid and harmless. With
-`dev_root` set, devices reference NVIDIA-shaped paths under that directory
-instead (`<dev_root>/nvidia0`, `<dev_root>/nvidiactl`, ...), for tests that
-check the shape of generated CDI specs; those paths are not created here.
+Device nodes: a fake GPU has no character device of its own. With
+`device_dir` set (`draplugin run` sets it: `--fake-device-dir`, default
+`<state-dir>/fake-dev`), the backend creates real character devices there,
+one per name an NVIDIA GPU has (`nvidia0`, `nvidia1`, ..., `nvidiactl`,
+`nvidia-uvm`, `nvidia-uvm-tools`), with the device number of `/dev/null`
+(1:3), so they are harmless to open, read and write. Devices then name them at
+their NVIDIA paths (`/dev/nvidia0`) with `host_dev_dir` pointing at the
+directory: the CDI spec injects `<device_dir>/nvidia0` as `/dev/nvidia0`, and
+the container runtime finds a real node to inject. Creating them needs
+CAP_MKNOD (root), like the plugin's other work on a node. Without
+`device_dir`, each fake device references `/dev/null`, which exists on every
+host and inside every container (previews such as `draplugin devices`, unit
+tests); with `dev_root`, NVIDIA-shaped paths under that directory, for tests
+that check the shape of generated CDI specs (not created).
 
 File format (all keys optional except `gpus`):
 
@@ -39,9 +47,11 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
+import stat
 import uuid as uuidlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -188,18 +198,32 @@ class FakeConfig:
 class FakeBackend:
     """Devices from a `FakeConfig`; `set_unhealthy` lets tests and demos mark a device bad."""
 
-    def __init__(self, node_name: str, config: FakeConfig, *, dev_root: str | None = None) -> None:
+    def __init__(
+        self,
+        node_name: str,
+        config: FakeConfig,
+        *,
+        dev_root: str | None = None,
+        device_dir: Path | None = None,
+    ) -> None:
         if not node_name:
             raise FakeConfigError("fake backend: a node name is required (UUIDs are derived from it)")
+        if dev_root is not None and device_dir is not None:
+            raise FakeConfigError(
+                "fake backend: dev_root (paths only) and device_dir (real nodes) exclude each other"
+            )
         self._node_name = node_name
         self._config = config
-        self._dev_root = dev_root
+        self._dev_root = "/dev" if device_dir is not None else dev_root
         self._system = SystemInfo(config.driver_version, config.cuda_driver_version)
         self._gpus = self._build_gpus()
         # Validate eagerly so bad input fails at start-up, not on first publish.
         self._devices, self._counter_sets = build_devices(
             self._system, self._gpus, partitionable=config.partitionable
         )
+        if device_dir is not None:
+            make_device_nodes(device_dir, sorted({n for d in self._devices for n in d.device_nodes}))
+            self._devices = [replace(d, host_dev_dir=str(device_dir)) for d in self._devices]
 
     @property
     def name(self) -> str:
@@ -268,6 +292,34 @@ class FakeBackend:
             return ("/dev/null",)
         root = self._dev_root.rstrip("/")
         return (f"{root}/nvidia{minor}", *(root + p.removeprefix("/dev") for p in NVIDIA_CONTROL_NODES))
+
+
+# The device number of /dev/null: opening, reading and writing it is harmless.
+NULL_DEVICE = os.makedev(1, 3)
+
+
+def make_device_nodes(directory: Path, container_paths: Sequence[str]) -> None:
+    """Character devices (1:3, mode 0666) in `directory` for each `/dev/<name>` path; an existing
+    node of the right kind is kept, anything else in its place is replaced."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        for path in container_paths:
+            node = directory / path.removeprefix("/dev/")
+            try:
+                info = node.lstat()
+                if stat.S_ISCHR(info.st_mode) and info.st_rdev == NULL_DEVICE:
+                    continue
+                node.unlink()
+            except FileNotFoundError:
+                pass
+            node.parent.mkdir(parents=True, exist_ok=True)
+            os.mknod(node, stat.S_IFCHR | 0o666, NULL_DEVICE)
+            os.chmod(node, 0o666)  # mknod applies the umask
+    except OSError as err:
+        raise FakeConfigError(
+            f"fake backend: cannot create device nodes in {directory}: {err.strerror or err} "
+            "(creating device nodes needs root / CAP_MKNOD)"
+        ) from err
 
 
 def _pci_bus(index: int) -> int:

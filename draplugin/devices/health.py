@@ -20,12 +20,12 @@ from pathlib import Path
 
 import yaml
 
+from dracommon.drivername import annotation_key
 from draplugin.devices.model import Device, DeviceBackend, DeviceTaint, TaintEffect
 from draplugin.kubelet.interface import DeviceHealth, HealthStatus
 
 log = logging.getLogger(__name__)
 
-DEFAULT_DRIVER_NAME = "gpu.draplugin.dev"
 UNHEALTHY_TAINT = "unhealthy"
 
 # XIDs caused by applications (bad kernels, MMU faults from user code, resets they asked for):
@@ -57,8 +57,9 @@ class Fault:
 class HealthTracker:
     """Thread-safe per-device health state; monitors write, the publisher and kubelet stream read."""
 
-    def __init__(self, driver_name: str = DEFAULT_DRIVER_NAME) -> None:
-        self._taint_key = f"{driver_name}/{UNHEALTHY_TAINT}"
+    def __init__(self, driver_name: str) -> None:
+        # In the driver's own prefix, like every key it owns: `<driver>/unhealthy`.
+        self._taint_key = annotation_key(driver_name, UNHEALTHY_TAINT)
         self._lock = threading.Lock()
         self._faults: dict[str, Fault] = {}
         self._listeners: list[Callable[[], None]] = []

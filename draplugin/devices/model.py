@@ -157,7 +157,10 @@ class Device:
     `attributes` keys without a domain belong to the driver's domain (the API
     server and CEL treat them that way); standard ones carry
     `resource.kubernetes.io/`. `capacity` values are Kubernetes quantity strings.
-    `device_nodes` are the character devices a container needs for this device.
+    `device_nodes` are the character devices a container needs for this device,
+    at their paths inside the container; `host_dev_dir`, when set, is the host
+    directory that holds them instead of /dev (`/dev/nvidia0` is
+    `<host_dev_dir>/nvidia0`): the fake backend's own device nodes.
     """
 
     name: str
@@ -169,6 +172,7 @@ class Device:
     attributes: Mapping[str, AttributeValue] = field(default_factory=dict, hash=False)
     capacity: Mapping[str, str] = field(default_factory=dict, hash=False)
     device_nodes: tuple[str, ...] = ()
+    host_dev_dir: str | None = None
     consumes_counters: tuple[CounterConsumption, ...] = ()
     taints: tuple[DeviceTaint, ...] = ()
 

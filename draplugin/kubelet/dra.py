@@ -26,7 +26,7 @@ from draplugin.kubelet._proto.dra.v1 import api_pb2_grpc as v1_grpc
 from draplugin.kubelet._proto.dra.v1beta1 import api_pb2 as v1beta1
 from draplugin.kubelet._proto.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
 from draplugin.kubelet.interface import ClaimError, ClaimRef, Driver, PreparedDevice
-from draplugin.kubelet.serialize import CallSerializer, state_reloader_of
+from draplugin.kubelet.serialize import CallSerializer
 
 DEFAULT_MAX_CONCURRENT_CLAIMS: Final = 32
 
@@ -113,8 +113,12 @@ def _check_devices(devices: object) -> tuple[PreparedDevice, ...]:
     return checked
 
 
-class KeyedLocks:
-    """One lock per key, alive only while someone holds or waits for it."""
+class ClaimLocks:
+    """One lock per claim UID, alive only while someone holds or waits for it.
+
+    The only per-claim lock of the node plugin: the `Driver` contract lets
+    drivers rely on it instead of keeping their own.
+    """
 
     def __init__(self) -> None:
         self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
@@ -148,9 +152,9 @@ class ClaimRunner:
     versions: a retry waits for the attempt still running in the background.
 
     With a `serializer` (two plugin processes on one node during a rolling
-    update) whole batches run one at a time across processes, and a driver
-    that can reload its state does so first: the other process may have
-    changed it since our last batch.
+    update) whole batches run one at a time across processes, and the driver
+    reloads its state first: the other process may have changed it since our
+    last batch.
     """
 
     def __init__(
@@ -163,9 +167,8 @@ class ClaimRunner:
             raise ValueError("max_concurrent_claims must be at least 1")
         self._driver = driver
         self._serializer = serializer
-        self._reload_state = state_reloader_of(driver)
         self._limit = asyncio.Semaphore(max_concurrent_claims)
-        self._per_claim = KeyedLocks()
+        self._per_claim = ClaimLocks()
         self._batches: set[asyncio.Future[list[tuple[str, ClaimOutcome]]]] = set()
 
     async def prepare(self, claims: Sequence[ClaimMessage]) -> dict[str, ClaimOutcome]:
@@ -206,8 +209,7 @@ class ClaimRunner:
             if self._serializer is None or not runnable:
                 return await asyncio.gather(*(guarded(c) for c in runnable))
             async with self._serializer.hold():
-                if self._reload_state is not None:
-                    self._reload_state()
+                self._driver.reload_state()
                 return await asyncio.gather(*(guarded(c) for c in runnable))
 
         batch: asyncio.Future[list[tuple[str, ClaimOutcome]]] = asyncio.ensure_future(serialized())

@@ -2,8 +2,8 @@
 
 Two unrelated services share the DRA socket:
 
-* `v1alpha1.DRAResourceHealth` streams the driver's device health to the kubelet
-  (only when the driver implements `HealthSource`).
+* `v1alpha1.DRAResourceHealth` streams device health to the kubelet (only when
+  the plugin server is given a `HealthSource`).
 * the standard `grpc.health.v1.Health` answers liveness probes. It reports
   NOT_SERVING until the kubelet has accepted our registration, and again after
   the kubelet rejects it: a plugin the kubelet cannot use is not alive.
@@ -53,7 +53,7 @@ def to_wire(devices: Sequence[DeviceHealth]) -> health_pb.NodeWatchResourcesResp
 
 
 class DeviceHealthServicer(health_grpc.DRAResourceHealthServicer):
-    """Relays the driver's health snapshots to the kubelet, one message per snapshot."""
+    """Relays the health source's snapshots to the kubelet, one message per snapshot."""
 
     def __init__(self, source: HealthSource) -> None:
         self._source = source
@@ -95,7 +95,7 @@ class DeviceHealthServicer(health_grpc.DRAResourceHealthServicer):
                 # The kubelet went away mid-wait: stop the pending read before closing the source.
                 upcoming.cancel()
                 await asyncio.gather(upcoming, return_exceptions=True)
-            # Close the driver's generator now (releasing its watch), not whenever it is collected.
+            # Close the source's generator now (releasing its watch), not whenever it is collected.
             aclose = getattr(snapshots, "aclose", None)
             if aclose is not None:
                 await aclose()

@@ -50,10 +50,16 @@ class ClaimError(Exception):
 class Driver(Protocol):
     """What the protocol layer needs from the device side.
 
-    Each method handles one claim. Raising (`ClaimError` or anything else)
+    Each claim method handles one claim. Raising (`ClaimError` or anything else)
     fails that claim only; the protocol layer reports the message in the
     claim's `error` field and keeps serving. Implementations must be
     idempotent: the kubelet retries at any time and after restarts.
+
+    The protocol layer (`ClaimRunner`) never runs two calls for the same claim
+    UID at once, across requests and API versions, so implementations need no
+    per-claim lock of their own; anyone else who calls a driver concurrently
+    for one claim must give the same guarantee (run it through a `ClaimRunner`).
+    Calls for different claims do run concurrently.
     """
 
     async def prepare_claim(self, claim: ClaimRef) -> Sequence[PreparedDevice]:
@@ -62,6 +68,15 @@ class Driver(Protocol):
 
     async def unprepare_claim(self, claim: ClaimRef) -> None:
         """Undo prepare. An unknown or never-prepared claim is a success."""
+        ...
+
+    def reload_state(self) -> None:
+        """Re-read state another plugin process on this node may have changed (rolling updates).
+
+        Called on the event loop with the cross-process serializer held, before
+        any claim of a batch runs, so it must be quick (a small file read) and
+        not await. A driver that keeps no state across processes does nothing.
+        """
         ...
 
 
@@ -84,7 +99,8 @@ class DeviceHealth:
 
 
 class HealthSource(Protocol):
-    """Optional: a driver that reports device health implements this as well."""
+    """Device health for the kubelet's DRA health service, handed to the plugin server on its own:
+    health comes from device monitoring, not from the driver that prepares claims."""
 
     def watch_health(self) -> AsyncIterator[Sequence[DeviceHealth]]:
         """Yield the full list of the driver's devices with their health, on every change."""

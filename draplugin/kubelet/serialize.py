@@ -21,7 +21,7 @@ import fcntl
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Final, Protocol
 
@@ -38,16 +38,6 @@ class CallSerializer(Protocol):
     """Held around each prepare/unprepare call."""
 
     def hold(self) -> contextlib.AbstractAsyncContextManager[None]: ...
-
-
-def state_reloader_of(driver: object) -> Callable[[], None] | None:
-    """The driver's `reload_state()`, if it has one: re-read state another process may have changed.
-
-    Called on the event loop while the serializer is held and before any claim
-    of the batch runs, so it must be quick (a small file read) and not await.
-    """
-    reload = getattr(driver, "reload_state", None)
-    return reload if callable(reload) else None
 
 
 def lock_path(kubelet_root: Path, driver_name: str) -> Path:

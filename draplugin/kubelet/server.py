@@ -13,7 +13,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Final, Self, cast
+from typing import Final, Self
 
 import grpc
 from grpc_health.v1 import health_pb2_grpc
@@ -52,14 +52,6 @@ class PluginServerOptions:
     grace_seconds: float = DEFAULT_GRACE_SECONDS
 
 
-def health_source_of(driver: Driver) -> HealthSource | None:
-    """The driver itself, if it also reports device health."""
-    watch = getattr(driver, "watch_health", None)
-    if callable(watch):
-        return cast(HealthSource, driver)
-    return None
-
-
 class KubeletPluginServer:
     """Serves registration, DRA v1/v1beta1, device health and liveness for one driver."""
 
@@ -81,7 +73,8 @@ class KubeletPluginServer:
             else None
         )
         self._runner = ClaimRunner(driver, options.max_concurrent_claims, serializer)
-        self._health_source = health_source if health_source is not None else health_source_of(driver)
+        # Without a health source the health service is neither served nor advertised.
+        self._health_source = health_source
         self._device_health = (
             DeviceHealthServicer(self._health_source) if self._health_source is not None else None
         )
@@ -184,10 +177,6 @@ class KubeletPluginServer:
         for owned in self._owned:
             owned.remove()
         self._owned.clear()
-
-    async def wait_for_termination(self) -> None:
-        if self._dra_server is not None:
-            await self._dra_server.wait_for_termination()
 
     async def __aenter__(self) -> Self:
         await self.start()

@@ -1,7 +1,7 @@
-"""Our opaque device configuration API (`gpu.draplugin.dev/v1alpha1`, kind `GpuConfig`).
+"""Our opaque device configuration API (`<driver name>/v1alpha1`, kind `GpuConfig`).
 
 Users put it in `spec.devices.config[].opaque.parameters` of a ResourceClaim,
-and admins in a DeviceClass. Example:
+and admins in a DeviceClass. Example (driver `gpu.draplugin.dev`):
 
     apiVersion: gpu.draplugin.dev/v1alpha1
     kind: GpuConfig
@@ -12,23 +12,43 @@ and admins in a DeviceClass. Example:
         defaultPinnedDeviceMemoryLimit: 10Gi
         perDevicePinnedMemoryLimit: {gpu-0: 4Gi}
 
-`validate_opaque_config` is the only way in: prepare and any admission
-webhook call it, so both accept and reject exactly the same documents. It is
-strict (unknown fields, wrong types and impossible values are errors) and every
-message starts with the full field path so the user can find the mistake.
+The API is one pydantic model: `validate_opaque_config` checks documents with it
+(prepare and any admission webhook call it, so both accept and reject exactly the
+same documents) and `gpu_config_json_schema` publishes it for admission policies.
+It is strict (unknown fields, wrong types and impossible values are errors) and
+every message starts with the full field path so the user can find the mistake.
+The `apiVersion` follows the driver name (`dracommon.drivername`), so callers
+pass the one their driver serves.
 """
 
 from __future__ import annotations
 
 import enum
-import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from decimal import ROUND_CEILING, Decimal, InvalidOperation
-from typing import Any, TypeVar
+from typing import Annotated, Any, Final, Literal
 
-API_VERSION = "gpu.draplugin.dev/v1alpha1"
-KIND = "GpuConfig"
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    ValidationInfo,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
+from pydantic.functional_validators import BeforeValidator
+from pydantic_core import ErrorDetails, PydanticCustomError
+
+from dracommon.drivername import config_api_version
+from dracommon.quantity import Quantity, QuantityError
+
+KIND: Final = "GpuConfig"
+# No GPU has 1 EiB of memory; anything above is a typo, not a limit.
+_MAX_MEMORY_BYTES = 1 << 60
+_DEVICE_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+_API_VERSION_CONTEXT = "api_version"
 
 
 class ConfigError(ValueError):
@@ -53,32 +73,123 @@ class TimeSliceInterval(enum.StrEnum):
     LONG = "Long"
 
 
-@dataclass(frozen=True, slots=True)
-class TimeSlicingConfig:
-    interval: TimeSliceInterval = TimeSliceInterval.DEFAULT
+def _memory_bytes(value: Any) -> int:
+    """A Kubernetes quantity of bytes (`10Gi`, `500M`, `1073741824`); fractions of a byte round up."""
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise PydanticCustomError(
+            "quantity_type",
+            "must be a quantity string such as '4Gi', got {kind}",
+            {"kind": _type_name(value)},
+        )
+    text = str(value)
+    try:
+        quantity = Quantity.from_json(value)
+    except QuantityError:
+        raise PydanticCustomError(
+            "quantity",
+            "{text} is not a Kubernetes quantity (e.g. '512Mi', '4Gi', '10G')",
+            {"text": repr(text)},
+        ) from None
+    if quantity.sign() <= 0:
+        raise PydanticCustomError(
+            "quantity_sign", "must be a positive amount of memory, got {text}", {"text": repr(text)}
+        )
+    if quantity.compare_int(_MAX_MEMORY_BYTES) > 0:
+        raise PydanticCustomError(
+            "quantity_size", "{text} is larger than any GPU memory", {"text": repr(text)}
+        )
+    return quantity.value()
 
 
-@dataclass(frozen=True, slots=True)
-class MpsConfig:
+# Bytes in Python; in the JSON document a quantity string (or a bare integer, as Kubernetes allows).
+MemoryBytes = Annotated[
+    int,
+    BeforeValidator(_memory_bytes),
+    WithJsonSchema({"anyOf": [{"type": "string"}, {"type": "integer", "minimum": 1}]}),
+]
+DeviceName = Annotated[str, StringConstraints(pattern=_DEVICE_NAME_PATTERN)]
+# Enum values arrive as JSON strings; strict mode would demand enum instances.
+StrategyField = Annotated[SharingStrategy, Field(strict=False)]
+IntervalField = Annotated[TimeSliceInterval, Field(strict=False)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True, populate_by_name=True)
+
+
+class TimeSlicingConfig(_Strict):
+    interval: IntervalField = TimeSliceInterval.DEFAULT
+
+
+class MpsConfig(_Strict):
     """MPS limits. Memory limits are stored in bytes; `None` leaves the CUDA default in place."""
 
-    default_active_thread_percentage: int | None = None
-    default_pinned_device_memory_limit: int | None = None
-    per_device_pinned_memory_limit: Mapping[str, int] = field(default_factory=dict, hash=False)
+    default_active_thread_percentage: Annotated[int, Field(ge=1, le=100)] | None = Field(
+        default=None, alias="defaultActiveThreadPercentage"
+    )
+    default_pinned_device_memory_limit: MemoryBytes | None = Field(
+        default=None, alias="defaultPinnedDeviceMemoryLimit"
+    )
+    per_device_pinned_memory_limit: dict[DeviceName, MemoryBytes] = Field(
+        default_factory=dict,
+        alias="perDevicePinnedMemoryLimit",
+        # Keys must be device names: the schema says so as the model does.
+        json_schema_extra={"additionalProperties": False},
+    )
+
+    def __hash__(self) -> int:
+        # Plans are hashable values; the per-device map is hashed by its items.
+        limits = tuple(sorted(self.per_device_pinned_memory_limit.items()))
+        return hash((self.default_active_thread_percentage, self.default_pinned_device_memory_limit, limits))
 
 
-@dataclass(frozen=True, slots=True)
-class Sharing:
-    strategy: SharingStrategy = SharingStrategy.EXCLUSIVE
-    time_slicing: TimeSlicingConfig | None = None
-    mps: MpsConfig | None = None
+class Sharing(_Strict):
+    strategy: StrategyField = SharingStrategy.EXCLUSIVE
+    time_slicing: TimeSlicingConfig | None = Field(default=None, alias="timeSlicingConfig")
+    mps: MpsConfig | None = Field(default=None, alias="mpsConfig")
+
+    @field_validator("time_slicing", "mps")
+    @classmethod
+    def _matches_strategy(cls, value: Any, info: ValidationInfo) -> Any:
+        # A settings block for another strategy is almost certainly a mistake
+        # (e.g. a forgotten strategy change); silently ignoring it would hide that.
+        strategy = info.data.get("strategy")
+        wanted = SharingStrategy.TIME_SLICING if info.field_name == "time_slicing" else SharingStrategy.MPS
+        if strategy is not None and strategy is not wanted:
+            raise PydanticCustomError(
+                "strategy_mismatch",
+                "is only allowed with strategy {wanted}, strategy is {strategy}",
+                {"wanted": wanted.value, "strategy": strategy.value},
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _default_settings(self) -> Sharing:
+        if self.strategy is SharingStrategy.TIME_SLICING and self.time_slicing is None:
+            return self.model_copy(update={"time_slicing": TimeSlicingConfig()})
+        if self.strategy is SharingStrategy.MPS and self.mps is None:
+            return self.model_copy(update={"mps": MpsConfig()})
+        return self
 
 
-@dataclass(frozen=True, slots=True)
-class GpuConfig:
-    """A validated config. `GpuConfig()` is the default: exclusive use of each device."""
+class GpuConfig(_Strict):
+    """A validated config. `default_config(api_version)` is exclusive use of each device."""
 
-    sharing: Sharing = field(default_factory=Sharing)
+    api_version: str = Field(alias="apiVersion")
+    kind: Literal["GpuConfig"]
+    sharing: Sharing = Field(default_factory=Sharing)
+
+    @field_validator("api_version")
+    @classmethod
+    def _served_version(cls, value: str, info: ValidationInfo) -> str:
+        expected = (info.context or {}).get(_API_VERSION_CONTEXT)
+        if expected is not None and value != expected:
+            raise PydanticCustomError(
+                "api_version",
+                "must be {expected}, got {got}",
+                {"expected": repr(expected), "got": repr(value)},
+            )
+        return value
 
     def to_json(self) -> dict[str, Any]:
         """The canonical document for this config; `validate_opaque_config` reads it back unchanged."""
@@ -97,104 +208,91 @@ class GpuConfig:
                     name: str(limit) for name, limit in sorted(mps.per_device_pinned_memory_limit.items())
                 }
             sharing["mpsConfig"] = doc
-        return {"apiVersion": API_VERSION, "kind": KIND, "sharing": sharing}
+        return {"apiVersion": self.api_version, "kind": KIND, "sharing": sharing}
 
 
-DEFAULT_CONFIG = GpuConfig()
+def default_config(api_version: str) -> GpuConfig:
+    """The config of a device no opaque config applies to: exclusive use."""
+    return GpuConfig(apiVersion=api_version, kind=KIND)
 
 
-def validate_opaque_config(parameters: Any, path: str) -> GpuConfig:
+def validate_opaque_config(parameters: Any, path: str, *, api_version: str) -> GpuConfig:
     """Parse and check `opaque.parameters`; raise `ConfigError` naming the field under `path`.
 
     `path` is where the parameters live in the user's object, for example
-    `spec.devices.config[1].opaque.parameters`.
+    `spec.devices.config[1].opaque.parameters`; `api_version` is the one this driver
+    serves (`dracommon.drivername.config_api_version(driver_name)`).
     """
-    doc = _object(parameters, path)
-    _only_fields(doc, path, ("apiVersion", "kind", "sharing"))
-    api_version = _string(doc.get("apiVersion"), f"{path}.apiVersion", required=True)
-    if api_version != API_VERSION:
-        raise ConfigError(f"{path}.apiVersion", f"must be {API_VERSION!r}, got {api_version!r}")
-    kind = _string(doc.get("kind"), f"{path}.kind", required=True)
-    if kind != KIND:
-        raise ConfigError(f"{path}.kind", f"must be {KIND!r}, got {kind!r}")
-    if "sharing" not in doc:
-        return DEFAULT_CONFIG
-    return GpuConfig(sharing=_sharing(doc["sharing"], f"{path}.sharing"))
+    if not isinstance(parameters, Mapping):
+        raise ConfigError(path, f"must be an object, got {_type_name(parameters)}")
+    try:
+        return GpuConfig.model_validate(dict(parameters), context={_API_VERSION_CONTEXT: api_version})
+    except ValidationError as err:
+        first = err.errors(include_url=False)[0]
+        raise ConfigError(_error_path(path, first["loc"]), _problem(first)) from None
 
 
-def _sharing(value: Any, path: str) -> Sharing:
-    doc = _object(value, path)
-    _only_fields(doc, path, ("strategy", "timeSlicingConfig", "mpsConfig"))
-    raw_strategy = doc.get("strategy", SharingStrategy.EXCLUSIVE.value)
-    strategy = _enum(SharingStrategy, raw_strategy, f"{path}.strategy")
-    # A settings block for another strategy is almost certainly a mistake
-    # (e.g. a forgotten strategy change); silently ignoring it would hide that.
-    if "timeSlicingConfig" in doc and strategy is not SharingStrategy.TIME_SLICING:
-        raise ConfigError(
-            f"{path}.timeSlicingConfig",
-            f"is only allowed with strategy TimeSlicing, strategy is {strategy.value}",
-        )
-    if "mpsConfig" in doc and strategy is not SharingStrategy.MPS:
-        raise ConfigError(
-            f"{path}.mpsConfig", f"is only allowed with strategy MPS, strategy is {strategy.value}"
-        )
-    if strategy is SharingStrategy.TIME_SLICING:
-        return Sharing(strategy, time_slicing=_time_slicing(doc.get("timeSlicingConfig", {}), path))
-    if strategy is SharingStrategy.MPS:
-        return Sharing(strategy, mps=_mps(doc.get("mpsConfig", {}), path))
-    return Sharing(strategy)
+def gpu_config_json_schema(driver_name: str) -> dict[str, Any]:
+    """JSON Schema (draft 2020-12) of the documents `validate_opaque_config` accepts for this driver.
+
+    Cross-field rules (a settings block must match the strategy) are not expressed;
+    everything per field is: required fields, enums, ranges, unknown fields.
+    """
+    schema = GpuConfig.model_json_schema(by_alias=True, mode="validation")
+    schema["properties"]["apiVersion"] = {"const": config_api_version(driver_name), "type": "string"}
+    return schema
 
 
-def _time_slicing(value: Any, parent: str) -> TimeSlicingConfig:
-    path = f"{parent}.timeSlicingConfig"
-    doc = _object(value, path)
-    _only_fields(doc, path, ("interval",))
-    if "interval" not in doc:
-        return TimeSlicingConfig()
-    return TimeSlicingConfig(_enum(TimeSliceInterval, doc["interval"], f"{path}.interval"))
+# --- error text ---------------------------------------------------------------------------------------
+
+# Fields whose values are maps keyed by user data: their keys are written `field[key]`.
+_MAP_FIELDS = frozenset({"perDevicePinnedMemoryLimit"})
 
 
-def _mps(value: Any, parent: str) -> MpsConfig:
-    path = f"{parent}.mpsConfig"
-    doc = _object(value, path)
-    _only_fields(
-        doc,
-        path,
-        ("defaultActiveThreadPercentage", "defaultPinnedDeviceMemoryLimit", "perDevicePinnedMemoryLimit"),
-    )
-    percentage: int | None = None
-    if "defaultActiveThreadPercentage" in doc:
-        where = f"{path}.defaultActiveThreadPercentage"
-        percentage = _integer(doc["defaultActiveThreadPercentage"], where)
-        if not 1 <= percentage <= 100:
-            raise ConfigError(where, f"must be between 1 and 100, got {percentage}")
-    default_limit: int | None = None
-    if "defaultPinnedDeviceMemoryLimit" in doc:
-        where = f"{path}.defaultPinnedDeviceMemoryLimit"
-        default_limit = _memory(doc["defaultPinnedDeviceMemoryLimit"], where)
-    per_device: dict[str, int] = {}
-    if "perDevicePinnedMemoryLimit" in doc:
-        where = f"{path}.perDevicePinnedMemoryLimit"
-        limits = _object(doc["perDevicePinnedMemoryLimit"], where)
-        for name, limit in limits.items():
-            if not _DEVICE_NAME.match(name):
-                raise ConfigError(f"{where}[{name}]", "key must be a device name (a DNS label, e.g. gpu-0)")
-            per_device[name] = _memory(limit, f"{where}[{name}]")
-    return MpsConfig(percentage, default_limit, per_device)
+def _error_path(root: str, loc: tuple[int | str, ...]) -> str:
+    path = root
+    parent = ""
+    for part in loc:
+        if part == "[key]":
+            continue  # pydantic marks a bad map key after naming it: the key is already in the path
+        path += f"[{part}]" if parent in _MAP_FIELDS else f".{part}"
+        parent = str(part)
+    return path
 
 
-# --- primitive checks ---------------------------------------------------------------------------------
+def _allowed_fields(loc: tuple[int | str, ...]) -> str:
+    """The field names of the object an unknown field was found in."""
+    model: type[BaseModel] = GpuConfig
+    for part in loc[:-1]:
+        field = next(f for name, f in model.model_fields.items() if (f.alias or name) == part)
+        inner = [a for a in getattr(field.annotation, "__args__", (field.annotation,)) if isinstance(a, type)]
+        model = next(a for a in inner if issubclass(a, BaseModel))
+    return ", ".join(field.alias or name for name, field in model.model_fields.items())
 
-_E = TypeVar("_E", bound=enum.StrEnum)
 
-_DEVICE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_QUANTITY = re.compile(
-    r"^(?P<number>[+-]?(?:\d+(?:\.\d*)?|\.\d+))(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|[kMGTPE]|[eE]\d+)?$"
-)
-_BINARY_SUFFIX = {"Ki": 10, "Mi": 20, "Gi": 30, "Ti": 40, "Pi": 50, "Ei": 60}
-_DECIMAL_SUFFIX = {"": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
-# No GPU has 1 EiB of memory; the cap keeps a hostile exponent from building a huge integer.
-_MAX_MEMORY_BYTES = 1 << 60
+def _problem(error: ErrorDetails) -> str:
+    kind, value, context = error["type"], error["input"], error.get("ctx") or {}
+    if kind == "extra_forbidden":
+        return f"unknown field (allowed: {_allowed_fields(error['loc'])})"
+    if kind == "missing":
+        return "required field is missing"
+    if kind in ("model_type", "model_attributes_type", "dict_type"):
+        return f"must be an object, got {_type_name(value)}"
+    if kind == "string_type":
+        return f"must be a string, got {_type_name(value)}"
+    if kind == "int_type":
+        shown = value if isinstance(value, float) else _type_name(value)
+        return f"must be an integer, got {shown}"
+    if kind in ("greater_than_equal", "less_than_equal"):
+        return f"must be between 1 and 100, got {value}"
+    if kind == "enum":
+        choices = context.get("expected", "").replace("'", "").replace(" or ", ", ")
+        return f"must be one of {choices}, got {value!r}"
+    if kind == "literal_error":
+        return f"must be {KIND!r}, got {value!r}"
+    if kind == "string_pattern_mismatch" and "[key]" in error["loc"]:
+        return "key must be a device name (a DNS label, e.g. gpu-0)"
+    return str(error["msg"])
 
 
 def _type_name(value: Any) -> str:
@@ -211,75 +309,3 @@ def _type_name(value: Any) -> str:
     if isinstance(value, dict):
         return "object"
     return type(value).__name__
-
-
-def _object(value: Any, path: str) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise ConfigError(path, f"must be an object, got {_type_name(value)}")
-    for key in value:
-        if not isinstance(key, str):
-            raise ConfigError(path, f"keys must be strings, got {_type_name(key)}")
-    return value
-
-
-def _only_fields(doc: Mapping[str, Any], path: str, allowed: tuple[str, ...]) -> None:
-    for key in doc:
-        if key not in allowed:
-            raise ConfigError(f"{path}.{key}", f"unknown field (allowed: {', '.join(allowed)})")
-
-
-def _string(value: Any, path: str, *, required: bool = False) -> str:
-    if value is None and required:
-        raise ConfigError(path, "required field is missing")
-    if not isinstance(value, str):
-        raise ConfigError(path, f"must be a string, got {_type_name(value)}")
-    return value
-
-
-def _integer(value: Any, path: str) -> int:
-    # JSON `true` decodes to a Python bool, which is an int; it is not a number here.
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigError(path, f"must be an integer, got {_type_name(value)}")
-    if isinstance(value, float):
-        if not value.is_integer():
-            raise ConfigError(path, f"must be an integer, got {value}")
-        return int(value)
-    return value
-
-
-def _enum(cls: type[_E], value: Any, path: str) -> _E:
-    text = _string(value, path)
-    try:
-        return cls(text)
-    except ValueError:
-        choices = ", ".join(member.value for member in cls)
-        raise ConfigError(path, f"must be one of {choices}, got {text!r}") from None
-
-
-def _memory(value: Any, path: str) -> int:
-    """A Kubernetes quantity of bytes (`10Gi`, `500M`, `1073741824`); fractions of a byte round up."""
-    if isinstance(value, bool) or not isinstance(value, str | int):
-        raise ConfigError(path, f"must be a quantity string such as '4Gi', got {_type_name(value)}")
-    text = str(value)
-    match = _QUANTITY.match(text)
-    if match is None:
-        raise ConfigError(path, f"{text!r} is not a Kubernetes quantity (e.g. '512Mi', '4Gi', '10G')")
-    suffix = match["suffix"] or ""
-    try:
-        number = Decimal(match["number"])
-        if suffix in _BINARY_SUFFIX:
-            amount = number * (1 << _BINARY_SUFFIX[suffix])
-        elif suffix in _DECIMAL_SUFFIX:
-            amount = number.scaleb(_DECIMAL_SUFFIX[suffix])
-        else:
-            exponent = int(suffix[1:])
-            if exponent > 30:
-                raise ConfigError(path, f"{text!r} is larger than any GPU memory")
-            amount = number.scaleb(exponent)
-    except InvalidOperation:
-        raise ConfigError(path, f"{text!r} is not a Kubernetes quantity") from None
-    if amount <= 0:
-        raise ConfigError(path, f"must be a positive amount of memory, got {text!r}")
-    if amount > _MAX_MEMORY_BYTES:
-        raise ConfigError(path, f"{text!r} is larger than any GPU memory")
-    return int(amount.to_integral_value(rounding=ROUND_CEILING))

@@ -1,6 +1,7 @@
 """The driver behind the kubelet protocol layer: prepare and unprepare claims on this node.
 
-Prepare, per claim (serialized per claim UID, concurrent across claims):
+Prepare, per claim (concurrent across claims; the protocol layer's `ClaimRunner`
+never runs two calls for one claim UID at once, so there is no lock here):
 
   1. GET the ResourceClaim as raw JSON and plan it (`prepare_plan`): UID check,
      allocation, our results, opaque config, CDI names.
@@ -23,19 +24,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dracommon.kubeapi import ApiError
 from draplugin import crashpoints
 from draplugin.cdi import spec as cdi
+from draplugin.cdi.driverfiles import DriverFiles
+from draplugin.cdi.driverlayout import DriverRootError
 from draplugin.checkpoint import CheckpointStore, ClaimRecord, ClaimState
 from draplugin.devices.model import Device
 from draplugin.events import EventSink
 from draplugin.kubelet.interface import ClaimError, ClaimRef, PreparedDevice
 from draplugin.metrics import ClaimMetrics
-from draplugin.prepare.api import ApiError, ClaimReader
+from draplugin.prepare.api import ClaimReader
 from draplugin.prepare.plan import (
     ClaimPlan,
     PlanError,
@@ -63,30 +66,6 @@ class RecoveryReport:
     demoted: list[str] = field(default_factory=list)
 
 
-class _ClaimLocks:
-    """One asyncio lock per claim UID, dropped when nobody holds or waits for it."""
-
-    def __init__(self) -> None:
-        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
-
-    @asynccontextmanager
-    async def hold(self, uid: str) -> AsyncIterator[None]:
-        lock, users = self._locks.get(uid, (asyncio.Lock(), 0))
-        self._locks[uid] = (lock, users + 1)
-        try:
-            async with lock:
-                yield
-        finally:
-            lock, users = self._locks[uid]
-            if users == 1:
-                del self._locks[uid]
-            else:
-                self._locks[uid] = (lock, users - 1)
-
-    def __len__(self) -> int:
-        return len(self._locks)
-
-
 class GpuDriver:
     """Implements `draplugin.kubelet.interface.Driver` for the devices of one node."""
 
@@ -102,7 +81,7 @@ class GpuDriver:
         sharing: SharingState,
         events: EventSink,
         metrics: ClaimMetrics,
-        cdi_kind: str = cdi.KIND,
+        driver_files: DriverFiles | None = None,
     ) -> None:
         self.driver_name = driver_name
         self.node_name = node_name
@@ -113,8 +92,10 @@ class GpuDriver:
         self.sharing = sharing
         self.events = events
         self.metrics = metrics
-        self.cdi_kind = cdi_kind
-        self._locks = _ClaimLocks()
+        # CDI device IDs use the kind of the specs the store writes: both follow the driver name.
+        self.cdi_kind = cdi_store.kind
+        # The driver's user-space files for CUDA containers; None: specs carry no driver files.
+        self.driver_files = driver_files
 
     # --- start-up ---------------------------------------------------------------------------------
 
@@ -148,11 +129,8 @@ class GpuDriver:
             if not record.completed:
                 continue
             try:
-                plan = plan_from_record(record, self.devices, self.cdi_kind)
-                self.sharing.apply(plan)
-                if self.cdi.write(
-                    record.uid, render_spec(plan, self.sharing.host_dir_for(plan), self.cdi_kind)
-                ):
+                plan = plan_from_record(record, self.devices, self.cdi_kind, driver=self.driver_name)
+                if self.cdi.write(record.uid, self._spec(plan)):
                     report.specs_restored.append(record.uid)
             except (PlanError, OSError, cdi.CdiError) as err:
                 # Keep the record (unprepare must still work) but make the next prepare redo it.
@@ -230,8 +208,7 @@ class GpuDriver:
         start = time.perf_counter()
         with self.metrics.track("prepare"):
             try:
-                async with self._locks.hold(claim.uid):
-                    devices = await self._prepare(claim)
+                devices = await self._prepare(claim)
             except PlanError as err:
                 self._failed("prepare", claim, err.reason, str(err))
                 raise ClaimError(str(err)) from None
@@ -259,8 +236,7 @@ class GpuDriver:
     async def unprepare_claim(self, claim: ClaimRef) -> None:
         with self.metrics.track("unprepare"):
             try:
-                async with self._locks.hold(claim.uid):
-                    await self._unprepare(claim)
+                await self._unprepare(claim)
             except Exception as err:
                 message = f"unpreparing claim {claim.namespace}/{claim.name} failed: {err}"
                 log.exception("unprepare failed unexpectedly", extra={"claim": str(claim)})
@@ -320,13 +296,25 @@ class GpuDriver:
 
     def _materialize(self, plan: ClaimPlan) -> None:
         """Sharing state, then the CDI spec that may point at it. Both idempotent."""
-        self.sharing.apply(plan)
-        spec = render_spec(plan, self.sharing.host_dir_for(plan), self.cdi_kind)
+        spec = self._spec(plan)
         if self.cdi.write(plan.claim.uid, spec):
             log.info(
                 "CDI spec written",
                 extra={"uid": plan.claim.uid, "path": str(self.cdi.path_for(plan.claim.uid))},
             )
+
+    def _spec(self, plan: ClaimPlan) -> cdi.Spec:
+        """The claim's spec, after its sharing state; the driver files first, so a claim whose
+        containers would lack them fails before anything is set up for it."""
+        driver_edits = None
+        if self.driver_files is not None:
+            try:
+                driver_edits = self.driver_files.edits()
+            except DriverRootError as err:
+                message = f"CUDA containers cannot get the NVIDIA driver files: {err}"
+                raise PlanError(err.reason, message) from None
+        self.sharing.apply(plan)
+        return render_spec(plan, self.sharing.host_dir_for(plan), self.cdi_kind, driver_edits)
 
     async def _unprepare(self, claim: ClaimRef) -> None:
         removed = await asyncio.to_thread(self.cdi.remove, claim.uid)
@@ -362,6 +350,3 @@ class GpuDriver:
             self.events.claim_event(claim, reason, message)
         except Exception:  # events are best effort by contract; never let one fail the claim twice
             log.exception("posting the failure event failed", extra={"claim": str(claim)})
-
-    def prepared_claims(self) -> Iterator[ClaimRecord]:
-        return self.checkpoint.records()

@@ -10,21 +10,23 @@ Everything that touches disk or the network lives in `prepare.py`.
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
+from dracommon.drivername import config_api_version
 from draplugin.cdi import spec as cdi
 from draplugin.checkpoint import ClaimRecord, DeviceRecord
 from draplugin.devices.model import Device
 from draplugin.kubelet.interface import ClaimRef, PreparedDevice
 from draplugin.prepare.claimconfig import (
-    DEFAULT_CONFIG,
     ConfigError,
     GpuConfig,
     SharingStrategy,
+    default_config,
     validate_opaque_config,
 )
 
@@ -127,6 +129,7 @@ def plan_claim(
         raise PlanError("ClaimNotAllocated", f"claim {who} is not allocated (status.allocation is empty)")
     allocation = _mapping(allocation, "status.allocation", who)
     allocated = _mapping(allocation.get("devices", {}), "status.allocation.devices", who)
+    api_version = config_api_version(driver)
     configs = _our_configs(allocated.get("config") or [], driver, who)
 
     planned: list[PlannedDevice] = []
@@ -148,7 +151,7 @@ def plan_claim(
         share_id = result.get("shareID")
         if share_id is not None and not isinstance(share_id, str):
             raise PlanError("InvalidClaim", f"claim {who}: {where}.shareID is not a string")
-        config = _config_for(request, configs)
+        config = _config_for(request, configs, default_config(api_version))
         cdi_name = cdi.claim_device_name(claim.uid, device.name)
         planned.append(
             PlannedDevice(
@@ -167,7 +170,9 @@ def plan_claim(
     return plan
 
 
-def plan_from_record(record: ClaimRecord, devices: Mapping[str, Device], kind: str = cdi.KIND) -> ClaimPlan:
+def plan_from_record(
+    record: ClaimRecord, devices: Mapping[str, Device], kind: str = cdi.KIND, *, driver: str
+) -> ClaimPlan:
     """Rebuild a completed claim's plan from the checkpoint (start-up, no API server needed)."""
     claim = ClaimRef(record.namespace, record.uid, record.name)
     who = f"{record.namespace}/{record.name}"
@@ -179,7 +184,9 @@ def plan_from_record(record: ClaimRecord, devices: Mapping[str, Device], kind: s
         if entry.config is None:
             raise PlanError("CheckpointIncomplete", f"claim {who}: the checkpoint does not hold its config")
         try:
-            config = validate_opaque_config(dict(entry.config), "checkpoint config")
+            config = validate_opaque_config(
+                dict(entry.config), "checkpoint config", api_version=config_api_version(driver)
+            )
         except ConfigError as err:
             raise PlanError("CheckpointIncomplete", f"claim {who}: {err}") from None
         cdi_name = cdi.claim_device_name(record.uid, device.name)
@@ -219,7 +226,11 @@ def _our_configs(entries: Any, driver: str, who: str) -> list[_Config]:
             continue
         requests = tuple(_sequence(entry.get("requests") or [], f"{where}.requests", who))
         try:
-            config = validate_opaque_config(opaque.get("parameters"), f"{user_path}.opaque.parameters")
+            config = validate_opaque_config(
+                opaque.get("parameters"),
+                f"{user_path}.opaque.parameters",
+                api_version=config_api_version(driver),
+            )
         except ConfigError as err:
             origin = "DeviceClass" if source == "FromClass" else "claim"
             raise PlanError("InvalidConfig", f"claim {who}: invalid {origin} config: {err}") from None
@@ -228,8 +239,8 @@ def _our_configs(entries: Any, driver: str, who: str) -> list[_Config]:
     return from_class + from_claim
 
 
-def _config_for(request: str, configs: Sequence[_Config]) -> GpuConfig:
-    chosen = DEFAULT_CONFIG
+def _config_for(request: str, configs: Sequence[_Config], default: GpuConfig) -> GpuConfig:
+    chosen = default
     base = base_request_name(request)
     for entry in configs:
         if not entry.requests or request in entry.requests or base in entry.requests:
@@ -317,12 +328,12 @@ def _sharing_conflict(planned: PlannedDevice, held: DeviceRecord) -> str:
         return ""  # admin access is monitoring next to the real user, by design
     if planned.share_id is not None and held.share_id is not None:
         return "" if planned.share_id != held.share_id else "both use the same share ID"
-    held_config = DEFAULT_CONFIG
+    api_version = planned.config.api_version
+    held_config = default_config(api_version)
     if held.config is not None:
-        try:
-            held_config = validate_opaque_config(dict(held.config), "checkpoint")
-        except ConfigError:
-            held_config = DEFAULT_CONFIG
+        # An unreadable record counts as exclusive use.
+        with contextlib.suppress(ConfigError):
+            held_config = validate_opaque_config(dict(held.config), "checkpoint", api_version=api_version)
     mine, theirs = planned.config.sharing, held_config.sharing
     if mine.strategy is SharingStrategy.EXCLUSIVE or theirs.strategy is SharingStrategy.EXCLUSIVE:
         return "one of the claims uses it exclusively"
@@ -341,8 +352,23 @@ def env_key(device_name: str) -> str:
     return re.sub(r"[^A-Z0-9]", "_", device_name.upper())
 
 
-def render_spec(plan: ClaimPlan, mps_host_dir: PurePosixPath | None = None, kind: str = cdi.KIND) -> cdi.Spec:
+# In every spec: the legacy NVIDIA runtime hook (nvidia-container-runtime) reads this variable,
+# which CUDA images set to "all"; "void" makes it add nothing, so a container gets the GPUs
+# of its claims and no others.
+NVIDIA_VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES=void"
+
+
+def render_spec(
+    plan: ClaimPlan,
+    mps_host_dir: PurePosixPath | None = None,
+    kind: str = cdi.KIND,
+    driver_edits: cdi.ContainerEdits | None = None,
+) -> cdi.Spec:
     """The claim's CDI spec: one CDI device per node device, each with only its own edits.
+
+    `driver_edits` (the driver's libraries, binaries and node-wide device nodes,
+    `draplugin.cdi.driverfiles`) are the spec's own edits, which CDI applies
+    once for any of its devices: every device of a claim needs the same files.
 
     Environment keys are per device (`DRAPLUGIN_DEVICE_GPU_0_UUID`): the
     kubelet gives a container the union of several CDI devices, and CDI
@@ -385,9 +411,20 @@ def render_spec(plan: ClaimPlan, mps_host_dir: PurePosixPath | None = None, kind
                         options=("rbind", "rw", "nosuid", "nodev"),
                     ),
                 )
-        nodes = tuple(cdi.DeviceNode(path=node) for node in device.device_nodes)
+        nodes = tuple(
+            cdi.DeviceNode(path=node, host_path=_host_path(device, node)) for node in device.device_nodes
+        )
         devices.append(cdi.CdiDevice(planned.cdi_name, cdi.ContainerEdits(tuple(env), nodes, mounts)))
-    return cdi.Spec(kind=kind, devices=tuple(devices))
+    shared = driver_edits or cdi.ContainerEdits()
+    edits = cdi.ContainerEdits((NVIDIA_VISIBLE_DEVICES_ENV, *shared.env), shared.device_nodes, shared.mounts)
+    return cdi.Spec(kind=kind, devices=tuple(devices), edits=edits)
+
+
+def _host_path(device: Device, node: str) -> str | None:
+    """Where the runtime finds the node on the host, when not at the container path."""
+    if device.host_dev_dir is None:
+        return None
+    return f"{device.host_dev_dir.rstrip('/')}/{node.removeprefix('/dev/')}"
 
 
 def _model(device: Device) -> str:

@@ -7,19 +7,22 @@ Environment variables read here (beyond the settings):
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from pathlib import Path
 from typing import Any
 
-from dracommon.kube import load_api_client
+from dracommon.kubeapi import AsyncKubeApi, KubeApi, load_api_client
+from draplugin.cdi import driverfiles
+from draplugin.cdi.driverlayout import DriverRoot, DriverRootError
 from draplugin.cdi.spec import SpecStore
 from draplugin.checkpoint import DEFAULT_BOOT_ID_PATH, CheckpointStore, read_boot_id
 from draplugin.config import Settings
 from draplugin.devices import DeviceBackend, load_backend
 from draplugin.events import KubeEvents
 from draplugin.metrics import ClaimMetrics
-from draplugin.prepare.api import RawApi
+from draplugin.prepare.api import DEFAULT_WORKERS, REQUEST_TIMEOUT_S, KubeClaimReader
 from draplugin.prepare.driver import GpuDriver
 from draplugin.prepare.sharing import SharingState
 
@@ -50,6 +53,26 @@ def backend_options(backend: str, environ: dict[str, str] | None = None) -> dict
     return options
 
 
+def _driver_files(
+    settings: Settings, backend: DeviceBackend, events: KubeEvents
+) -> driverfiles.DriverFiles | None:
+    """The driver files source, looked at once now so a problem is in the log and on the Node
+    from the start; the plugin serves either way and prepare retries the discovery."""
+    if settings.driver_root is None:
+        return None
+
+    def report(reason: str, message: str) -> None:
+        driverfiles.log_report(reason, message)
+        events.node_event(reason, message)
+
+    mount = str(settings.driver_root_mount) if settings.driver_root_mount else None
+    files = driverfiles.for_backend(DriverRoot.at(settings.driver_root, mount), backend, report)
+    # Reported by `report`; each prepare tries again and fails its claim with the same message.
+    with contextlib.suppress(DriverRootError):
+        files.install()
+    return files
+
+
 def driver_from_settings(settings: Settings, backend: DeviceBackend | None = None) -> GpuDriver:
     """Everything the driver needs, then start-up recovery (checkpoint, CDI specs) before serving.
 
@@ -63,18 +86,20 @@ def driver_from_settings(settings: Settings, backend: DeviceBackend | None = Non
         api_client = load_api_client(str(settings.kubeconfig) if settings.kubeconfig else None)
     except (ValueError, RuntimeError) as err:
         raise WiringError(str(err)) from err
-    api = RawApi(api_client)
+    api = KubeApi(api_client, timeout_s=REQUEST_TIMEOUT_S)
     boot_id = read_boot_id(Path(os.environ.get(BOOT_ID_FILE_ENV) or DEFAULT_BOOT_ID_PATH))
+    events = KubeEvents(api, settings.driver_name, settings.node_name)
     driver = GpuDriver(
         driver_name=settings.driver_name,
         node_name=settings.node_name,
         devices=devices,
-        claims=api,
-        cdi_store=SpecStore(settings.cdi_root),
+        claims=KubeClaimReader(AsyncKubeApi(api, DEFAULT_WORKERS)),
+        cdi_store=SpecStore(settings.cdi_root, settings.driver_name),
         checkpoint=CheckpointStore(settings.state_dir / CHECKPOINT_FILE, boot_id),
         sharing=SharingState(settings.state_dir),
-        events=KubeEvents(api, settings.driver_name, settings.node_name),
+        events=events,
         metrics=ClaimMetrics(),
+        driver_files=_driver_files(settings, backend, events),
     )
     driver.recover()
     log.info(

@@ -11,17 +11,15 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from kubernetes.client.exceptions import ApiException
-
 from devcluster.demo import PluginProcess
-from devcluster.rest import KubeJSON
 from devcluster.wait import wait_for
+from dracommon.kubeapi import ApiError, KubeApi
 
 RESOURCE = "/apis/resource.k8s.io/v1"
 POLL_SECONDS = 0.1
 
 
-def release_namespace(api: KubeJSON, plugin: PluginProcess, namespace: str, timeout_s: float) -> None:
+def release_namespace(api: KubeApi, plugin: PluginProcess, namespace: str, timeout_s: float) -> None:
     """Delete the namespace's pods and claims and wait until the plugin has unprepared its claims.
 
     Pods go at once (grace period 0: no caller asserts on graceful shutdown
@@ -39,14 +37,14 @@ def release_namespace(api: KubeJSON, plugin: PluginProcess, namespace: str, time
     def step(what: str, action: Callable[[], object]) -> None:
         try:
             action()
-        except (AssertionError, ApiException) as err:
+        except (AssertionError, ApiError) as err:
             failures.append(f"{what}: {err}")
 
     def delete_all(collection: str, query: dict[str, str]) -> None:
         for item in api.get(collection)["items"]:
             try:
                 api.request("DELETE", f"{collection}/{item['metadata']['name']}", query=query)
-            except ApiException as err:
+            except ApiError as err:
                 if err.status != 404:  # a template's claim, deleted with its pod meanwhile
                     raise
 
@@ -90,9 +88,11 @@ def describe(items: list[dict[str, Any]]) -> list[str]:
     return out
 
 
-def merge_patch(api: KubeJSON, path: str, patch: dict[str, Any]) -> None:
-    status = api.merge_patch_status(path, patch)
-    assert status in (200, 404), f"PATCH {path}: HTTP {status}"
+def merge_patch(api: KubeApi, path: str, patch: dict[str, Any]) -> None:
+    try:
+        api.merge_patch(path, patch)
+    except ApiError as err:
+        assert err.status == 404, f"PATCH {path}: {err}"
 
 
 def prepared_claims(plugin: PluginProcess, namespace: str) -> list[str]:

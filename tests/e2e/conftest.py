@@ -7,10 +7,10 @@ from collections.abc import Iterator
 import pytest
 
 from devcluster.controlplane import ControlPlane
-from devcluster.rest import KubeJSON
+from dracommon.kubeapi import KubeApi
 
 
 @pytest.fixture(scope="module")
-def api(kube_cluster: ControlPlane) -> Iterator[KubeJSON]:
+def api(kube_cluster: ControlPlane) -> Iterator[KubeApi]:
     with kube_cluster.api_client() as client:
-        yield KubeJSON(client)
+        yield KubeApi(client)

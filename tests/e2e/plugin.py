@@ -9,15 +9,15 @@ from pathlib import Path
 from devcluster.controlplane import ControlPlane
 from devcluster.demo import FAKE_GPUS, PluginProcess, delete_node_slices, node_slices, wait_published
 from devcluster.kubelet import KubeletNode
-from devcluster.rest import KubeJSON
-from draplugin.config import DEFAULT_DRIVER_NAME
+from dracommon.drivername import DEFAULT_DRIVER_NAME
+from dracommon.kubeapi import KubeApi
 
 
 @contextmanager
 def running_plugin(
     kube_cluster: ControlPlane,
     kubelet_node: KubeletNode,
-    api: KubeJSON,
+    api: KubeApi,
     state_dir: Path,
     *,
     delete_slices_on_shutdown: bool,
@@ -39,9 +39,9 @@ def running_plugin(
     try:
         process.start()
         process.wait_registered()
-        wait_published(process, api.api)
+        wait_published(process, api.api_client)
         yield process
     finally:
         process.stop()
-        if node_slices(api.api, kubelet_node.name, DEFAULT_DRIVER_NAME):
-            delete_node_slices(api.api, kubelet_node.name, DEFAULT_DRIVER_NAME)
+        if node_slices(api.api_client, kubelet_node.name, DEFAULT_DRIVER_NAME):
+            delete_node_slices(api.api_client, kubelet_node.name, DEFAULT_DRIVER_NAME)

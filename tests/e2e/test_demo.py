@@ -2,8 +2,9 @@
 
 This runs the demo once (`--once`) as a user would and checks what it prints:
 the plugin's published devices, the claim's allocation, the CDI spec it wrote,
-and what the container runtime received for the two containers that share
-one claim. The demo starts its own control plane and kubelet.
+and what the two containers that share one claim got, from their own logs and
+from exec into them. The demo starts its own control plane, containerd and
+kubelet.
 """
 
 from __future__ import annotations
@@ -73,16 +74,20 @@ def test_demo_once_shows_allocation_cdi_spec_and_runtime_view(tmp_path: Path) ->
     spec = json.loads(section(found, "CDI spec ").strip())
     assert spec["kind"] == f"{DRIVER}/gpu"
     spec_device_names = {d["name"] for d in spec["devices"]}
+    assert all(any(name.endswith(f"-{device}") for name in spec_device_names) for device in allocated_devices)
 
-    records = leading_json(section(found, "what the container runtime received"))
-    assert len(records) == 2, records  # two containers share the claim
-    first, second = records
+    views = leading_json(section(found, "what the containers got"))
+    assert len(views) == 2, views  # two containers share the claim
+    first, second = views
     assert first["container"] != second["container"]
-    assert first["cdiDevices"] and first["cdiDevices"] == second["cdiDevices"]
-    for cdi_id in first["cdiDevices"]:
-        kind, _, name = cdi_id.partition("=")
-        assert kind == f"{DRIVER}/gpu"
-        assert name in spec_device_names
-        assert any(name.endswith(f"-{device}") for device in allocated_devices)
+    (device,) = allocated_devices
+    key = device.upper().replace("-", "_")
+    for view in views:
+        env = dict(line.split("=", 1) for line in view["log"] if "=" in line)
+        assert env[f"DRAPLUGIN_DEVICE_{key}_NAME"] == device, view
+        index = env[f"DRAPLUGIN_DEVICE_{key}_INDEX"]
+        # The device node containerd injected from the CDI spec: the fake GPU's, 1:3 like /dev/null.
+        assert any(re.match(rf"^c.* 1, +3 .*/dev/nvidia{index}$", line) for line in view["devices"]), view
+    assert first["log"] == second["log"]  # one claim: the same device for both
 
     assert "export KUBECONFIG=" in section(found, "try your own specs")

@@ -6,14 +6,20 @@ scheduler allocates from the ResourceSlices that process publishes. The
 DeviceClasses are the chart's (examples/deviceclasses.yaml), and the manifests
 are applied as they are, into a fresh namespace per example, which is emptied
 after the test, passed or failed, until the plugin has unprepared every claim
-of it: a failing example cannot leave GPUs taken for the next. What the container runtime sees
-is read from the recording fake CRI (the CDI device IDs) and resolved with the
-reference CDI library (`cdicheck`), as containerd and CRI-O would.
+of it: a failing example cannot leave GPUs taken for the next.
+
+The pods run in real containers (containerd + runc) from the local workload
+image, which replaces the examples' public `busybox` image (no registry is
+reachable; `devcluster.images.use_local_image`). What each README says the
+container gets is read from inside it, through the API server: the variables
+from the container's own log (the examples print them with `env | grep`), the
+device nodes `/dev/nvidia*` (character devices it can open) and mounts with
+`exec`. containerd applied our CDI specs; nothing here resolves them for it.
 """
 
 from __future__ import annotations
 
-import json
+import functools
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -21,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes.client.exceptions import ApiException
 
+from devcluster import pods
 from devcluster.controlplane import ControlPlane
 from devcluster.demo import (
     DEVICE_CLASSES,
@@ -31,10 +37,13 @@ from devcluster.demo import (
     load_manifests,
     node_slices,
 )
+from devcluster.images import use_local_image, workload_image
 from devcluster.kubelet import KubeletNode
 from devcluster.objects import create_namespace, delete_namespace
-from devcluster.rest import KubeJSON
 from devcluster.wait import wait_for
+from dracommon.kubeapi import ApiError, KubeApi
+from draplugin.devices.fake import make_device_nodes
+from tests.e2e import inside
 from tests.e2e.cleanup import release_namespace
 from tests.e2e.plugin import running_plugin
 
@@ -45,6 +54,8 @@ RESOURCE = "/apis/resource.k8s.io/v1"
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 POD_TIMEOUT = 120.0
 WHOLE_GPUS = {"gpu-0", "gpu-1", "gpu-2"}  # gpu-3 is split into MIG devices
+CONTROL_NODES = ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
+MPS_DIR = "/var/run/draplugin/mps"
 
 
 # --- fixtures -----------------------------------------------------------------------------------------
@@ -54,7 +65,7 @@ WHOLE_GPUS = {"gpu-0", "gpu-1", "gpu-2"}  # gpu-3 is split into MIG devices
 def plugin(
     kube_cluster: ControlPlane,
     kubelet_node: KubeletNode,
-    api: KubeJSON,
+    api: KubeApi,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[PluginProcess]:
     """One plugin for the whole module; it publishes the node's slices and deletes them when stopped."""
@@ -66,7 +77,7 @@ def plugin(
 
 
 @pytest.fixture(scope="module")
-def device_classes(api: KubeJSON, plugin: PluginProcess) -> Iterator[list[str]]:
+def device_classes(api: KubeApi, plugin: PluginProcess) -> Iterator[list[str]]:
     """The chart's DeviceClasses; ones that already exist (another test's) are used as they are."""
     created: list[str] = []
     names: list[str] = []
@@ -75,7 +86,7 @@ def device_classes(api: KubeJSON, plugin: PluginProcess) -> Iterator[list[str]]:
         try:
             api.create(collection_path(doc, ""), doc)
             created.append(doc["metadata"]["name"])
-        except ApiException as err:
+        except ApiError as err:
             if err.status != 409:
                 raise
     yield names
@@ -85,7 +96,7 @@ def device_classes(api: KubeJSON, plugin: PluginProcess) -> Iterator[list[str]]:
 
 @pytest.fixture
 def namespace(
-    test_namespace: str, api: KubeJSON, plugin: PluginProcess, device_classes: list[str]
+    test_namespace: str, api: KubeApi, plugin: PluginProcess, device_classes: list[str]
 ) -> Iterator[str]:
     """The test's namespace; afterwards, passed or failed, every GPU it used is free again."""
     yield test_namespace
@@ -95,9 +106,20 @@ def namespace(
 # --- helpers ------------------------------------------------------------------------------------------
 
 
-def apply_example(api: KubeJSON, example: str, namespace: str) -> list[dict[str, Any]]:
+@functools.cache
+def local_image() -> str:
+    """The workload image the kubelet node imported (its name is its content hash)."""
+    return workload_image().name
+
+
+def example_docs(path: Path) -> list[dict[str, Any]]:
+    """A manifest file's objects, its pods running the local workload image."""
+    return [use_local_image(doc, local_image()) for doc in load_manifests(path)]
+
+
+def apply_example(api: KubeApi, example: str, namespace: str) -> list[dict[str, Any]]:
     """Create the example's objects in `namespace`; a Namespace in it lends its labels to `namespace`."""
-    docs = [doc for path in sorted((EXAMPLES / example).glob("*.yaml")) for doc in load_manifests(path)]
+    docs = [doc for path in sorted((EXAMPLES / example).glob("*.yaml")) for doc in example_docs(path)]
     assert docs, f"examples/{example} has no manifests"
     namespaces = [doc for doc in docs if doc["kind"] == "Namespace"]
     for doc in namespaces:
@@ -109,7 +131,7 @@ def apply_example(api: KubeJSON, example: str, namespace: str) -> list[dict[str,
     return docs
 
 
-def create(api: KubeJSON, path: str, doc: dict[str, Any], *, retry: bool) -> None:
+def create(api: KubeApi, path: str, doc: dict[str, Any], *, retry: bool) -> None:
     if not retry:
         api.create(path, doc)
         return
@@ -118,21 +140,16 @@ def create(api: KubeJSON, path: str, doc: dict[str, Any], *, retry: bool) -> Non
     wait_for(f"{doc['kind']} {doc['metadata']['name']} to be accepted", lambda: api.create(path, doc), 30)
 
 
-def merge_patch(api: KubeJSON, path: str, patch: dict[str, Any]) -> None:
-    status = api.merge_patch_status(path, patch)
-    assert status == 200, status
+def merge_patch(api: KubeApi, path: str, patch: dict[str, Any]) -> None:
+    api.merge_patch(path, patch)
 
 
-def wait_running(api: KubeJSON, namespace: str, name: str) -> dict[str, Any]:
-    def running() -> dict[str, Any] | None:
-        pod = api.get(f"/api/v1/namespaces/{namespace}/pods/{name}")
-        return pod if pod["status"].get("phase") == "Running" else None
-
-    pod: dict[str, Any] = wait_for(f"pod {namespace}/{name} to be Running", running, POD_TIMEOUT)
-    return pod
+def wait_running(api: KubeApi, namespace: str, name: str, node: KubeletNode | None = None) -> dict[str, Any]:
+    """The pod once Running; fails at once, naming the node's CDI specs, if the runtime cannot start it."""
+    return pods.wait_running(api, namespace, name, POD_TIMEOUT, node.cdi_root if node else None)
 
 
-def claims_of(api: KubeJSON, namespace: str, pod: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def claims_of(api: KubeApi, namespace: str, pod: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """The pod's claims by their name in the pod spec."""
     statuses = pod["status"].get("resourceClaimStatuses") or []
     generated = {s["name"]: s.get("resourceClaimName") for s in statuses}
@@ -154,32 +171,34 @@ def devices(claim: dict[str, Any]) -> list[str]:
     return sorted(r["device"] for r in results(claim))
 
 
-def cdi_ids(claim: dict[str, Any]) -> list[str]:
-    return sorted(f"{DRIVER}/gpu={claim['metadata']['uid']}-{device}" for device in devices(claim))
+def container_got(
+    api: KubeApi, namespace: str, pod: str, container: str, claim: dict[str, Any]
+) -> dict[str, str]:
+    """Check, from inside the container, that it got every device of the claim; return its variables.
 
-
-def container_cdi(node: KubeletNode, namespace: str, pod: str) -> dict[str, list[str]]:
-    """The CDI device IDs the kubelet gave each container of the pod (the runtime's record)."""
-    records = [r for r in node.container_records() if r["podNamespace"] == namespace and r["podName"] == pod]
-    return {r["containerName"]: sorted(node.cdi_ids_per_device(r["cdiDevices"])) for r in records}
-
-
-def runtime_env(cluster: ControlPlane, node: KubeletNode, cdi_devices: list[str]) -> dict[str, str]:
-    """The environment the runtime adds for these CDI devices, resolved by the reference CDI library."""
-    command = [str(cluster.bin_dir / "cdicheck"), "--cdi-dir", str(node.cdi_root)]
-    for device in cdi_devices:
-        command += ["--device", device]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=30, check=False)
-    assert done.returncode == 0, done.stderr
-    edits: dict[str, Any] = json.loads(done.stdout)["edits"]
-    return dict(entry.split("=", 1) for entry in edits.get("env") or [])
+    Each device's variables are in the container's log (printed by the
+    example's command), and its device nodes, `/dev/nvidia<index>` and the
+    control nodes, are character devices the container can open.
+    """
+    env = inside.log_env(pods.container_log(api, namespace, pod, container))
+    nodes = list(CONTROL_NODES)
+    for device in devices(claim):
+        key = env_key(device)
+        assert env.get(f"DRAPLUGIN_DEVICE_{key}_NAME") == device, (
+            f"{pod}/{container}: {device} missing: {env}"
+        )
+        assert env[f"DRAPLUGIN_DEVICE_{key}_UUID"], env
+        nodes.append(f"/dev/nvidia{env[f'DRAPLUGIN_DEVICE_{key}_INDEX']}")
+    found = inside.device_nodes_in(api, namespace, pod, container, nodes)
+    assert found == dict.fromkeys(nodes, "ok"), f"{pod}/{container}: device nodes {found}"
+    return env
 
 
 def env_key(device: str) -> str:
     return device.upper().replace("-", "_")
 
 
-def pod_events(api: KubeJSON, namespace: str, pod: str) -> list[dict[str, Any]]:
+def pod_events(api: KubeApi, namespace: str, pod: str) -> list[dict[str, Any]]:
     query = {"fieldSelector": f"involvedObject.kind=Pod,involvedObject.name={pod}"}
     items: list[dict[str, Any]] = api.get(f"/api/v1/namespaces/{namespace}/events", query)["items"]
     return items
@@ -188,33 +207,32 @@ def pod_events(api: KubeJSON, namespace: str, pod: str) -> list[dict[str, Any]]:
 # --- the examples -------------------------------------------------------------------------------------
 
 
-def test_01_single_gpu(
-    kube_cluster: ControlPlane, kubelet_node: KubeletNode, api: KubeJSON, namespace: str
-) -> None:
+def test_01_single_gpu(kubelet_node: KubeletNode, api: KubeApi, namespace: str) -> None:
     apply_example(api, "01-single-gpu", namespace)
-    pod = wait_running(api, namespace, "single-gpu")
+    pod = wait_running(api, namespace, "single-gpu", kubelet_node)
     claim = claims_of(api, namespace, pod)["gpu"]
     (device,) = devices(claim)
     assert device in WHOLE_GPUS
-    assert container_cdi(kubelet_node, namespace, "single-gpu") == {"app": cdi_ids(claim)}
-    env = runtime_env(kube_cluster, kubelet_node, cdi_ids(claim))
+    env = container_got(api, namespace, "single-gpu", "app", claim)
     key = env_key(device)
-    assert env[f"DRAPLUGIN_DEVICE_{key}_NAME"] == device
     assert env[f"DRAPLUGIN_DEVICE_{key}_UUID"].startswith("GPU-")
+    assert env[f"DRAPLUGIN_DEVICE_{key}_MODEL"]
     assert env[f"DRAPLUGIN_DEVICE_{key}_SHARING"] == "Exclusive"
 
 
-def test_02_shared_claim_two_containers(kubelet_node: KubeletNode, api: KubeJSON, namespace: str) -> None:
+def test_02_shared_claim_two_containers(kubelet_node: KubeletNode, api: KubeApi, namespace: str) -> None:
     apply_example(api, "02-shared-claim-two-containers", namespace)
-    pod = wait_running(api, namespace, "two-containers")
+    pod = wait_running(api, namespace, "two-containers", kubelet_node)
     claim = claims_of(api, namespace, pod)["gpu"]
-    assert len(devices(claim)) == 1
-    ids = cdi_ids(claim)
-    assert container_cdi(kubelet_node, namespace, "two-containers") == {"trainer": ids, "profiler": ids}
+    (device,) = devices(claim)
+    trainer = container_got(api, namespace, "two-containers", "trainer", claim)
+    profiler = container_got(api, namespace, "two-containers", "profiler", claim)
+    key = env_key(device)
+    assert trainer[f"DRAPLUGIN_DEVICE_{key}_UUID"] == profiler[f"DRAPLUGIN_DEVICE_{key}_UUID"]
 
 
 def test_03_preallocated_claim_shared_by_two_pods(
-    kube_cluster: ControlPlane, kubelet_node: KubeletNode, api: KubeJSON, namespace: str, tmp_path: Path
+    kube_cluster: ControlPlane, kubelet_node: KubeletNode, api: KubeApi, namespace: str, tmp_path: Path
 ) -> None:
     controller = subprocess.Popen(
         [
@@ -225,7 +243,7 @@ def test_03_preallocated_claim_shared_by_two_pods(
         stderr=subprocess.STDOUT,
     )
     try:
-        docs = load_manifests(EXAMPLES / "03-preallocated-shared-claim" / "shared-claim.yaml")
+        docs = example_docs(EXAMPLES / "03-preallocated-shared-claim" / "shared-claim.yaml")
         claim_doc = next(d for d in docs if d["kind"] == "ResourceClaim")
         api.create(collection_path(claim_doc, namespace), claim_doc)
         claim_path = f"{RESOURCE}/namespaces/{namespace}/resourceclaims/team-gpu"
@@ -246,18 +264,18 @@ def test_03_preallocated_claim_shared_by_two_pods(
         for doc in docs:
             if doc["kind"] == "Pod":
                 api.create(collection_path(doc, namespace), doc)
-        pods = [wait_running(api, namespace, name) for name in ("notebook", "dashboard")]
+        pods = [wait_running(api, namespace, name, kubelet_node) for name in ("notebook", "dashboard")]
         claim = api.get(claim_path)
         assert devices(claim) == [device], "the allocation must not change once pods use the claim"
         assert {r["uid"] for r in claim["status"]["reservedFor"]} == {p["metadata"]["uid"] for p in pods}
         for name in ("notebook", "dashboard"):
-            assert container_cdi(kubelet_node, namespace, name) == {"app": cdi_ids(claim)}
+            container_got(api, namespace, name, "app", claim)
     finally:
         controller.terminate()
         controller.wait(timeout=30)
 
 
-def test_04_select_by_model_and_memory(api: KubeJSON, namespace: str) -> None:
+def test_04_select_by_model_and_memory(api: KubeApi, namespace: str) -> None:
     apply_example(api, "04-select-by-model-and-memory", namespace)
     by_model = claims_of(api, namespace, wait_running(api, namespace, "a100-pod"))["gpu"]
     by_memory = claims_of(api, namespace, wait_running(api, namespace, "big-memory-pod"))["gpu"]
@@ -265,32 +283,32 @@ def test_04_select_by_model_and_memory(api: KubeJSON, namespace: str) -> None:
     assert devices(by_memory) == ["gpu-0"]  # the H100 (81559Mi); the A100s have 40Gi
 
 
-def published_attribute(api: KubeJSON, node: str, attribute: str) -> dict[str, str]:
+def published_attribute(api: KubeApi, node: str, attribute: str) -> dict[str, str]:
     """One string attribute of every device the plugin published for the node, by device name."""
     return {
         device["name"]: device["attributes"][attribute]["string"]
-        for piece in node_slices(api.api, node, DRIVER)
+        for piece in node_slices(api.api_client, node, DRIVER)
         for device in piece["spec"].get("devices", [])
         if attribute in device.get("attributes", {})
     }
 
 
 def test_05_same_pcie_root_gets_the_two_gpus_of_one_root(
-    kubelet_node: KubeletNode, api: KubeJSON, namespace: str
+    kubelet_node: KubeletNode, api: KubeApi, namespace: str
 ) -> None:
     """fake-gpus.yaml has two GPUs per root: gpu-0 + gpu-1 is the one whole-GPU pair (README)."""
     roots = published_attribute(api, kubelet_node.name, "resource.kubernetes.io/pcieRoot")
     assert roots["gpu-0"] == roots["gpu-1"] != roots["gpu-2"]
     apply_example(api, "05-same-pcie-root", namespace)
-    claim = claims_of(api, namespace, wait_running(api, namespace, "gpu-pair"))["gpus"]
+    claim = claims_of(api, namespace, wait_running(api, namespace, "gpu-pair", kubelet_node))["gpus"]
     assert devices(claim) == ["gpu-0", "gpu-1"]
     assert [r["request"] for r in results(claim)] == ["gpus", "gpus"]
-    assert container_cdi(kubelet_node, namespace, "gpu-pair") == {"app": cdi_ids(claim)}
+    container_got(api, namespace, "gpu-pair", "app", claim)
 
 
-def test_05_same_pcie_root_is_pending_when_no_free_pair_shares_a_root(api: KubeJSON, namespace: str) -> None:
+def test_05_same_pcie_root_is_pending_when_no_free_pair_shares_a_root(api: KubeApi, namespace: str) -> None:
     """With gpu-0 taken (by example 04's memory selector), gpu-1 and gpu-2 sit on different roots."""
-    for doc in load_manifests(EXAMPLES / "04-select-by-model-and-memory" / "select.yaml"):
+    for doc in example_docs(EXAMPLES / "04-select-by-model-and-memory" / "select.yaml"):
         if doc["metadata"]["name"] in ("by-memory", "big-memory-pod"):
             api.create(collection_path(doc, namespace), doc)
     holder = claims_of(api, namespace, wait_running(api, namespace, "big-memory-pod"))["gpu"]
@@ -312,18 +330,16 @@ def test_05_same_pcie_root_is_pending_when_no_free_pair_shares_a_root(api: KubeJ
     assert not pod["spec"].get("nodeName")
 
 
-def test_06_first_available_prefers_the_h100(
-    kubelet_node: KubeletNode, api: KubeJSON, namespace: str
-) -> None:
+def test_06_first_available_prefers_the_h100(kubelet_node: KubeletNode, api: KubeApi, namespace: str) -> None:
     apply_example(api, "06-first-available-fallback", namespace)
-    claim = claims_of(api, namespace, wait_running(api, namespace, "fallback"))["gpu"]
+    claim = claims_of(api, namespace, wait_running(api, namespace, "fallback", kubelet_node))["gpu"]
     assert [(r["request"], r["device"]) for r in results(claim)] == [("gpu/h100", "gpu-0")]
-    assert container_cdi(kubelet_node, namespace, "fallback") == {"app": cdi_ids(claim)}
+    container_got(api, namespace, "fallback", "app", claim)
 
 
-def test_06_first_available_falls_back_to_two_a100(api: KubeJSON, namespace: str) -> None:
+def test_06_first_available_falls_back_to_two_a100(api: KubeApi, namespace: str) -> None:
     """With the H100 taken (by example 04's memory selector), the claim gets two A100s."""
-    for doc in load_manifests(EXAMPLES / "04-select-by-model-and-memory" / "select.yaml"):
+    for doc in example_docs(EXAMPLES / "04-select-by-model-and-memory" / "select.yaml"):
         if doc["metadata"]["name"] in ("by-memory", "big-memory-pod"):
             api.create(collection_path(doc, namespace), doc)
     holder = claims_of(api, namespace, wait_running(api, namespace, "big-memory-pod"))["gpu"]
@@ -336,77 +352,76 @@ def test_06_first_available_falls_back_to_two_a100(api: KubeJSON, namespace: str
     ]
 
 
-def test_07_all_gpus_on_node(kubelet_node: KubeletNode, api: KubeJSON, namespace: str) -> None:
+def test_07_all_gpus_on_node(kubelet_node: KubeletNode, api: KubeApi, namespace: str) -> None:
     apply_example(api, "07-all-gpus-on-node", namespace)
-    claim = claims_of(api, namespace, wait_running(api, namespace, "whole-node"))["gpus"]
+    claim = claims_of(api, namespace, wait_running(api, namespace, "whole-node", kubelet_node))["gpus"]
     assert set(devices(claim)) == WHOLE_GPUS
-    assert container_cdi(kubelet_node, namespace, "whole-node") == {"app": cdi_ids(claim)}
+    container_got(api, namespace, "whole-node", "app", claim)
 
 
-def test_08_mig_device(
-    kube_cluster: ControlPlane, kubelet_node: KubeletNode, api: KubeJSON, namespace: str
-) -> None:
+def test_08_mig_device(kubelet_node: KubeletNode, api: KubeApi, namespace: str) -> None:
     apply_example(api, "08-mig-device", namespace)
-    claim = claims_of(api, namespace, wait_running(api, namespace, "mig-pod"))["mig"]
+    claim = claims_of(api, namespace, wait_running(api, namespace, "mig-pod", kubelet_node))["mig"]
     (device,) = devices(claim)
     assert device in {"gpu-3-mig-1g10gb-0", "gpu-3-mig-1g10gb-1"}
-    env = runtime_env(kube_cluster, kubelet_node, cdi_ids(claim))
+    env = container_got(api, namespace, "mig-pod", "app", claim)  # the parent's /dev/nvidia3
     key = env_key(device)
     assert env[f"DRAPLUGIN_DEVICE_{key}_KIND"] == "mig"
     assert env[f"DRAPLUGIN_DEVICE_{key}_PARENT_UUID"].startswith("GPU-")
     assert env[f"DRAPLUGIN_DEVICE_{key}_UUID"].startswith("MIG-")
 
 
-def test_09_time_slicing(
-    kube_cluster: ControlPlane, kubelet_node: KubeletNode, api: KubeJSON, namespace: str
-) -> None:
+def test_09_time_slicing(kubelet_node: KubeletNode, api: KubeApi, namespace: str) -> None:
     apply_example(api, "09-time-slicing", namespace)
-    claim = claims_of(api, namespace, wait_running(api, namespace, "time-sliced"))["gpu"]
+    claim = claims_of(api, namespace, wait_running(api, namespace, "time-sliced", kubelet_node))["gpu"]
     (device,) = devices(claim)
-    ids = cdi_ids(claim)
-    assert container_cdi(kubelet_node, namespace, "time-sliced") == {"worker-a": ids, "worker-b": ids}
-    env = runtime_env(kube_cluster, kubelet_node, ids)
-    assert env[f"DRAPLUGIN_DEVICE_{env_key(device)}_SHARING"] == "TimeSlicing"
-    assert env[f"DRAPLUGIN_DEVICE_{env_key(device)}_TIMESLICE_INTERVAL"] == "Long"
+    for container in ("worker-a", "worker-b"):
+        env = container_got(api, namespace, "time-sliced", container, claim)
+        assert env[f"DRAPLUGIN_DEVICE_{env_key(device)}_SHARING"] == "TimeSlicing"
+        assert env[f"DRAPLUGIN_DEVICE_{env_key(device)}_TIMESLICE_INTERVAL"] == "Long"
 
 
-def test_10_mps(kube_cluster: ControlPlane, kubelet_node: KubeletNode, api: KubeJSON, namespace: str) -> None:
+def test_10_mps(kubelet_node: KubeletNode, api: KubeApi, namespace: str) -> None:
     apply_example(api, "10-mps", namespace)
-    claim = claims_of(api, namespace, wait_running(api, namespace, "mps"))["gpu"]
+    claim = claims_of(api, namespace, wait_running(api, namespace, "mps", kubelet_node))["gpu"]
     (device,) = devices(claim)
-    ids = cdi_ids(claim)
-    assert container_cdi(kubelet_node, namespace, "mps") == {"inference-a": ids, "inference-b": ids}
-    env = runtime_env(kube_cluster, kubelet_node, ids)
     key = env_key(device)
-    assert env[f"DRAPLUGIN_DEVICE_{key}_SHARING"] == "MPS"
-    assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
-    assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"{env[f'DRAPLUGIN_DEVICE_{key}_UUID']}=10240M"
-    assert env["CUDA_MPS_PIPE_DIRECTORY"]
+    pipes = set()
+    for container in ("inference-a", "inference-b"):
+        env = container_got(api, namespace, "mps", container, claim)
+        assert env[f"DRAPLUGIN_DEVICE_{key}_SHARING"] == "MPS"
+        assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
+        assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"{env[f'DRAPLUGIN_DEVICE_{key}_UUID']}=10240M"
+        assert env["CUDA_MPS_PIPE_DIRECTORY"].startswith(MPS_DIR)
+        # The claim's MPS server directory is mounted where the variables point.
+        assert MPS_DIR in inside.mounts_in(api, namespace, "mps", container)
+        pipes.add(env["CUDA_MPS_PIPE_DIRECTORY"])
+    assert len(pipes) == 1  # one MPS server for the claim
 
 
 def test_11_admin_access_sees_every_gpu_even_in_use(
-    kube_cluster: ControlPlane, kubelet_node: KubeletNode, api: KubeJSON, namespace: str
+    kubelet_node: KubeletNode, api: KubeApi, namespace: str
 ) -> None:
     # A workload holds a GPU first; the monitor must still get all of them.
     apply_example(api, "01-single-gpu", namespace)
-    busy = devices(claims_of(api, namespace, wait_running(api, namespace, "single-gpu"))["gpu"])
+    busy = devices(claims_of(api, namespace, wait_running(api, namespace, "single-gpu", kubelet_node))["gpu"])
     apply_example(api, "11-admin-access-monitoring", namespace)
-    claim = claims_of(api, namespace, wait_running(api, namespace, "gpu-monitor"))["gpus"]
+    claim = claims_of(api, namespace, wait_running(api, namespace, "gpu-monitor", kubelet_node))["gpus"]
     assert set(devices(claim)) == WHOLE_GPUS
     assert set(busy) <= WHOLE_GPUS
     assert all(r.get("adminAccess") is True for r in results(claim))
-    assert container_cdi(kubelet_node, namespace, "gpu-monitor") == {"exporter": cdi_ids(claim)}
+    container_got(api, namespace, "gpu-monitor", "exporter", claim)
 
 
 def test_11_admin_access_refused_without_the_namespace_label(
-    kube_cluster: ControlPlane, api: KubeJSON
+    kube_cluster: ControlPlane, api: KubeApi
 ) -> None:
     docs = load_manifests(EXAMPLES / "11-admin-access-monitoring" / "monitor.yaml")
     template = next(d for d in docs if d["kind"] == "ResourceClaimTemplate")
     with kube_cluster.api_client() as client:
         unlabelled = create_namespace(client, prefix="no-admin-")
         try:
-            with pytest.raises(ApiException) as info:
+            with pytest.raises(ApiError) as info:
                 api.create(collection_path(template, unlabelled), template)
         finally:
             delete_namespace(client, unlabelled)
@@ -415,7 +430,7 @@ def test_11_admin_access_refused_without_the_namespace_label(
 
 
 def test_12_bad_opaque_config_is_reported_on_the_pod(
-    kubelet_node: KubeletNode, api: KubeJSON, namespace: str
+    kubelet_node: KubeletNode, api: KubeApi, namespace: str
 ) -> None:
     apply_example(api, "12-bad-opaque-config", namespace)
 
@@ -433,7 +448,29 @@ def test_12_bad_opaque_config_is_reported_on_the_pod(
     ) in message
     pod = api.get(f"/api/v1/namespaces/{namespace}/pods/bad-config")
     assert pod["status"]["phase"] == "Pending"  # ContainerCreating: no container was started
-    assert container_cdi(kubelet_node, namespace, "bad-config") == {}
+    assert not any(s.get("containerID") for s in pod["status"].get("containerStatuses") or [])
+
+
+def test_a_cdi_device_the_runtime_cannot_inject_fails_naming_the_spec_and_the_runtime_error(
+    kubelet_node: KubeletNode, api: KubeApi, namespace: str, plugin: PluginProcess
+) -> None:
+    """A device node gone from the host (the spec still names it): containerd refuses to create the
+    container, and the failure shows containerd's error next to the claim's CDI spec."""
+    device_dir = plugin.state_dir / "fake-dev"
+    (device_dir / "nvidiactl").unlink()  # every GPU's CDI device injects it
+    try:
+        apply_example(api, "01-single-gpu", namespace)
+        with pytest.raises(pods.ContainerFailed) as info:
+            wait_running(api, namespace, "single-gpu", kubelet_node)
+    finally:
+        make_device_nodes(device_dir, ["/dev/nvidiactl"])
+    message = str(info.value)
+    assert "CreateContainerError" in message, message
+    assert f"{device_dir / 'nvidiactl'}" in message and "no such file or directory" in message, message
+    pod = api.get(f"/api/v1/namespaces/{namespace}/pods/single-gpu")
+    uid = claims_of(api, namespace, pod)["gpu"]["metadata"]["uid"]
+    (spec,) = kubelet_node.cdi_root.glob(f"*{uid}*.json")  # the claim's spec, named after its UID
+    assert f"--- {spec}" in message, message
 
 
 def test_every_example_has_a_test() -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -26,11 +27,13 @@ from typing import Any
 
 import pytest
 
+from devcluster import pods
 from devcluster.controlplane import ControlPlane
 from devcluster.kubelet import KubeletNode
-from devcluster.rest import KubeJSON
 from devcluster.wait import wait_for
+from dracommon.kubeapi import KubeApi
 from draplugin.kubelet.sockets import socket_paths
+from tests.e2e import inside
 
 pytestmark = pytest.mark.kubelet
 
@@ -99,7 +102,7 @@ def daemon(kube_cluster: ControlPlane, kubelet_node: KubeletNode) -> Iterator[Da
         shutil.rmtree(state_dir, ignore_errors=True)
 
 
-def node_slices(api: KubeJSON, node: str) -> list[dict[str, Any]]:
+def node_slices(api: KubeApi, node: str) -> list[dict[str, Any]]:
     selector = f"spec.nodeName={node},spec.driver={DRIVER}"
     found = api.get(f"{RESOURCE}/resourceslices", query={"fieldSelector": selector})
     items: list[dict[str, Any]] = found["items"]
@@ -130,7 +133,7 @@ def test_daemon_registers_publishes_and_runs_a_pod_with_our_cdi_device(
     assert connected and f'driverName="{DRIVER}"' in connected[0]
 
     with kube_cluster.api_client() as client:
-        api = KubeJSON(client)
+        api = KubeApi(client)
         node_uid = api.get(f"/api/v1/nodes/{kubelet_node.name}")["metadata"]["uid"]
 
         def two_devices() -> list[dict[str, Any]] | None:
@@ -161,26 +164,26 @@ def test_daemon_registers_publishes_and_runs_a_pod_with_our_cdi_device(
                 "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}],
                 "containers": [{
                     "name": "main",
-                    "image": "registry.k8s.io/pause:3.10",
+                    # Its entrypoint prints the environment and /dev it got to its log.
+                    "image": kubelet_node.workload_image,
+                    "imagePullPolicy": "Never",
                     "resources": {"claims": [{"name": "gpu"}]},
                 }],
             },
         })  # fmt: skip
 
-        def running() -> dict[str, Any] | None:
-            assert daemon.proc.poll() is None, daemon.log_text()
-            pod = api.get(f"/api/v1/namespaces/{ns}/pods/one-gpu")
-            return pod if pod["status"].get("phase") == "Running" else None
-
-        pod = wait_for("the pod to be Running", running, POD_TIMEOUT)
+        pod = pods.wait_running(api, ns, "one-gpu", POD_TIMEOUT, kubelet_node.cdi_root)
+        assert daemon.proc.poll() is None, daemon.log_text()
         claim_name = pod["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
         claim = api.get(f"{RESOURCE}/namespaces/{ns}/resourceclaims/{claim_name}")
         (result,) = claim["status"]["allocation"]["devices"]["results"]
         assert (result["driver"], result["pool"]) == (DRIVER, kubelet_node.name)
-        ours = (ns, "one-gpu")
-        records = [r for r in kubelet_node.container_records() if (r["podNamespace"], r["podName"]) == ours]
-        cdi_id = f"{DRIVER}/gpu={claim['metadata']['uid']}-{result['device']}"
-        assert [r["cdiDevices"] for r in records] == [[cdi_id]]
+        # containerd injected the claim's CDI device: its variables and its device node.
+        log = wait_for("the container's report", lambda: pods.workload_report(api, ns, "one-gpu", "main"), 30)
+        key = result["device"].upper().replace("-", "_")
+        assert inside.log_env(log)[f"DRAPLUGIN_DEVICE_{key}_NAME"] == result["device"]
+        index = inside.log_env(log)[f"DRAPLUGIN_DEVICE_{key}_INDEX"]
+        assert re.search(rf"^c.* 1, +3 .* nvidia{index}$", log, re.MULTILINE), log
         # The claim went through our prepare driver and its checkpoint.
         checkpoint = json.loads((daemon.state_dir / "checkpoint.json").read_text())
         assert [c["uid"] for c in checkpoint["claims"]] == [claim["metadata"]["uid"]]

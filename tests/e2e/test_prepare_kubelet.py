@@ -7,6 +7,12 @@ test's pods and claims are deleted and the plugin has unprepared them before
 the next test starts. The kubelet retries a failed pod sync on its own
 (about once a minute); after restarting the plugin the tests touch the pod to
 have it retried at once, which changes when the retry happens, not what it does.
+
+The kubelet here runs on the recording fake CRI (`fakecri_node`): these tests
+check which CDI IDs the kubelet passed to the runtime across plugin crashes
+and restarts, which a real runtime does not show, and running containers
+adds nothing to that. What containers get from a real runtime is
+tests/e2e/test_examples.py's subject.
 """
 
 from __future__ import annotations
@@ -26,8 +32,8 @@ import pytest
 from devcluster.controlplane import ControlPlane
 from devcluster.demo import PluginProcess
 from devcluster.kubelet import KubeletNode
-from devcluster.rest import KubeJSON
 from devcluster.wait import wait_for
+from dracommon.kubeapi import ApiError, KubeApi
 from draplugin import crashpoints
 from draplugin.kubelet._proto.dra.v1 import api_pb2 as v1
 from draplugin.kubelet._proto.dra.v1 import api_pb2_grpc as v1_grpc
@@ -45,20 +51,20 @@ POD_TIMEOUT = 120.0
 @pytest.fixture(scope="module")
 def plugin(
     kube_cluster: ControlPlane,
-    kubelet_node: KubeletNode,
-    api: KubeJSON,
+    fakecri_node: KubeletNode,
+    api: KubeApi,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[PluginProcess]:
     """Keeps its slices across the restarts these tests put it through, as in production."""
     state_dir = tmp_path_factory.mktemp("plugin")
     with running_plugin(
-        kube_cluster, kubelet_node, api, state_dir, delete_slices_on_shutdown=False
+        kube_cluster, fakecri_node, api, state_dir, delete_slices_on_shutdown=False
     ) as process:
         yield process
 
 
 @pytest.fixture(scope="module")
-def device_class(api: KubeJSON, plugin: PluginProcess) -> Iterator[str]:
+def device_class(api: KubeApi, plugin: PluginProcess) -> Iterator[str]:
     name = f"e2e-gpu-{uuid.uuid4().hex[:6]}"
     api.create(f"{RESOURCE}/deviceclasses", {
         "apiVersion": "resource.k8s.io/v1",
@@ -73,7 +79,7 @@ def device_class(api: KubeJSON, plugin: PluginProcess) -> Iterator[str]:
 
 
 @pytest.fixture
-def healthy_plugin(plugin: PluginProcess, api: KubeJSON, test_namespace: str) -> Iterator[PluginProcess]:
+def healthy_plugin(plugin: PluginProcess, api: KubeApi, test_namespace: str) -> Iterator[PluginProcess]:
     """The module's plugin, running and registered at the start and end of each test.
 
     At the end the test's namespace is emptied and its claims unprepared (through the plugin, so
@@ -116,7 +122,7 @@ def pod(
     }
 
 
-def create_template(api: KubeJSON, namespace: str, device_class: str, name: str = "gpu") -> dict[str, str]:
+def create_template(api: KubeApi, namespace: str, device_class: str, name: str = "gpu") -> dict[str, str]:
     api.create(f"{RESOURCE}/namespaces/{namespace}/resourceclaimtemplates", {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaimTemplate",
@@ -126,7 +132,7 @@ def create_template(api: KubeJSON, namespace: str, device_class: str, name: str 
     return {"resourceClaimTemplateName": name}
 
 
-def wait_running(api: KubeJSON, namespace: str, name: str) -> dict[str, Any]:
+def wait_running(api: KubeApi, namespace: str, name: str) -> dict[str, Any]:
     def running() -> dict[str, Any] | None:
         obj = api.get(f"/api/v1/namespaces/{namespace}/pods/{name}")
         return obj if obj["status"].get("phase") == "Running" else None
@@ -135,7 +141,7 @@ def wait_running(api: KubeJSON, namespace: str, name: str) -> dict[str, Any]:
     return result
 
 
-def pod_claim(api: KubeJSON, namespace: str, pod_obj: dict[str, Any]) -> dict[str, Any]:
+def pod_claim(api: KubeApi, namespace: str, pod_obj: dict[str, Any]) -> dict[str, Any]:
     statuses = pod_obj["status"].get("resourceClaimStatuses") or []
     name = (
         statuses[0]["resourceClaimName"]
@@ -170,14 +176,16 @@ def cdicheck(cluster: ControlPlane, node: KubeletNode, *devices: str) -> dict[st
     return result
 
 
-def touch(api: KubeJSON, namespace: str, name: str) -> None:
+def touch(api: KubeApi, namespace: str, name: str) -> None:
     """Annotate the pod so the kubelet syncs it now instead of after its retry delay."""
     nudge = {"metadata": {"annotations": {"e2e.draplugin.dev/nudge": uuid.uuid4().hex}}}
-    status = api.merge_patch_status(f"/api/v1/namespaces/{namespace}/pods/{name}", nudge)
-    assert status in (200, 404), status
+    try:
+        api.merge_patch(f"/api/v1/namespaces/{namespace}/pods/{name}", nudge)
+    except ApiError as err:
+        assert err.status == 404, err
 
 
-def delete_pod_and_wait(api: KubeJSON, namespace: str, name: str) -> None:
+def delete_pod_and_wait(api: KubeApi, namespace: str, name: str) -> None:
     path = f"/api/v1/namespaces/{namespace}/pods/{name}"
     api.delete(path)
 
@@ -222,8 +230,8 @@ def checkpoint_uids(plugin: PluginProcess) -> set[str]:
 
 def test_template_claim_shared_by_two_containers(
     kube_cluster: ControlPlane,
-    kubelet_node: KubeletNode,
-    api: KubeJSON,
+    fakecri_node: KubeletNode,
+    api: KubeApi,
     healthy_plugin: PluginProcess,
     device_class: str,
     test_namespace: str,
@@ -231,12 +239,12 @@ def test_template_claim_shared_by_two_containers(
     claim_ref = create_template(api, test_namespace, device_class)
     api.create(
         f"/api/v1/namespaces/{test_namespace}/pods",
-        pod("two", kubelet_node.name, claim_ref, containers=("trainer", "profiler")),
+        pod("two", fakecri_node.name, claim_ref, containers=("trainer", "profiler")),
     )
     running = wait_running(api, test_namespace, "two")
     claim = pod_claim(api, test_namespace, running)
     cdi_id = expected_cdi_id(claim)
-    records = records_of(kubelet_node, test_namespace, "two")
+    records = records_of(fakecri_node, test_namespace, "two")
     assert {r["containerName"]: r["cdiDevices"] for r in records} == {
         "trainer": [cdi_id],
         "profiler": [cdi_id],
@@ -246,18 +254,24 @@ def test_template_claim_shared_by_two_containers(
     # The reference CDI library (what runtimes use) resolves the ID to the device's edits.
     device = claim["status"]["allocation"]["devices"]["results"][0]["device"]
     key = device.upper().replace("-", "_")
-    check = cdicheck(kube_cluster, kubelet_node, cdi_id)
+    check = cdicheck(kube_cluster, fakecri_node, cdi_id)
     assert f"DRAPLUGIN_DEVICE_{key}_NAME={device}" in check["edits"]["env"]
     assert any(e.startswith(f"DRAPLUGIN_DEVICE_{key}_UUID=GPU-") for e in check["edits"]["env"])
-    assert [n["path"] for n in check["edits"]["deviceNodes"]] == ["/dev/null"]
+    # The fake GPU's own device nodes at NVIDIA's paths, resolved (from the plugin's directory on
+    # the host) to what they are: character devices 1:3.
+    index = device.removeprefix("gpu-")
+    paths = [f"/dev/nvidia{index}", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
+    assert [(n["path"], n["type"], n["major"], n["minor"]) for n in check["edits"]["deviceNodes"]] == [
+        (path, "c", 1, 3) for path in paths
+    ]
 
     delete_pod_and_wait(api, test_namespace, "two")
-    wait_unprepared(healthy_plugin, kubelet_node, claim["metadata"]["uid"])
+    wait_unprepared(healthy_plugin, fakecri_node, claim["metadata"]["uid"])
 
 
 def test_two_pods_share_one_claim_prepared_once(
-    kubelet_node: KubeletNode,
-    api: KubeJSON,
+    fakecri_node: KubeletNode,
+    api: KubeApi,
     healthy_plugin: PluginProcess,
     device_class: str,
     test_namespace: str,
@@ -271,16 +285,16 @@ def test_two_pods_share_one_claim_prepared_once(
     for name in ("first", "second"):
         api.create(
             f"/api/v1/namespaces/{test_namespace}/pods",
-            pod(name, kubelet_node.name, {"resourceClaimName": "shared"}),
+            pod(name, fakecri_node.name, {"resourceClaimName": "shared"}),
         )
     first = wait_running(api, test_namespace, "first")
     wait_running(api, test_namespace, "second")
     claim = pod_claim(api, test_namespace, first)
     uid = claim["metadata"]["uid"]
     ids = [
-        kubelet_node.cdi_ids_per_device(r["cdiDevices"])
+        fakecri_node.cdi_ids_per_device(r["cdiDevices"])
         for name in ("first", "second")
-        for r in records_of(kubelet_node, test_namespace, name)
+        for r in records_of(fakecri_node, test_namespace, name)
     ]
     assert ids == [[expected_cdi_id(claim)], [expected_cdi_id(claim)]]
     assert spec_writes(healthy_plugin, uid) == 1
@@ -288,9 +302,9 @@ def test_two_pods_share_one_claim_prepared_once(
     delete_pod_and_wait(api, test_namespace, "first")
     # Give the kubelet's pod cleanup time to act: the second pod still uses the claim, so it must not.
     time.sleep(5)
-    assert spec_path(kubelet_node, uid).exists() and uid in checkpoint_uids(healthy_plugin)
+    assert spec_path(fakecri_node, uid).exists() and uid in checkpoint_uids(healthy_plugin)
     delete_pod_and_wait(api, test_namespace, "second")
-    wait_unprepared(healthy_plugin, kubelet_node, uid)
+    wait_unprepared(healthy_plugin, fakecri_node, uid)
 
 
 @pytest.mark.parametrize(
@@ -304,8 +318,8 @@ def test_two_pods_share_one_claim_prepared_once(
 )
 def test_kill_during_prepare_then_restart(
     kube_cluster: ControlPlane,
-    kubelet_node: KubeletNode,
-    api: KubeJSON,
+    fakecri_node: KubeletNode,
+    api: KubeApi,
     healthy_plugin: PluginProcess,
     device_class: str,
     test_namespace: str,
@@ -315,7 +329,7 @@ def test_kill_during_prepare_then_restart(
     healthy_plugin.start(crash_at=point)
     healthy_plugin.wait_registered()
     claim_ref = create_template(api, test_namespace, device_class)
-    api.create(f"/api/v1/namespaces/{test_namespace}/pods", pod("crash", kubelet_node.name, claim_ref))
+    api.create(f"/api/v1/namespaces/{test_namespace}/pods", pod("crash", fakecri_node.name, claim_ref))
     assert healthy_plugin.wait_exit(60) == -9  # SIGKILL at the crash point
 
     healthy_plugin.start()
@@ -324,22 +338,22 @@ def test_kill_during_prepare_then_restart(
     running = wait_running(api, test_namespace, "crash")
     claim = pod_claim(api, test_namespace, running)
     uid = claim["metadata"]["uid"]
-    assert [r["cdiDevices"] for r in records_of(kubelet_node, test_namespace, "crash")] == [
+    assert [r["cdiDevices"] for r in records_of(fakecri_node, test_namespace, "crash")] == [
         [expected_cdi_id(claim)]
     ]
-    cdicheck(kube_cluster, kubelet_node, expected_cdi_id(claim))
+    cdicheck(kube_cluster, fakecri_node, expected_cdi_id(claim))
     assert uid in checkpoint_uids(healthy_plugin)
 
     delete_pod_and_wait(api, test_namespace, "crash")
-    wait_unprepared(healthy_plugin, kubelet_node, uid)
+    wait_unprepared(healthy_plugin, fakecri_node, uid)
 
 
 @pytest.mark.parametrize(
     "point", [crashpoints.UNPREPARE_AFTER_CDI_REMOVE, crashpoints.UNPREPARE_AFTER_RELEASE]
 )
 def test_kill_during_unprepare_then_restart(
-    kubelet_node: KubeletNode,
-    api: KubeJSON,
+    fakecri_node: KubeletNode,
+    api: KubeApi,
     healthy_plugin: PluginProcess,
     device_class: str,
     test_namespace: str,
@@ -349,7 +363,7 @@ def test_kill_during_unprepare_then_restart(
     healthy_plugin.start(crash_at=point)
     healthy_plugin.wait_registered()
     claim_ref = create_template(api, test_namespace, device_class)
-    api.create(f"/api/v1/namespaces/{test_namespace}/pods", pod("crash", kubelet_node.name, claim_ref))
+    api.create(f"/api/v1/namespaces/{test_namespace}/pods", pod("crash", fakecri_node.name, claim_ref))
     uid = pod_claim(api, test_namespace, wait_running(api, test_namespace, "crash"))["metadata"]["uid"]
 
     api.delete(f"/api/v1/namespaces/{test_namespace}/pods/crash")
@@ -358,7 +372,7 @@ def test_kill_during_unprepare_then_restart(
 
     healthy_plugin.start()
     healthy_plugin.wait_registered()
-    wait_unprepared(healthy_plugin, kubelet_node, uid)
+    wait_unprepared(healthy_plugin, fakecri_node, uid)
 
 
 async def _kubelet_style_prepare(plugin: PluginProcess, claim: dict[str, Any]) -> list[v1.Device]:
@@ -379,40 +393,40 @@ async def _kubelet_style_prepare(plugin: PluginProcess, claim: dict[str, Any]) -
 
 def test_reboot_wipes_cdi_root_and_prepare_restores_it(
     kube_cluster: ControlPlane,
-    kubelet_node: KubeletNode,
-    api: KubeJSON,
+    fakecri_node: KubeletNode,
+    api: KubeApi,
     healthy_plugin: PluginProcess,
     device_class: str,
     test_namespace: str,
 ) -> None:
     claim_ref = create_template(api, test_namespace, device_class)
-    api.create(f"/api/v1/namespaces/{test_namespace}/pods", pod("reboot", kubelet_node.name, claim_ref))
+    api.create(f"/api/v1/namespaces/{test_namespace}/pods", pod("reboot", fakecri_node.name, claim_ref))
     claim = pod_claim(api, test_namespace, wait_running(api, test_namespace, "reboot"))
     uid = claim["metadata"]["uid"]
 
     healthy_plugin.stop()
-    spec_path(kubelet_node, uid).unlink()  # /var/run/cdi is a tmpfs
+    spec_path(fakecri_node, uid).unlink()  # /var/run/cdi is a tmpfs
     old_boot = healthy_plugin.boot_id
     healthy_plugin.boot_id = f"boot-{uuid.uuid4().hex[:8]}"
     try:
         healthy_plugin.start()
         healthy_plugin.wait_registered()
-        assert not spec_path(kubelet_node, uid).exists()  # a previous boot's record is not trusted
+        assert not spec_path(fakecri_node, uid).exists()  # a previous boot's record is not trusted
         saved = json.loads(healthy_plugin.checkpoint_path.read_text())
         assert [c["state"] for c in saved["claims"] if c["uid"] == uid] == ["PrepareStarted"]
 
         devices = asyncio.run(_kubelet_style_prepare(healthy_plugin, claim))
         assert [list(d.cdi_device_ids) for d in devices] == [[expected_cdi_id(claim)]]
-        cdicheck(kube_cluster, kubelet_node, expected_cdi_id(claim))
+        cdicheck(kube_cluster, fakecri_node, expected_cdi_id(claim))
         delete_pod_and_wait(api, test_namespace, "reboot")
-        wait_unprepared(healthy_plugin, kubelet_node, uid)
+        wait_unprepared(healthy_plugin, fakecri_node, uid)
     finally:
         healthy_plugin.boot_id = old_boot
 
 
 def test_corrupt_checkpoint_is_reported_and_plugin_recovers(
-    kubelet_node: KubeletNode,
-    api: KubeJSON,
+    fakecri_node: KubeletNode,
+    api: KubeApi,
     healthy_plugin: PluginProcess,
     device_class: str,
     test_namespace: str,
@@ -426,7 +440,7 @@ def test_corrupt_checkpoint_is_reported_and_plugin_recovers(
     def corruption_event() -> dict[str, Any] | None:
         events = api.get("/apis/events.k8s.io/v1/namespaces/default/events")["items"]
         for event in events:
-            if event["reason"] == "CheckpointCorrupted" and event["regarding"]["name"] == kubelet_node.name:
+            if event["reason"] == "CheckpointCorrupted" and event["regarding"]["name"] == fakecri_node.name:
                 found: dict[str, Any] = event
                 return found
         return None
@@ -435,16 +449,16 @@ def test_corrupt_checkpoint_is_reported_and_plugin_recovers(
     assert event["type"] == "Warning" and "moved to" in event["note"]
 
     claim_ref = create_template(api, test_namespace, device_class)
-    api.create(f"/api/v1/namespaces/{test_namespace}/pods", pod("after", kubelet_node.name, claim_ref))
+    api.create(f"/api/v1/namespaces/{test_namespace}/pods", pod("after", fakecri_node.name, claim_ref))
     uid = pod_claim(api, test_namespace, wait_running(api, test_namespace, "after"))["metadata"]["uid"]
     assert uid in checkpoint_uids(healthy_plugin)
     delete_pod_and_wait(api, test_namespace, "after")
-    wait_unprepared(healthy_plugin, kubelet_node, uid)
+    wait_unprepared(healthy_plugin, fakecri_node, uid)
 
 
 def test_bad_opaque_config_fails_prepare_with_event_on_claim(
-    kubelet_node: KubeletNode,
-    api: KubeJSON,
+    fakecri_node: KubeletNode,
+    api: KubeApi,
     healthy_plugin: PluginProcess,
     device_class: str,
     test_namespace: str,
@@ -462,7 +476,7 @@ def test_bad_opaque_config_fails_prepare_with_event_on_claim(
     })  # fmt: skip
     api.create(
         f"/api/v1/namespaces/{test_namespace}/pods",
-        pod("bad", kubelet_node.name, {"resourceClaimName": "bad"}),
+        pod("bad", fakecri_node.name, {"resourceClaimName": "bad"}),
     )
 
     def invalid_config_event() -> dict[str, Any] | None:
@@ -479,5 +493,5 @@ def test_bad_opaque_config_fails_prepare_with_event_on_claim(
         "spec.devices.config[0].opaque.parameters.sharing.mpsConfig.defaultActiveThreadPercentage: "
         "must be between 1 and 100, got 150"
     ) in event["note"]
-    assert records_of(kubelet_node, test_namespace, "bad") == []
+    assert records_of(fakecri_node, test_namespace, "bad") == []
     delete_pod_and_wait(api, test_namespace, "bad")

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from controller.allocation.features import Features, parse_feature_gates
 from devcluster.controlplane import ControlPlane
+from dracommon.kubeapi import KubeApi
 from dracommon.kubeversion import KubernetesVersion, server_version
 
 
 def cluster_version(cluster: ControlPlane) -> KubernetesVersion:
     with cluster.api_client() as api:
-        return server_version(api)
+        return server_version(KubeApi(api))
 
 
 def cluster_features(cluster: ControlPlane) -> Features:

@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from kubernetes.client.exceptions import ApiException
 
 from controller.allocation.builders import (
     claim,
@@ -36,8 +35,9 @@ from controller.allocation.pools import DeviceID
 from controller.allocation.requests import Request, blocking_taint
 from controller.allocator import Allocator
 from controller.cel import compile_selector
-from controller.objects import RESOURCE_API, ApiJSON
+from controller.objects import RESOURCE_API
 from devcluster.controlplane import ControlPlane
+from dracommon.kubeapi import ApiError, KubeApi
 from tests.integration.release import cluster_features
 
 pytestmark = pytest.mark.cluster
@@ -272,7 +272,7 @@ def pod(name: str, namespace: str, claim_name: str) -> dict[str, Any]:
 
 
 def wait_decided(
-    api: ApiJSON, namespace: str, count: int, timeout: float = 150.0
+    api: KubeApi, namespace: str, count: int, timeout: float = 150.0
 ) -> dict[str, dict[str, Any]]:
     """Pods by name once each is bound or has been found unschedulable."""
     deadline = time.monotonic() + timeout
@@ -290,23 +290,23 @@ def wait_decided(
 
 
 @pytest.fixture
-def cluster_objects(kube_cluster: Any) -> Iterator[tuple[ApiJSON, list[Callable[[], None]]]]:
+def cluster_objects(kube_cluster: Any) -> Iterator[tuple[KubeApi, list[Callable[[], object]]]]:
     api_client = kube_cluster.api_client()
-    api = ApiJSON(api_client)
-    cleanups: list[Callable[[], None]] = []
+    api = KubeApi(api_client)
+    cleanups: list[Callable[[], object]] = []
     try:
         yield api, cleanups
     finally:
         for cleanup in reversed(cleanups):
             try:
                 cleanup()
-            except ApiException as err:
+            except ApiError as err:
                 log.warning("cleanup failed: %s", err)
         api_client.close()
 
 
 def run_round(
-    api: ApiJSON,
+    api: KubeApi,
     fake_node: Callable[..., str],
     test_namespace: str,
     rng: random.Random,
@@ -415,19 +415,15 @@ def run_round(
 
 def test_allocator_agrees_with_kube_scheduler(
     kube_cluster: ControlPlane,
-    cluster_objects: tuple[ApiJSON, list[Callable[[], None]]],
+    cluster_objects: tuple[KubeApi, list[Callable[[], object]]],
     fake_node: Callable[..., str],
     test_namespace: str,
 ) -> None:
     api, cleanups = cluster_objects
     # The rules of the release we run against (GET /version) and the gates the fixtures set.
     features = cluster_features(kube_cluster)
-    cleanups.append(
-        lambda: api.request("DELETE", f"{RESOURCE_API}/deviceclasses", query={"labelSelector": "diff=1"})
-    )
-    cleanups.append(
-        lambda: api.request("DELETE", f"{RESOURCE_API}/resourceslices", query={"labelSelector": "diff=1"})
-    )
+    cleanups.append(lambda: api.delete(f"{RESOURCE_API}/deviceclasses", query={"labelSelector": "diff=1"}))
+    cleanups.append(lambda: api.delete(f"{RESOURCE_API}/resourceslices", query={"labelSelector": "diff=1"}))
     rng = random.Random(SEED)
     started = time.monotonic()
     agree = 0

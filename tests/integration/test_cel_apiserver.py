@@ -11,11 +11,10 @@ import uuid
 from typing import Any
 
 import pytest
-from kubernetes.client.exceptions import ApiException
 
 from controller.cel import CompileError, compile_selector
 from devcluster.controlplane import ControlPlane
-from devcluster.rest import KubeJSON
+from dracommon.kubeapi import ApiError, KubeApi
 from tests.integration.release import cluster_version
 from tests.unit.cel.conformance import CASES, Case
 
@@ -42,8 +41,8 @@ def _dry_run_create(cluster: ControlPlane, expression: str) -> str | None:
     """None when the API server accepts the DeviceClass, else its rejection text."""
     with cluster.api_client() as api:
         try:
-            KubeJSON(api).request("POST", DEVICE_CLASSES, _device_class(expression), query={"dryRun": "All"})
-        except ApiException as err:
+            KubeApi(api).request("POST", DEVICE_CLASSES, _device_class(expression), query={"dryRun": "All"})
+        except ApiError as err:
             assert err.status == 422, err.body
             return str(err.body)
     return None

@@ -3,13 +3,13 @@ schema checks, and every rendered object accepted by the real API server
 (server-side dry run).
 
 Helm is built from its Go module by tests/cluster/build_helm.sh into the same
-directory as the Kubernetes binaries; a missing binary fails the tests.
+directory as the Kubernetes binaries; a missing binary fails the tests. The
+chart running for real (our image, the plugin as its DaemonSet pod) is
+tests/e2e/test_chart_live.py.
 """
 
 from __future__ import annotations
 
-import os
-import subprocess
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -21,12 +21,10 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 
-from devcluster.binaries import REPO_ROOT, bin_dir, pinned_kubernetes_version
+from devcluster.binaries import REPO_ROOT, pinned_kubernetes_version
 from devcluster.controlplane import ControlPlane
+from tests.kube.chart import CHART, FAKE_GPU_VALUES, HelmError, run_helm
 
-CHART = REPO_ROOT / "deploy" / "helm" / "draplugin"
-FAKE_GPU_VALUES = REPO_ROOT / "deploy" / "helm" / "values-fake-gpus.yaml"
-HELM_BUILD_COMMAND = "tests/cluster/build_helm.sh"
 DRIVER = "gpu.draplugin.dev"
 
 # Values that move every knob away from its default.
@@ -43,17 +41,19 @@ NON_DEFAULT_VALUES: dict[str, Any] = {
         "cdiRoot": "/etc/cdi",
         "stateDir": "/data/gpudra",
         "privileged": False,
-        # Helm merges maps with the defaults: null removes the default key.
-        "nodeSelector": {"nvidia.com/gpu.present": None, "example.com/gpu": "yes"},
+        "hostNetwork": True,
+        "gpuFeatureDiscovery": False,
+        "nodeSelector": {"example.com/gpu": "yes"},
         "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "gpu", "effect": "NoExecute"}],
         "livenessProbe": {"enabled": False},
         "extraEnv": [{"name": "EXTRA", "value": "1"}],
         "extraArgs": ["--log-level=debug"],
         "podAnnotations": {"example.com/team": "ml"},
-        "deviceStatus": False,
+        "deviceStatus": True,
     },
     "controller": {
         "replicas": 2,
+        "hostNetwork": True,
         "leaderElection": {"leaseDuration": "30s"},
         "priorityClassName": "system-cluster-critical",
     },
@@ -74,37 +74,6 @@ NON_DEFAULT_VALUES: dict[str, Any] = {
 }
 
 
-class HelmError(AssertionError):
-    """helm exited non-zero; the message carries its stderr."""
-
-
-def helm_binary() -> Path:
-    """The helm built by build_helm.sh; fails (never skips) when it is missing."""
-    path = bin_dir() / "helm"
-    if not os.access(path, os.X_OK):
-        pytest.fail(
-            f"helm not found at {path}: build it with `{HELM_BUILD_COMMAND}` (part of `make kube`)",
-            pytrace=False,
-        )
-    return path
-
-
-def run_helm(args: Sequence[str], home: Path) -> str:
-    """Run helm hermetically (own cache/config/data dirs, no network needed)."""
-    env = {
-        **os.environ,
-        "HELM_CACHE_HOME": str(home / "cache"),
-        "HELM_CONFIG_HOME": str(home / "config"),
-        "HELM_DATA_HOME": str(home / "data"),
-    }
-    proc = subprocess.run(
-        [str(helm_binary()), *args], capture_output=True, text=True, env=env, timeout=120, check=False
-    )
-    if proc.returncode != 0:
-        raise HelmError(f"helm {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr}{proc.stdout}")
-    return proc.stdout
-
-
 def render_chart(
     home: Path,
     values: Mapping[str, Any] | None = None,
@@ -112,10 +81,11 @@ def render_chart(
     release: str = "draplugin",
     namespace: str = "draplugin-system",
     show_only: Sequence[str] = (),
+    kube_version: str | None = None,
 ) -> list[dict[str, Any]]:
     """`helm template` the chart and return its objects (empty documents dropped)."""
     args = ["template", release, str(CHART), "--namespace", namespace]
-    args += ["--kube-version", pinned_kubernetes_version()]
+    args += ["--kube-version", kube_version or pinned_kubernetes_version()]
     if values:
         values_file = home / f"values-{uuid.uuid4().hex[:8]}.yaml"
         values_file.write_text(yaml.safe_dump(dict(values)))
@@ -189,6 +159,8 @@ def test_helm_lint_strict_with_default_and_non_default_values(helm_home: Path) -
         ({"logFormat": "xml"}, "logFormat"),
         ({"kubeletPlugin": {"backend": "fake", "unknownKnob": 1}}, "unknownKnob"),
         ({"deviceClasses": {"byModel": [{"name": "x.gpu.draplugin.dev"}]}}, "productName"),
+        ({"kubeletPlugin": {"gpuFeatureDiscovery": "yes"}}, "gpuFeatureDiscovery"),
+        ({"metrics": {"port": -1}}, "port"),
     ],
 )
 def test_schema_rejects_bad_values(helm_home: Path, values: dict[str, Any], complaint: str) -> None:
@@ -246,6 +218,12 @@ def test_daemonset_defaults(helm_home: Path) -> None:
     assert container["livenessProbe"]["grpc"] == {"port": 51515}
     assert container["startupProbe"]["grpc"] == {"port": 51515}
     assert container["securityContext"]["privileged"] is True
+    # The pod network by default; ports declared for the probes and scraping.
+    assert "hostNetwork" not in pod
+    assert {p["name"]: p["containerPort"] for p in container["ports"]} == {
+        "metrics": 8080,
+        "healthcheck": 51515,
+    }
     mounts = {m["name"]: m for m in container["volumeMounts"]}
     volumes = {v["name"]: v for v in pod["volumes"]}
     # Sockets and CDI specs live at the same path inside and outside the pod.
@@ -264,6 +242,7 @@ def test_daemonset_defaults(helm_home: Path) -> None:
         "readOnly": True,
         "mountPropagation": "HostToContainer",
     }
+    # gpuFeatureDiscovery (default true): the label GPU Feature Discovery sets.
     assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
     assert pod["priorityClassName"] == "system-node-critical"
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
@@ -287,8 +266,13 @@ def test_non_default_values_reach_every_object(helm_home: Path) -> None:
     assert "livenessProbe" not in container
     assert "startupProbe" not in container
     assert "HEALTHCHECK_PORT" not in env
-    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    # Fake GPUs get real device nodes: mknod is the one capability the fake backend keeps.
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["MKNOD"]}
     assert "privileged" not in container["securityContext"]
+    # Host network: no containerPorts (each would be a hostPort, blocking the surge pod).
+    assert pod["hostNetwork"] is True
+    assert pod["dnsPolicy"] == "ClusterFirstWithHostNet"
+    assert "ports" not in container
     paths = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
     assert paths == {
         "plugins-registry": "/data/kubelet/plugins_registry",
@@ -312,10 +296,15 @@ def test_non_default_values_reach_every_object(helm_home: Path) -> None:
     assert "--leader-elect" in args
     assert "--leader-election-lease-duration=30s" in args
     assert "--driver-name=gpu.example.com" in args
+    controller_pod = deployment["spec"]["template"]["spec"]
+    assert controller_pod["hostNetwork"] is True
+    assert "ports" not in controller_pod["containers"][0]
+    assert controller_pod["containers"][0]["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": 9400}
 
     service = only(objects, "Service")
     assert service["spec"]["clusterIP"] == "None"
     assert service["spec"]["ports"][0]["port"] == 9400
+    assert service["spec"]["ports"][0]["targetPort"] == 9400
 
     classes = {dc["metadata"]["name"]: dc for dc in by_kind(objects, "DeviceClass")}
     assert sorted(classes) == ["a100.gpu.example.com", "gpu.example.com", "shared-l4.gpu.example.com"]
@@ -334,9 +323,55 @@ def test_non_default_values_reach_every_object(helm_home: Path) -> None:
 
     roles = by_kind(objects, "ClusterRole")
     plugin_role = next(r for r in roles if r["metadata"]["name"].endswith("kubelet-plugin"))
-    assert not any("resourceclaims/driver" in rule["resources"] for rule in plugin_role["rules"])
+    # deviceStatus on (1.36+): status writes, narrowed to this driver's claims on the plugin's node.
+    driver_rule = next(rule for rule in plugin_role["rules"] if "resourceclaims/driver" in rule["resources"])
+    assert driver_rule["resourceNames"] == ["gpu.example.com"]
+    assert sorted(driver_rule["verbs"]) == ["associated-node:patch", "associated-node:update"]
+    assert any("resourceclaims/status" in rule["resources"] for rule in plugin_role["rules"])
     policy = only(objects, "ValidatingAdmissionPolicy")
     assert any('"gpu.example.com"' in v["expression"] for v in policy["spec"]["validations"])
+
+
+def test_device_status_rbac_is_off_by_default(helm_home: Path) -> None:
+    """Nothing writes status.devices yet: no plugin may write claim status by default."""
+    roles = by_kind(render_chart(helm_home), "ClusterRole")
+    plugin_role = next(r for r in roles if r["metadata"]["name"].endswith("kubelet-plugin"))
+    resources = {res for rule in plugin_role["rules"] for res in rule["resources"]}
+    assert "resourceclaims/status" not in resources
+    assert "resourceclaims/driver" not in resources
+
+
+@pytest.mark.parametrize("kube_version", ["v1.34.4", "v1.35.2"])
+def test_device_status_is_refused_where_the_server_cannot_narrow_it(
+    helm_home: Path, kube_version: str
+) -> None:
+    """Before 1.36 a resourceclaims/status grant is cluster-wide: the chart refuses it, naming the release."""
+    with pytest.raises(HelmError, match=r"deviceStatus needs Kubernetes 1\.36"):
+        render_chart(helm_home, {"kubeletPlugin": {"deviceStatus": True}}, kube_version=kube_version)
+    # The default (off) renders on the same release.
+    assert render_chart(helm_home, kube_version=kube_version)
+
+
+def test_without_gpu_feature_discovery_the_node_selector_is_the_users(helm_home: Path) -> None:
+    off = {"kubeletPlugin": {"gpuFeatureDiscovery": False}}
+    pod = only(render_chart(helm_home, off), "DaemonSet")["spec"]["template"]["spec"]
+    assert "nodeSelector" not in pod
+    both = {"kubeletPlugin": {"nodeSelector": {"example.com/gpu": "yes"}}}
+    pod = only(render_chart(helm_home, both), "DaemonSet")["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true", "example.com/gpu": "yes"}
+
+
+def test_metrics_port_zero_turns_the_endpoints_off(helm_home: Path) -> None:
+    objects = render_chart(helm_home, {"metrics": {"port": 0}})
+    (plugin,) = only(objects, "DaemonSet")["spec"]["template"]["spec"]["containers"]
+    assert container_env(plugin)["METRICS_PORT"] == "0"
+    assert [p["name"] for p in plugin["ports"]] == ["healthcheck"]
+    (controller,) = only(objects, "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert "--metrics-port=0" in controller["args"]
+    assert "ports" not in controller
+    assert "livenessProbe" not in controller
+    with pytest.raises(HelmError, match=r"metrics\.service\.enabled needs a metrics\.port"):
+        render_chart(helm_home, {"metrics": {"port": 0, "service": {"enabled": True}}})
 
 
 def test_fake_gpu_values_file_matches_the_examples_inventory(helm_home: Path) -> None:

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from devcluster.controlplane import ControlPlane
-from devcluster.rest import KubeJSON
 from devcluster.wait import wait_for
+from dracommon.kubeapi import KubeApi
 
 pytestmark = pytest.mark.cluster
 
@@ -67,7 +67,7 @@ def test_scheduler_allocates_claim_from_template_on_fake_node(
     ns = f"/api/v1/namespaces/{test_namespace}"
     resource_ns = f"{RESOURCE_V1}/namespaces/{test_namespace}"
     with kube_cluster.api_client() as api:
-        rest = KubeJSON(api)
+        rest = KubeApi(api)
         rest.create(f"{RESOURCE_V1}/resourceslices", resource_slice(node))
         rest.create(f"{resource_ns}/resourceclaimtemplates", {
             "apiVersion": "resource.k8s.io/v1",

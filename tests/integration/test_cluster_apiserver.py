@@ -8,11 +8,10 @@ from typing import Any
 
 import pytest
 from kubernetes import config as k8s_config
-from kubernetes.client.exceptions import ApiException
 
 from devcluster.controlplane import ControlPlane
-from devcluster.rest import KubeJSON
 from devcluster.wait import wait_for
+from dracommon.kubeapi import ApiError, KubeApi
 
 pytestmark = pytest.mark.cluster
 
@@ -29,8 +28,8 @@ def device_class(selector: str) -> dict[str, Any]:
 
 
 def rejection_message(cluster: ControlPlane, body: dict[str, Any]) -> str:
-    with cluster.api_client() as api, pytest.raises(ApiException) as caught:
-        KubeJSON(api).create(DEVICE_CLASSES, body)
+    with cluster.api_client() as api, pytest.raises(ApiError) as caught:
+        KubeApi(api).create(DEVICE_CLASSES, body)
     assert caught.value.status == 422, caught.value.body
     status = json.loads(str(caught.value.body))
     assert status["reason"] == "Invalid"
@@ -50,7 +49,7 @@ def test_kubeconfig_reaches_apiserver_with_verified_tls(kube_cluster: ControlPla
     api = k8s_config.new_client_from_config(config_file=str(kube_cluster.kubeconfig))  # type: ignore[no-untyped-call]
     with api:
         assert api.configuration.verify_ssl
-        namespaces = KubeJSON(api).get("/api/v1/namespaces")
+        namespaces = KubeApi(api).get("/api/v1/namespaces")
     assert "kube-system" in {n["metadata"]["name"] for n in namespaces["items"]}
 
 
@@ -70,7 +69,7 @@ def test_apiserver_rejects_device_class_with_cel_type_error(kube_cluster: Contro
 def test_apiserver_accepts_valid_device_class(kube_cluster: ControlPlane) -> None:
     body = device_class('device.driver == "gpu.draplugin.dev"')
     with kube_cluster.api_client() as api:
-        rest = KubeJSON(api)
+        rest = KubeApi(api)
         created = rest.create(DEVICE_CLASSES, body)
         rest.delete(f"{DEVICE_CLASSES}/{body['metadata']['name']}")
     assert created["spec"]["selectors"] == body["spec"]["selectors"]
@@ -79,22 +78,22 @@ def test_apiserver_accepts_valid_device_class(kube_cluster: ControlPlane) -> Non
 def test_service_account_client_is_subject_to_rbac(kube_cluster: ControlPlane, test_namespace: str) -> None:
     pods = f"/api/v1/namespaces/{test_namespace}/pods"
     with kube_cluster.service_account_client(test_namespace, "reader") as reader:
-        with pytest.raises(ApiException) as caught:
-            KubeJSON(reader).get(pods)
+        with pytest.raises(ApiError) as caught:
+            KubeApi(reader).get(pods)
         assert caught.value.status == 403
         assert f"system:serviceaccount:{test_namespace}:reader" in str(caught.value.body)
 
         rbac = f"/apis/rbac.authorization.k8s.io/v1/namespaces/{test_namespace}"
         with kube_cluster.api_client() as admin:
-            KubeJSON(admin).create(f"{rbac}/roles", {
+            KubeApi(admin).create(f"{rbac}/roles", {
                 "metadata": {"name": "pod-reader"},
                 "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}],
             })  # fmt: skip
-            KubeJSON(admin).create(f"{rbac}/rolebindings", {
+            KubeApi(admin).create(f"{rbac}/rolebindings", {
                 "metadata": {"name": "reader-reads-pods"},
                 "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "pod-reader"},
                 "subjects": [{"kind": "ServiceAccount", "name": "reader", "namespace": test_namespace}],
             })  # fmt: skip
         # The RBAC authorizer sees the binding once its informer catches up.
-        listed = wait_for("the RoleBinding to take effect", lambda: KubeJSON(reader).get(pods), timeout=20)
+        listed = wait_for("the RoleBinding to take effect", lambda: KubeApi(reader).get(pods), timeout=20)
     assert listed["items"] == []

@@ -8,6 +8,7 @@ not do its job.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,8 +17,8 @@ import pytest
 from kubernetes import client as k8s
 
 from devcluster.controlplane import ControlPlane, write_kubeconfig
-from devcluster.rest import KubeJSON
 from devcluster.wait import wait_for
+from dracommon.kubeapi import KubeApi
 from tests.integration.test_controller_run import (  # fixtures are used by name
     PREALLOCATE,
     RESOURCE_V1,
@@ -50,7 +51,7 @@ def test_controller_does_its_job_with_the_charts_rbac(
     kubeconfig = write_kubeconfig(
         tmp_path / "controller.kubeconfig", kube_cluster.server, kube_cluster.ca_file, {"token": token}, "sa"
     )
-    rest = KubeJSON(admin)
+    rest = KubeApi(admin)
     node = fake_node()
     publish_two_gpus(rest, node)
     controller = start_controller("chart-rbac", kubeconfig=kubeconfig)
@@ -78,6 +79,9 @@ def test_controller_does_its_job_with_the_charts_rbac(
 
     events = wait_for("a CannotAllocate event", cannot_allocate_events, 60)
     assert "request selector" in events[0]["note"]
-    forbidden_lines = [line for line in controller.log_path.read_text().splitlines() if "403" in line]
+    # A refused call logs as "HTTP 403: ..." (dracommon.kubeapi.ApiError) with reason Forbidden; a bare
+    # "403" would also match a port number such as 40335 in the log.
+    refused = re.compile(r"HTTP 403\b|\bForbidden\b")
+    forbidden_lines = [line for line in controller.log_path.read_text().splitlines() if refused.search(line)]
     assert not forbidden_lines, forbidden_lines[:3]
     assert controller.terminate() == 0

@@ -25,11 +25,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes.client.exceptions import ApiException
 
 from devcluster.controlplane import ControlPlane, free_port
-from devcluster.rest import KubeJSON
 from devcluster.wait import wait_for
+from dracommon.kubeapi import ApiError, KubeApi
 
 pytestmark = pytest.mark.cluster
 
@@ -124,7 +123,7 @@ def start_controller(
                 controller.proc.wait()
 
 
-def publish_two_gpus(rest: KubeJSON, node: str) -> None:
+def publish_two_gpus(rest: KubeApi, node: str) -> None:
     rest.create(f"{RESOURCE_V1}/resourceslices", {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceSlice",
@@ -173,16 +172,16 @@ def pod_body(name: str, claim: str, containers: int = 2) -> dict[str, Any]:
     }
 
 
-def get_claim(rest: KubeJSON, namespace: str, name: str) -> dict[str, Any] | None:
+def get_claim(rest: KubeApi, namespace: str, name: str) -> dict[str, Any] | None:
     try:
         return rest.get(f"{RESOURCE_V1}/namespaces/{namespace}/resourceclaims/{name}")
-    except ApiException as err:
+    except ApiError as err:
         if err.status == 404:
             return None
         raise
 
 
-def allocated(rest: KubeJSON, namespace: str, name: str) -> dict[str, Any] | None:
+def allocated(rest: KubeApi, namespace: str, name: str) -> dict[str, Any] | None:
     claim = get_claim(rest, namespace, name)
     if claim is None or not (claim.get("status") or {}).get("allocation"):
         return None
@@ -203,7 +202,7 @@ def test_preallocated_claim_is_shared_by_two_scheduled_pods(
 ) -> None:
     ns = test_namespace
     with kube_cluster.api_client() as api:
-        rest = KubeJSON(api)
+        rest = KubeApi(api)
         node = fake_node()
         publish_two_gpus(rest, node)
         controller = start_controller("solo")
@@ -269,7 +268,7 @@ def test_stuck_claim_gets_event_naming_the_filter(
 ) -> None:
     ns = test_namespace
     with kube_cluster.api_client() as api:
-        rest = KubeJSON(api)
+        rest = KubeApi(api)
         publish_two_gpus(rest, fake_node())
         controller = start_controller("events")
         rest.create(
@@ -316,7 +315,7 @@ def test_two_replicas_one_leader_no_double_allocation(
 ) -> None:
     ns = test_namespace
     with kube_cluster.api_client() as api:
-        rest = KubeJSON(api)
+        rest = KubeApi(api)
         node = fake_node()
         publish_two_gpus(rest, node)
         first = start_controller("replica-1")

@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 
 from devcluster.controlplane import ControlPlane
-from devcluster.rest import KubeJSON
 from devcluster.wait import wait_for
+from dracommon.kubeapi import KubeApi
 
 pytestmark = pytest.mark.cluster
 
@@ -80,12 +80,12 @@ def _cleanup(daemon: Daemon) -> None:
     shutil.rmtree(daemon.root, ignore_errors=True)
 
 
-def node_slices(rest: KubeJSON, node: str) -> list[dict[str, Any]]:
+def node_slices(rest: KubeApi, node: str) -> list[dict[str, Any]]:
     found = rest.get(SLICES, query={"fieldSelector": f"spec.nodeName={node},spec.driver={DRIVER}"})
     return sorted(found["items"], key=lambda s: s["metadata"]["name"])
 
 
-def published_devices(rest: KubeJSON, node: str, daemon: Daemon, count: int) -> list[dict[str, Any]] | None:
+def published_devices(rest: KubeApi, node: str, daemon: Daemon, count: int) -> list[dict[str, Any]] | None:
     assert daemon.proc.poll() is None, daemon.log_path.read_text()
     devices = [d for s in node_slices(rest, node) for d in s["spec"].get("devices", [])]
     return devices if len(devices) == count else None
@@ -96,7 +96,7 @@ def test_publishes_four_gpus_owned_by_the_node_taints_a_fault_and_cleans_up_on_s
 ) -> None:
     node = fake_node()
     with kube_cluster.api_client() as api:
-        rest = KubeJSON(api)
+        rest = KubeApi(api)
         node_uid = rest.get(f"/api/v1/nodes/{node}")["metadata"]["uid"]
         daemon = _start(kube_cluster, node, "--delete-slices-on-shutdown")
         try:
@@ -138,7 +138,7 @@ def test_slices_stay_after_sigterm_without_the_flag(
 ) -> None:
     node = fake_node()
     with kube_cluster.api_client() as api:
-        rest = KubeJSON(api)
+        rest = KubeApi(api)
         daemon = _start(kube_cluster, node)
         try:
             wait_for("4 published devices", lambda: published_devices(rest, node, daemon, 4), timeout=60)
@@ -153,7 +153,7 @@ def test_starts_before_its_node_exists_and_publishes_once_it_does(
 ) -> None:
     name = f"late-node-{os.getpid()}"
     with kube_cluster.api_client() as api:
-        rest = KubeJSON(api)
+        rest = KubeApi(api)
         daemon = _start(kube_cluster, name)
         try:
             # Serving the kubelet does not wait for the API server.

@@ -69,7 +69,14 @@ def forbidden(call: Callable[[], object]) -> str:
 def installed(kube_cluster: ControlPlane, test_namespace: str, tmp_path: Path) -> Iterator[Installed]:
     """The chart's RBAC and admission policy, created for real in the test namespace."""
     release = f"rbac-{uuid.uuid4().hex[:6]}"
-    objects = render_chart(tmp_path, release=release, namespace=test_namespace, show_only=SECURITY_TEMPLATES)
+    # deviceStatus (off by default) on, so that its grant is checked too.
+    objects = render_chart(
+        tmp_path,
+        {"kubeletPlugin": {"deviceStatus": True}},
+        release=release,
+        namespace=test_namespace,
+        show_only=SECURITY_TEMPLATES,
+    )
     created: list[tuple[Any, str | None, str]] = []
     with kube_cluster.api_client() as api:
         dynamic = DynamicClient(api)  # type: ignore[no-untyped-call]

@@ -14,20 +14,16 @@ from controller.allocation.builders import claim, device_class, exactly
 from controller.allocation.nodes import Node
 from controller.allocator import Allocator
 from devcluster.controlplane import ControlPlane
-from devcluster.rest import KubeJSON
-from devcluster.wait import wait_for as wait_until
+from devcluster.wait import wait_for
+from dracommon.kubeapi import KubeApi
 from dracommon.kubeversion import server_version
 from draplugin.devices.fake import FakeBackend, config_from_flags, parse_config
 from draplugin.devices.health import HealthTracker
 from draplugin.devices.model import Device
-from draplugin.slices import (
-    KubeSliceApi,
-    SliceMetrics,
-    SlicePublisher,
-    backend_source,
-    layout_for,
-    wait_for,
-)
+from draplugin.slices.api import KubeSliceApi
+from draplugin.slices.metrics import SliceMetrics
+from draplugin.slices.plan import layout_for
+from draplugin.slices.publisher import SlicePublisher, backend_source
 from tests.integration.release import cluster_features
 
 pytestmark = pytest.mark.cluster
@@ -36,7 +32,7 @@ DRIVER = "gpu.draplugin.dev"
 RESOURCE_V1 = "/apis/resource.k8s.io/v1"
 
 
-def make_publisher(api: Any, node: str, devices: Callable[[], list[Device]], **kw: Any) -> SlicePublisher:
+def make_publisher(api: KubeApi, node: str, devices: Callable[[], list[Device]], **kw: Any) -> SlicePublisher:
     return SlicePublisher(
         KubeSliceApi(api),
         node_name=node,
@@ -47,7 +43,7 @@ def make_publisher(api: Any, node: str, devices: Callable[[], list[Device]], **k
     )
 
 
-def our_slices(rest: KubeJSON, node: str) -> list[dict[str, Any]]:
+def our_slices(rest: KubeApi, node: str) -> list[dict[str, Any]]:
     result = rest.get(
         f"{RESOURCE_V1}/resourceslices", query={"fieldSelector": f"spec.nodeName={node},spec.driver={DRIVER}"}
     )
@@ -60,8 +56,8 @@ def test_thousand_devices_are_accepted_then_shrink_bumps_generation_and_removes_
     node = fake_node()
     state = {"devices": FakeBackend(node, config_from_flags(1000, "H100-80GB-HBM3")).discover()}
     with kube_cluster.api_client() as api:
-        rest = KubeJSON(api)
-        pub = make_publisher(api, node, lambda: state["devices"])
+        rest = KubeApi(api)
+        pub = make_publisher(rest, node, lambda: state["devices"])
         first = pub.sync()
         slices = our_slices(rest, node)
         assert (first.created, first.generation) == (8, 1)
@@ -91,15 +87,15 @@ def test_static_mig_and_partitionable_layouts_are_accepted(
     backend = FakeBackend(node, config)
     with kube_cluster.api_client() as api:
         pub = SlicePublisher(
-            KubeSliceApi(api),
+            KubeSliceApi(KubeApi(api)),
             node_name=node,
             driver=DRIVER,
             source=backend_source(backend),
             metrics=SliceMetrics(CollectorRegistry()),
         )
         result = pub.sync()
-        slices = our_slices(KubeJSON(api), node)
-        version = server_version(api)
+        slices = our_slices(KubeApi(api), node)
+        version = server_version(KubeApi(api))
         assert pub.layout() is layout_for(version)
         if version >= (1, 35):
             # Counter sets in a slice of their own, then the devices.
@@ -140,11 +136,11 @@ def test_deleted_slices_come_back_and_idle_publisher_writes_nothing(
     node = fake_node()
     devices = FakeBackend(node, config_from_flags(200, "L4")).discover()
     with kube_cluster.api_client() as api:
-        rest = KubeJSON(api)
-        pub = make_publisher(api, node, lambda: devices, settle_s=0.1)
+        rest = KubeApi(api)
+        pub = make_publisher(rest, node, lambda: devices, settle_s=0.1)
         pub.start()
         try:
-            assert wait_for(lambda: len(our_slices(rest, node)) == 2, 30)
+            wait_for("the pool published in 2 slices", lambda: len(our_slices(rest, node)) == 2, 30)
             # Idle: measure writes over a window with the watch running.
             time.sleep(1.0)
             before = sum(pub.writes.values())
@@ -154,7 +150,7 @@ def test_deleted_slices_come_back_and_idle_publisher_writes_nothing(
             # What the kubelet does on start-up: delete all of the node's slices.
             for s in our_slices(rest, node):
                 rest.delete(f"{RESOURCE_V1}/resourceslices/{s['metadata']['name']}")
-            assert wait_for(lambda: len(our_slices(rest, node)) == 2, 15)
+            wait_for("the deleted slices republished", lambda: len(our_slices(rest, node)) == 2, 15)
             assert {s["spec"]["pool"]["resourceSliceCount"] for s in our_slices(rest, node)} == {2}
         finally:
             pub.stop(delete=True)
@@ -168,9 +164,9 @@ def test_unhealthy_device_taint_is_published_in_place(
     backend = FakeBackend(node, config_from_flags(4, "A10G"))
     tracker = HealthTracker(DRIVER)
     with kube_cluster.api_client() as api:
-        rest = KubeJSON(api)
+        rest = KubeApi(api)
         pub = SlicePublisher(
-            KubeSliceApi(api),
+            KubeSliceApi(rest),
             node_name=node,
             driver=DRIVER,
             source=backend_source(backend, tracker.apply),
@@ -197,7 +193,7 @@ def selector_device_class(kube_cluster: ControlPlane) -> Iterator[str]:
         f'device.capacity["{DRIVER}"].memory.compareTo(quantity("40Gi")) >= 0'
     )
     with kube_cluster.api_client() as api:
-        rest = KubeJSON(api)
+        rest = KubeApi(api)
         rest.create(
             f"{RESOURCE_V1}/deviceclasses",
             {
@@ -227,9 +223,9 @@ def test_scheduler_allocates_by_product_name_and_memory(
     ns = f"/api/v1/namespaces/{test_namespace}"
     resource_ns = f"{RESOURCE_V1}/namespaces/{test_namespace}"
     with kube_cluster.api_client() as api:
-        rest = KubeJSON(api)
+        rest = KubeApi(api)
         SlicePublisher(
-            KubeSliceApi(api),
+            KubeSliceApi(rest),
             node_name=node,
             driver=DRIVER,
             source=backend_source(backend),
@@ -273,7 +269,7 @@ def test_scheduler_allocates_by_product_name_and_memory(
             claim = rest.get(f"{resource_ns}/resourceclaims/big-gpu")
             return claim if claim.get("status", {}).get("allocation") else None
 
-        claim = wait_until("the scheduler to allocate the claim", allocated, 60)
+        claim = wait_for("the scheduler to allocate the claim", allocated, 60)
         pod = rest.get(f"{ns}/pods/gpu-user")
     results = [
         (r["driver"], r["pool"], r["device"]) for r in claim["status"]["allocation"]["devices"]["results"]

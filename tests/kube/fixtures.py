@@ -3,8 +3,11 @@
 - `kube_cluster` (session): etcd, kube-apiserver, kube-scheduler and
   kube-controller-manager on loopback, started once per session.
 - `fake_node` (function): factory for Ready Node objects without a kubelet.
-- `kubelet_node` (session): a real kubelet on the recording fake CRI, started
-  only when a test asks for it.
+- `kubelet_node` (session): a real kubelet on containerd with runc (pods
+  really run), started only when a test asks for it.
+- `fakecri_node` (session): a second real kubelet on the recording fake CRI,
+  for the tests that check what the kubelet sent to the runtime and gain
+  nothing from running containers.
 - `test_namespace` (function): a fresh namespace with its default ServiceAccount.
 - `gpu_device_class` (function): a DeviceClass selecting every device of our driver.
 
@@ -29,7 +32,7 @@ from devcluster.controlplane import ControlPlane
 from devcluster.kubelet import KubeletNode
 from devcluster.objects import create_fake_node, create_namespace, delete_fake_node, delete_namespace
 from devcluster.procs import ComponentError
-from devcluster.rest import KubeJSON
+from dracommon.kubeapi import KubeApi
 
 log = logging.getLogger(__name__)
 
@@ -71,9 +74,23 @@ def kube_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPl
 
 @pytest.fixture(scope="session")
 def kubelet_node(kube_cluster: ControlPlane) -> Iterator[KubeletNode]:
+    yield from _kubelet(KubeletNode(kube_cluster, _short_dir("dra-kubelet-")))
+
+
+@pytest.fixture(scope="session")
+def fakecri_node(kube_cluster: ControlPlane) -> Iterator[KubeletNode]:
+    node = KubeletNode(kube_cluster, _short_dir("dra-fakecri-"), name="fakecri-node", runtime="fakecri")
+    yield from _kubelet(node)
+
+
+def _short_dir(prefix: str) -> Path:
     # Unix socket paths are limited to 107 bytes: keep the kubelet root (and
     # the plugin sockets below it) short instead of under pytest's deep tmp dir.
-    node = KubeletNode(kube_cluster, Path(tempfile.mkdtemp(prefix="dra-kubelet-")))
+    return Path(tempfile.mkdtemp(prefix=prefix))
+
+
+def _kubelet(node: KubeletNode) -> Iterator[KubeletNode]:
+    kube_cluster = node.cluster
     failure = _start(node.start)
     if failure:
         _keep_logs(kube_cluster.logs)
@@ -117,7 +134,7 @@ def gpu_device_class(kube_cluster: ControlPlane) -> Iterator[str]:
     """A DeviceClass (unique name) that selects every device of our driver; deleted afterwards."""
     name = f"gpu-{uuid.uuid4().hex[:8]}"
     with kube_cluster.api_client() as api:
-        rest = KubeJSON(api)
+        rest = KubeApi(api)
         rest.create("/apis/resource.k8s.io/v1/deviceclasses", {
             "apiVersion": "resource.k8s.io/v1",
             "kind": "DeviceClass",

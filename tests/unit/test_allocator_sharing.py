@@ -6,7 +6,6 @@ import itertools
 from typing import Any
 
 from controller.allocation.builders import claim, device, device_class, exactly, resource_slice, results_of
-from controller.allocation.quantity import format_quantity, parse_quantity
 from controller.allocator import Allocator, Features, Node
 
 D = "gpu.draplugin.dev"
@@ -129,12 +128,3 @@ def test_counter_reference_to_a_missing_set_makes_the_pool_invalid() -> None:
     assert (
         outcome.failure is not None and outcome.failure.message == "invalid resource pools were encountered"
     )
-
-
-def test_quantities_parse_and_format_canonically() -> None:
-    assert parse_quantity("1Gi").value == 1024**3
-    assert parse_quantity("500m").value * 2 == 1
-    assert parse_quantity("1e3").value == 1000
-    assert format_quantity(parse_quantity("2048Mi")) == "2Gi"
-    assert format_quantity(parse_quantity("1500")) == "1500"
-    assert format_quantity(parse_quantity("0.5")) == "500m"

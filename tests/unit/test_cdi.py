@@ -11,6 +11,8 @@ import pytest
 from draplugin.cdi import spec as cdi
 from draplugin.cdi.spec import CdiDevice, CdiError, ContainerEdits, DeviceNode, Mount, Spec, SpecStore
 
+DRIVER = "gpu.draplugin.dev"
+
 
 def spec(name: str = "claim-gpu-0", edits: ContainerEdits | None = None, kind: str = cdi.KIND) -> Spec:
     return Spec(kind=kind, devices=(CdiDevice(name, edits or ContainerEdits(env=("A=1",))),))
@@ -72,7 +74,7 @@ def test_qualified_name() -> None:
 
 
 def test_store_writes_atomically_and_skips_identical_content(tmp_path: Path) -> None:
-    store = SpecStore(tmp_path / "cdi")
+    store = SpecStore(tmp_path / "cdi", DRIVER)
     assert store.write("uid-1", spec()) is True
     path = store.path_for("uid-1")
     assert path.name == "gpu.draplugin.dev-claim_uid-1.json"
@@ -87,8 +89,18 @@ def test_store_writes_atomically_and_skips_identical_content(tmp_path: Path) -> 
     assert list(store.claim_uids()) == ["uid-1"]
 
 
+def test_store_names_files_and_kind_after_the_driver_name(tmp_path: Path) -> None:
+    store = SpecStore(tmp_path, "gpu.example.com")
+    assert store.kind == "gpu.example.com/gpu"
+    assert store.path_for("uid-1").name == "gpu.example.com-claim_uid-1.json"
+    store.write("uid-1", spec(kind=store.kind))
+    # Another driver's specs in the same directory are not ours.
+    assert list(SpecStore(tmp_path, DRIVER).claim_uids()) == []
+    assert list(store.claim_uids()) == ["uid-1"]
+
+
 def test_store_remove_is_idempotent(tmp_path: Path) -> None:
-    store = SpecStore(tmp_path)
+    store = SpecStore(tmp_path, DRIVER)
     store.write("uid-1", spec())
     assert store.remove("uid-1") is True
     assert store.remove("uid-1") is False
@@ -98,11 +110,11 @@ def test_store_remove_is_idempotent(tmp_path: Path) -> None:
 def test_store_ignores_foreign_files(tmp_path: Path) -> None:
     (tmp_path / "nvidia.yaml").write_text("x")
     (tmp_path / ".gpu.draplugin.dev-claim_u.json.abc.tmp").write_text("x")
-    assert list(SpecStore(tmp_path).claim_uids()) == []
+    assert list(SpecStore(tmp_path, DRIVER).claim_uids()) == []
 
 
 def test_failed_write_leaves_old_file_and_no_temp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    store = SpecStore(tmp_path)
+    store = SpecStore(tmp_path, DRIVER)
     store.write("uid-1", spec())
     before = store.path_for("uid-1").read_bytes()
 
@@ -119,4 +131,4 @@ def test_failed_write_leaves_old_file_and_no_temp(tmp_path: Path, monkeypatch: p
 
 def test_uid_cannot_escape_the_directory(tmp_path: Path) -> None:
     with pytest.raises(CdiError):
-        SpecStore(tmp_path).path_for("../../etc/passwd")
+        SpecStore(tmp_path, DRIVER).path_for("../../etc/passwd")

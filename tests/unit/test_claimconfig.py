@@ -2,23 +2,31 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
 
+from dracommon.drivername import config_api_version
 from draplugin.prepare.claimconfig import (
-    API_VERSION,
     ConfigError,
     GpuConfig,
     MpsConfig,
-    Sharing,
     SharingStrategy,
     TimeSliceInterval,
     TimeSlicingConfig,
+    default_config,
+    gpu_config_json_schema,
     validate_opaque_config,
 )
 
 PATH = "spec.devices.config[1].opaque.parameters"
+DRIVER = "gpu.draplugin.dev"
+API_VERSION = config_api_version(DRIVER)
+
+
+def validate(parameters: Any, path: str = PATH) -> GpuConfig:
+    return validate_opaque_config(parameters, path, api_version=API_VERSION)
 
 
 def doc(sharing: Any = None, **extra: Any) -> dict[str, Any]:
@@ -29,16 +37,18 @@ def doc(sharing: Any = None, **extra: Any) -> dict[str, Any]:
 
 
 def test_no_sharing_means_exclusive() -> None:
-    assert validate_opaque_config(doc(), PATH) == GpuConfig(Sharing(SharingStrategy.EXCLUSIVE))
+    config = validate(doc())
+    assert config == default_config(API_VERSION)
+    assert config.sharing.strategy is SharingStrategy.EXCLUSIVE
 
 
 def test_time_slicing_defaults_interval() -> None:
-    config = validate_opaque_config(doc({"strategy": "TimeSlicing"}), PATH)
-    assert config.sharing.time_slicing == TimeSlicingConfig(TimeSliceInterval.DEFAULT)
+    config = validate(doc({"strategy": "TimeSlicing"}))
+    assert config.sharing.time_slicing == TimeSlicingConfig(interval=TimeSliceInterval.DEFAULT)
 
 
 def test_mps_quantities_are_bytes_rounded_up() -> None:
-    config = validate_opaque_config(
+    config = validate(
         doc(
             {
                 "strategy": "MPS",
@@ -48,17 +58,26 @@ def test_mps_quantities_are_bytes_rounded_up() -> None:
                     "perDevicePinnedMemoryLimit": {"gpu-0": "1.5k", "gpu-1": 2048},
                 },
             }
-        ),
-        PATH,
+        )
     )
-    assert config.sharing.mps == MpsConfig(50, 10 * 2**30, {"gpu-0": 1500, "gpu-1": 2048})
+    assert config.sharing.mps == MpsConfig(
+        defaultActiveThreadPercentage=50,
+        defaultPinnedDeviceMemoryLimit=10 * 2**30,
+        perDevicePinnedMemoryLimit={"gpu-0": 1500, "gpu-1": 2048},
+    )
 
 
 def test_canonical_json_round_trips() -> None:
-    config = validate_opaque_config(
-        doc({"strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": "1Mi"}}), PATH
-    )
-    assert validate_opaque_config(config.to_json(), "x") == config
+    config = validate(doc({"strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": "1Mi"}}))
+    assert validate(config.to_json(), "x") == config
+
+
+def test_api_version_follows_the_driver_name() -> None:
+    other = config_api_version("gpu.example.com")
+    config = validate_opaque_config(doc(apiVersion=other), PATH, api_version=other)
+    assert config.to_json()["apiVersion"] == "gpu.example.com/v1alpha1"
+    with pytest.raises(ConfigError, match=r"apiVersion: must be 'gpu\.example\.com/v1alpha1'"):
+        validate_opaque_config(doc(), PATH, api_version=other)
 
 
 INVALID: list[tuple[Any, str]] = [
@@ -75,7 +94,8 @@ INVALID: list[tuple[Any, str]] = [
         doc({"strategy": "Shared"}),
         f"{PATH}.sharing.strategy: must be one of Exclusive, TimeSlicing, MPS, got 'Shared'",
     ),
-    (doc({"strategy": 3}), f"{PATH}.sharing.strategy: must be a string, got number"),
+    (doc({"strategy": 3}), f"{PATH}.sharing.strategy: must be one of Exclusive, TimeSlicing, MPS, got 3"),
+    (doc(kind=None), f"{PATH}.kind: must be 'GpuConfig', got None"),
     (
         doc({"strategy": "Exclusive", "mpsConfig": {}}),
         f"{PATH}.sharing.mpsConfig: is only allowed with strategy MPS, strategy is Exclusive",
@@ -146,6 +166,98 @@ INVALID: list[tuple[Any, str]] = [
 )
 def test_invalid_config_names_the_field(parameters: Any, message: str) -> None:
     with pytest.raises(ConfigError) as caught:
-        validate_opaque_config(parameters, PATH)
+        validate(parameters)
     assert str(caught.value) == message
     assert message.startswith(caught.value.path + ": ")
+
+
+def _schema_accepts(schema: dict[str, Any], value: Any, root: dict[str, Any]) -> bool:
+    """The JSON Schema keywords pydantic emits for GpuConfig, evaluated (no validator library here)."""
+    if "$ref" in schema:
+        return _schema_accepts(root["$defs"][schema["$ref"].rsplit("/", 1)[1]], value, root)
+    if "anyOf" in schema:
+        return any(_schema_accepts(option, value, root) for option in schema["anyOf"])
+    kinds = {"object": dict, "string": str, "integer": int, "null": type(None)}
+    wanted = schema.get("type")
+    if wanted is not None and (
+        not isinstance(value, kinds[wanted]) or (wanted == "integer" and isinstance(value, bool))
+    ):
+        return False
+    if "const" in schema and value != schema["const"]:
+        return False
+    if "enum" in schema and value not in schema["enum"]:
+        return False
+    if "minimum" in schema and value < schema["minimum"]:
+        return False
+    if "maximum" in schema and value > schema["maximum"]:
+        return False
+    if isinstance(value, dict):
+        if any(key not in value for key in schema.get("required", [])):
+            return False
+        for key, item in value.items():
+            patterns = [s for p, s in schema.get("patternProperties", {}).items() if re.search(p, key)]
+            if key in schema.get("properties", {}):
+                patterns.append(schema["properties"][key])
+            if not patterns and schema.get("additionalProperties") is False:
+                return False
+            if not all(_schema_accepts(s, item, root) for s in patterns):
+                return False
+    return True
+
+
+def _model_accepts(parameters: Any) -> bool:
+    try:
+        validate(parameters)
+    except ConfigError:
+        return False
+    return True
+
+
+SCHEMA_CASES: list[Any] = [
+    doc(),
+    doc({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}),
+    doc(
+        {
+            "strategy": "MPS",
+            "mpsConfig": {
+                "defaultActiveThreadPercentage": 100,
+                "perDevicePinnedMemoryLimit": {"gpu-0": "1Gi"},
+            },
+        }
+    ),
+    {"kind": "GpuConfig"},
+    {"apiVersion": API_VERSION},
+    doc(apiVersion="gpu.other.dev/v1alpha1"),
+    doc(kind="TpuConfig"),
+    doc(extra=1),
+    doc({"strategy": "Shared"}),
+    doc({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Forever"}}),
+    doc({"strategy": "TimeSlicing", "timeSlicingConfig": {"intervall": "Short"}}),
+    doc({"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 0}}),
+    doc({"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 101}}),
+    doc({"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": True}}),
+    doc({"strategy": "MPS", "mpsConfig": {"pinnedLimit": "1Gi"}}),
+    doc({"strategy": "MPS", "mpsConfig": {"perDevicePinnedMemoryLimit": {"GPU 0": "1Gi"}}}),
+    doc({"strategy": "MPS", "mpsConfig": {"perDevicePinnedMemoryLimit": {"gpu-0": None}}}),
+]
+
+
+@pytest.mark.parametrize("parameters", SCHEMA_CASES)
+def test_json_schema_agrees_with_the_model(parameters: Any) -> None:
+    schema = gpu_config_json_schema(DRIVER)
+    assert _schema_accepts(schema, parameters, schema) is _model_accepts(parameters)
+
+
+def test_json_schema_names_required_fields_enums_and_closed_objects() -> None:
+    schema = gpu_config_json_schema(DRIVER)
+    assert schema["required"] == ["apiVersion", "kind"]
+    assert schema["properties"]["apiVersion"]["const"] == API_VERSION
+    assert schema["$defs"]["SharingStrategy"]["enum"] == [s.value for s in SharingStrategy]
+    assert schema["$defs"]["TimeSliceInterval"]["enum"] == [i.value for i in TimeSliceInterval]
+    for name in ("Sharing", "TimeSlicingConfig", "MpsConfig"):
+        assert schema["$defs"][name]["additionalProperties"] is False
+    assert schema["additionalProperties"] is False
+    assert (
+        gpu_config_json_schema("gpu.example.com")["properties"]["apiVersion"]["const"]
+        == "gpu.example.com/v1alpha1"
+    )

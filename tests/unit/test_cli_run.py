@@ -126,8 +126,11 @@ def test_every_flag_has_a_distinct_environment_mirror() -> None:
     [
         ([], "--node-name (NODE_NAME) is required"),
         (["--node-name", "Node_1"], "--node-name (NODE_NAME): 'Node_1' is not a DNS subdomain"),
-        (["--driver-name", "GPU.example.com"], "--driver-name (DRIVER_NAME): 'GPU.example.com' is not a DNS"),
-        (["--driver-name", "a" * 64], "is longer than 63 characters"),
+        (
+            ["--driver-name", "GPU.example.com"],
+            "--driver-name (DRIVER_NAME): driver name 'GPU.example.com' must be a lowercase DNS subdomain",
+        ),
+        (["--driver-name", "a" * 64], "must be a lowercase DNS subdomain of at most 63 characters"),
         (["--kubelet-root-dir", "var/lib"], "--kubelet-root-dir (KUBELET_ROOT_DIR): 'var/lib' must"),
         (["--state-dir", "relative"], "--state-dir (STATE_DIR): 'relative' must be an absolute path"),
         (["--cdi-root", "cdi"], "--cdi-root (CDI_ROOT): 'cdi' must be an absolute path"),

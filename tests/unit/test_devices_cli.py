@@ -51,3 +51,16 @@ def test_missing_nvml_exits_nonzero_with_one_clear_line(capsys: pytest.CaptureFi
 def test_bad_fake_model_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["devices", "--node-name", "n1", "--backend", "fake", "--fake-model", "GTX-480"]) == 2
     assert "unknown model 'GTX-480'" in capsys.readouterr().err
+
+
+def test_slices_name_the_configured_driver(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["devices", "--node-name", "n1", "--backend", "fake", "--driver-name", "gpu.example.com"]
+    assert main([*args, "-o", "json"]) == 0
+    (slice_,) = json.loads(capsys.readouterr().out)["items"]
+    assert slice_["spec"]["driver"] == "gpu.example.com"
+
+
+def test_a_bad_driver_name_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["devices", "--node-name", "n1", "--backend", "fake", "--driver-name", "GPU_X"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("draplugin devices: error: driver name 'GPU_X' must be a lowercase DNS subdomain")

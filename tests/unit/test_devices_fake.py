@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -76,6 +78,30 @@ def test_dev_root_gives_nvidia_shaped_nodes() -> None:
         "/run/fake-dev/nvidia-uvm",
         "/run/fake-dev/nvidia-uvm-tools",
     )
+
+
+def test_device_dir_gets_real_nodes_that_the_cdi_spec_injects_at_nvidia_paths(tmp_path: Path) -> None:
+    device_dir = tmp_path / "fake-dev"
+    gpu = load_backend("fake", "n", gpus=2, model="L4", device_dir=str(device_dir)).discover()[1]
+    assert gpu.device_nodes == ("/dev/nvidia1", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
+    assert gpu.host_dev_dir == str(device_dir)
+    names = sorted(p.name for p in device_dir.iterdir())
+    assert names == ["nvidia-uvm", "nvidia-uvm-tools", "nvidia0", "nvidia1", "nvidiactl"]
+    for node in device_dir.iterdir():
+        info = node.lstat()
+        assert stat.S_ISCHR(info.st_mode) and info.st_rdev == os.makedev(1, 3), node
+        assert stat.S_IMODE(info.st_mode) == 0o666
+    (device_dir / "nvidia0").unlink()
+    (device_dir / "nvidia0").write_text("not a device")  # replaced on the next start
+    load_backend("fake", "n", gpus=2, model="L4", device_dir=str(device_dir))
+    assert stat.S_ISCHR((device_dir / "nvidia0").lstat().st_mode)
+
+
+def test_device_dir_that_cannot_hold_nodes_is_a_clear_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(FakeConfigError, match=f"cannot create device nodes in {blocker}"):
+        load_backend("fake", "n", gpus=1, device_dir=str(blocker))
 
 
 def test_yaml_file_with_static_mig(tmp_path: Path) -> None:

@@ -10,6 +10,8 @@ from draplugin.devices.fake import FakeBackend, config_from_flags
 from draplugin.devices.health import FaultFile, HealthReporter, HealthTracker, effect_for_xid
 from draplugin.kubelet.interface import HealthStatus
 
+DRIVER = "gpu.draplugin.dev"
+
 
 def test_xid_classes() -> None:
     assert effect_for_xid(13) is None  # application error
@@ -20,7 +22,7 @@ def test_xid_classes() -> None:
 
 def test_unhealthy_device_gets_a_taint_and_stronger_effect_wins() -> None:
     devices = FakeBackend("n", config_from_flags(3, "L4")).discover()
-    tracker = HealthTracker("gpu.draplugin.dev")
+    tracker = HealthTracker(DRIVER)
     calls: list[int] = []
     tracker.add_listener(lambda: calls.append(1))
     assert tracker.report_unhealthy(["gpu-1"], "NoSchedule", "xid-92", "high single-bit rate")
@@ -36,7 +38,7 @@ def test_unhealthy_device_gets_a_taint_and_stronger_effect_wins() -> None:
 
 async def test_health_stream_yields_full_list_on_every_change() -> None:
     backend = FakeBackend("n", config_from_flags(2, "T4"))
-    tracker = HealthTracker()
+    tracker = HealthTracker(DRIVER)
     stream = HealthReporter(tracker, backend, "n").watch_health()
     first = await anext(stream)
     assert [(h.device_name, h.health) for h in first] == [
@@ -56,7 +58,7 @@ async def test_health_stream_yields_full_list_on_every_change() -> None:
 
 
 def test_fault_file_injects_and_clears(tmp_path: Path) -> None:
-    tracker = HealthTracker()
+    tracker = HealthTracker(DRIVER)
     path = tmp_path / "faults.yaml"
     faults = FaultFile(path, tracker)
     faults.poll()
@@ -81,7 +83,7 @@ def test_fault_file_injects_and_clears(tmp_path: Path) -> None:
 async def test_closed_health_streams_leave_no_listener_behind() -> None:
     """Every kubelet reconnect opens a new stream; closing it must unregister its wake-up."""
     backend = FakeBackend("n", config_from_flags(1, "T4"))
-    tracker = HealthTracker()
+    tracker = HealthTracker(DRIVER)
     reporter = HealthReporter(tracker, backend, "n")
     publisher_calls: list[int] = []
     tracker.add_listener(lambda: publisher_calls.append(1))  # the slice publisher's, stays
@@ -104,3 +106,7 @@ async def test_closed_health_streams_leave_no_listener_behind() -> None:
     assert tracker.listener_count() == 1
     assert tracker.report_unhealthy(["gpu-0"], "NoSchedule", "xid-92", "still reported")
     assert publisher_calls == [1]
+
+
+def test_the_taint_key_follows_the_driver_name() -> None:
+    assert HealthTracker("gpu.example.com").taint_key == "gpu.example.com/unhealthy"

@@ -18,6 +18,8 @@ from draplugin.devices.nvml import (
 )
 from tests.unit.fakenvml import FakeEvent, FakeNvml, a10g, h100_with_mig
 
+DRIVER = "gpu.draplugin.dev"
+
 
 def backend(nvml: FakeNvml, **kw: object) -> NvmlBackend:
     return NvmlBackend("node-a", nvml=nvml, **kw)  # type: ignore[arg-type]
@@ -145,7 +147,7 @@ def test_events_taint_the_right_devices() -> None:
     h100, other = h100_with_mig(), a10g()
     nvml = FakeNvml([h100, other])
     b = backend(nvml)
-    tracker = HealthTracker()
+    tracker = HealthTracker(DRIVER)
     xid = pynvml.nvmlEventTypeXidCriticalError
     nvml.events = [
         FakeEvent(other, xid, 13),  # application error: ignored
@@ -172,7 +174,7 @@ def test_fatal_xid_on_whole_gpu_taints_all_its_mig_devices_no_execute() -> None:
     h100 = h100_with_mig()
     nvml = FakeNvml([h100])
     b = backend(nvml)
-    tracker = HealthTracker()
+    tracker = HealthTracker(DRIVER)
     nvml.events = [FakeEvent(h100, pynvml.nvmlEventTypeXidCriticalError, 79)]
     import threading
 

@@ -32,6 +32,8 @@ BIN_DIR = Path(sys.executable).parent
 # Commands run by test_runnable_command_succeeds: our CLIs on files in the repository.
 RUN_HERE: frozenset[str] = frozenset({
     "draplugin devices --backend fake --fake-config examples/fake-gpus.yaml --node-name gpu-node-1",
+    "draplugin cdi-spec --backend fake --fake-config examples/fake-gpus.yaml --node-name gpu-node-1"
+    " --device gpu-0",
     "dra-controller cel 'device.attributes[\"gpu.draplugin.dev\"].productName == \"NVIDIA A100-SXM4-40GB\"'"
     " -f examples/resourceslices/fake-node.yaml",
     "dra-controller cel 'device.capacity[\"gpu.draplugin.dev\"].memory.compareTo(quantity(\"64Gi\")) >= 0'"
@@ -103,6 +105,15 @@ NOT_RUN: dict[str, str] = {
     " -l app.kubernetes.io/component=kubelet-plugin": _KUBECTL_INSPECT,
     "kubectl -n draplugin-system logs ds/draplugin-kubelet-plugin": _KUBECTL_INSPECT,
     "kubectl get events --field-selector involvedObject.kind=ResourceClaim": _KUBECTL_INSPECT,
+    "kubectl -n draplugin-system exec draplugin-kubelet-plugin-x7k2p -- draplugin cdi-spec --backend nvml"
+    " --nvml-lib-path /driver-root --node-name gpu-node-1 -o yaml": (
+        "runs in a plugin pod on a GPU node; tests/unit/test_cdispec_cli.py runs cdi-spec with the pod's "
+        "DRIVER_ROOT/DRIVER_ROOT_MOUNT against generated driver trees"
+    ),
+    "draplugin cdi-spec --backend fake --node-name gpu-node-1 --driver-root /srv/driver-tree -o yaml": (
+        "needs a copy of a driver tree; tests/unit/test_cdispec_cli.py and "
+        "tests/integration/test_cdicheck_driverroot.py run it against trees laid out like real installs"
+    ),
     # examples/*/README.md
     "kubectl delete -f examples/01-single-gpu/single-gpu.yaml": _KUBECTL_EXAMPLES,
     "kubectl apply -f examples/02-shared-claim-two-containers/shared-claim.yaml": _KUBECTL_EXAMPLES,

@@ -21,6 +21,7 @@ from controller.cli import main
 from controller.commands_common import build_allocator, cluster_nodes
 from controller.commands_simulate import ClaimResult, simulate
 from controller.objects import load_manifests
+from dracommon.drivername import DEFAULT_DRIVER_NAME, config_api_version
 from draplugin.prepare.claimconfig import ConfigError, validate_opaque_config
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -173,4 +174,8 @@ def test_example_12_bad_config_allocates_and_fails_at_prepare() -> None:
     assert result.allocated and len(devices(result)) == 1
     # The error the README shows comes from the plugin's validation at prepare time.
     with pytest.raises(ConfigError, match="must be one of Exclusive, TimeSlicing, MPS, got 'TimeSlice'"):
-        validate_opaque_config(opaque_parameters(result), "spec.devices.config[0].opaque.parameters")
+        validate_opaque_config(
+            opaque_parameters(result),
+            "spec.devices.config[0].opaque.parameters",
+            api_version=config_api_version(DEFAULT_DRIVER_NAME),
+        )

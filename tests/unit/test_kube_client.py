@@ -9,7 +9,7 @@ import yaml
 from kubernetes import client
 from kubernetes.config import incluster_config
 
-from dracommon.kube import KubeConfigError, load_api_client
+from dracommon.kubeapi import KubeConfigError, load_api_client
 
 
 def write_kubeconfig(path: Path, servers: dict[str, str], current: str) -> Path:

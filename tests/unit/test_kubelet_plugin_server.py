@@ -80,12 +80,14 @@ class FakeDriver:
             raise self.failures[claim.uid]
         self.prepared.pop(claim.uid, None)
 
+    def reload_state(self) -> None:
+        """Nothing is shared with other processes."""
 
-class HealthyDriver(FakeDriver):
-    """A driver that also reports device health."""
+
+class FakeHealth:
+    """A health source fed by the test: each queued list is one snapshot."""
 
     def __init__(self) -> None:
-        super().__init__()
         self.snapshots: asyncio.Queue[list[DeviceHealth]] = asyncio.Queue()
 
     async def watch_health(self) -> AsyncIterator[Sequence[DeviceHealth]]:
@@ -245,9 +247,9 @@ async def test_per_pod_sockets_register(kubelet_root: Path, driver: FakeDriver) 
             assert await plugin.prepare([claim(1)])
 
 
-async def test_device_health_is_advertised_and_streamed(kubelet_root: Path) -> None:
-    driver = HealthyDriver()
-    async with KubeletPluginServer(driver, options(kubelet_root)) as server:
+async def test_device_health_is_advertised_and_streamed(kubelet_root: Path, driver: FakeDriver) -> None:
+    health = FakeHealth()
+    async with KubeletPluginServer(driver, options(kubelet_root), health_source=health) as server:
         assert server.advertised_versions[-1] == "v1alpha1.DRAResourceHealth"
         async with FakeKubelet(kubelet_root / "plugins_registry") as kubelet:
             async with asyncio.timeout(WAIT):
@@ -255,7 +257,7 @@ async def test_device_health_is_advertised_and_streamed(kubelet_root: Path) -> N
             assert plugin.version == "v1.DRAPlugin"
             stream = plugin.watch_health()
             long_message = "x" * 2000
-            await driver.snapshots.put(
+            await health.snapshots.put(
                 [
                     DeviceHealth("node-a", "gpu-0", HealthStatus.HEALTHY, 1700000000, "", 60),
                     DeviceHealth("node-a", "gpu-1", HealthStatus.UNHEALTHY, 1700000001, long_message),
@@ -431,16 +433,18 @@ async def test_non_socket_in_the_way_fails_start_and_leaves_nothing(
     assert not srv.paths.dra.exists(), "the DRA socket started first must be cleaned up"
 
 
-async def test_stop_ends_open_health_streams_instead_of_waiting_out_the_grace(kubelet_root: Path) -> None:
-    driver = HealthyDriver()
-    server = KubeletPluginServer(driver, options(kubelet_root, grace_seconds=60.0))
+async def test_stop_ends_open_health_streams_instead_of_waiting_out_the_grace(
+    kubelet_root: Path, driver: FakeDriver
+) -> None:
+    health = FakeHealth()
+    server = KubeletPluginServer(driver, options(kubelet_root, grace_seconds=60.0), health_source=health)
     await server.start()
     try:
         async with FakeKubelet(kubelet_root / "plugins_registry") as kubelet:
             async with asyncio.timeout(WAIT):
                 plugin = await kubelet.register_plugin()
                 stream = plugin.watch_health()
-                await driver.snapshots.put([DeviceHealth("node-a", "gpu-0", HealthStatus.HEALTHY, 1)])
+                await health.snapshots.put([DeviceHealth("node-a", "gpu-0", HealthStatus.HEALTHY, 1)])
                 assert await stream.read() != grpc.aio.EOF
             # Well under the 60 s grace: the stream is ended, not waited for.
             async with asyncio.timeout(WAIT):
@@ -453,14 +457,16 @@ async def test_stop_ends_open_health_streams_instead_of_waiting_out_the_grace(ku
     assert not server.paths.dra.exists()
 
 
-async def test_failing_health_source_ends_the_stream_with_its_reason(kubelet_root: Path) -> None:
-    class BrokenHealth(FakeDriver):
+async def test_failing_health_source_ends_the_stream_with_its_reason(
+    kubelet_root: Path, driver: FakeDriver
+) -> None:
+    class BrokenHealth:
         async def watch_health(self) -> AsyncIterator[Sequence[DeviceHealth]]:
             raise RuntimeError("NVML event set lost")
             yield []  # an async generator that fails on first use
 
     async with (
-        KubeletPluginServer(BrokenHealth(), options(kubelet_root)),
+        KubeletPluginServer(driver, options(kubelet_root), health_source=BrokenHealth()),
         FakeKubelet(kubelet_root / "plugins_registry") as kubelet,
         asyncio.timeout(WAIT),
     ):
@@ -474,10 +480,12 @@ async def test_failing_health_source_ends_the_stream_with_its_reason(kubelet_roo
     assert "NVML event set lost" in (err.value.details() or "")
 
 
-async def test_kubelet_leaving_the_health_stream_closes_the_source(kubelet_root: Path) -> None:
+async def test_kubelet_leaving_the_health_stream_closes_the_source(
+    kubelet_root: Path, driver: FakeDriver
+) -> None:
     closed = asyncio.Event()
 
-    class WatchedHealth(FakeDriver):
+    class WatchedHealth:
         async def watch_health(self) -> AsyncIterator[Sequence[DeviceHealth]]:
             try:
                 yield [DeviceHealth("node-a", "gpu-0", HealthStatus.HEALTHY, 1)]
@@ -487,7 +495,7 @@ async def test_kubelet_leaving_the_health_stream_closes_the_source(kubelet_root:
                 closed.set()
 
     async with (
-        KubeletPluginServer(WatchedHealth(), options(kubelet_root)),
+        KubeletPluginServer(driver, options(kubelet_root), health_source=WatchedHealth()),
         FakeKubelet(kubelet_root / "plugins_registry") as kubelet,
         asyncio.timeout(WAIT),
     ):

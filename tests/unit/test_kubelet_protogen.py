@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from draplugin.kubelet import protogen
+from tools import protogen
 
 
 def tree(root: Path) -> dict[str, bytes]:

@@ -14,6 +14,8 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
+from devcluster.wait import wait_for
+from dracommon.kubeapi import ApiError
 from draplugin import config
 from draplugin.config import Settings
 from draplugin.devices import DeviceBackend
@@ -21,7 +23,7 @@ from draplugin.kubelet._proto.dra_health.v1alpha1 import api_pb2 as health_pb
 from draplugin.kubelet.interface import ClaimRef, Driver
 from draplugin.kubelet.sockets import SocketPathError, socket_paths
 from draplugin.node import NodeDaemon, NodeUnavailable, build_backend
-from draplugin.slices import ApiError, SliceMetrics, wait_for
+from draplugin.slices.metrics import SliceMetrics
 from tests.kubelet_client import FakeKubelet, StaticDriver
 
 NODE = "node-1"
@@ -138,7 +140,7 @@ def published(api: FakeSliceApi, count: int) -> bool:
 
 
 async def wait_until(predicate: Any, what: str) -> None:
-    assert await asyncio.to_thread(wait_for, predicate, WAIT), f"timed out waiting for {what}"
+    await asyncio.to_thread(wait_for, what, predicate, WAIT, 0.05)
 
 
 async def test_publishes_the_backend_devices_owned_by_the_node_and_keeps_them_on_stop(

@@ -25,7 +25,7 @@ def parse(*args: str) -> dict[str, str | None]:
 def test_defaults_keep_slices_and_inject_faults_from_the_state_dir() -> None:
     settings = config.load({"node_name": "n", "backend": "fake"}, environ={})
     assert settings.delete_slices_on_shutdown is False
-    assert settings.backend_options() == {}
+    assert settings.backend_options() == {"device_dir": "/var/lib/draplugin/fake-dev"}
     assert settings.fault_file == Path("/var/lib/draplugin/fake-faults.yaml")
     nvml = config.load({"node_name": "n"}, environ={})
     assert nvml.fault_file is None and nvml.backend_options() == {}
@@ -56,15 +56,31 @@ def test_fake_options_reach_the_backend(tmp_path: Path) -> None:
     settings = config.load(
         parse("--node-name", "n", "--backend", "fake", "--fake-gpus", "4", "--fake-model", "L4"), environ={}
     )
-    assert settings.backend_options() == {"gpus": 4, "model": "L4"}
+    assert settings.backend_options() == {
+        "gpus": 4,
+        "model": "L4",
+        "device_dir": "/var/lib/draplugin/fake-dev",
+    }
     inventory = tmp_path / "gpus.yaml"
     inventory.write_text("gpus: []\n")
     from_chart = config.load(
         {"node_name": "n", "backend": "fake"},
         {"DRAPLUGIN_FAKE_CONFIG": str(inventory), "DRAPLUGIN_FAKE_FAULT_FILE": str(tmp_path / "f.yaml")},
     )
-    assert from_chart.backend_options() == {"config_file": str(inventory)}
+    assert from_chart.backend_options() == {
+        "config_file": str(inventory),
+        "device_dir": "/var/lib/draplugin/fake-dev",
+    }
     assert from_chart.fault_file == tmp_path / "f.yaml"
+
+
+def test_fake_device_dir_reaches_the_backend_and_must_be_absolute() -> None:
+    flags = parse("--node-name", "n", "--backend", "fake", "--fake-device-dir", "/run/fake-dev")
+    assert config.load(flags, environ={}).backend_options() == {"device_dir": "/run/fake-dev"}
+    with pytest.raises(config.ConfigError, match=r"--fake-device-dir .*'fake-dev' must be an absolute path"):
+        config.load({"node_name": "n", "backend": "fake"}, {"DRAPLUGIN_FAKE_DEVICE_DIR": "fake-dev"})
+    with pytest.raises(config.ConfigError, match="only applies to --backend fake"):
+        config.load({"node_name": "n"}, {"DRAPLUGIN_FAKE_DEVICE_DIR": "/run/fake-dev"})
 
 
 def test_nvml_library_path_reaches_the_backend() -> None:

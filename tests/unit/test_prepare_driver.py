@@ -12,12 +12,13 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
+from dracommon.kubeapi import ApiError
 from draplugin import crashpoints
 from draplugin.cdi.spec import SpecStore
 from draplugin.checkpoint import CheckpointStore, ClaimState
+from draplugin.kubelet.dra import ClaimRunner
 from draplugin.kubelet.interface import ClaimError, ClaimRef
 from draplugin.metrics import ClaimMetrics
-from draplugin.prepare.api import ApiError
 from draplugin.prepare.driver import GpuDriver
 from draplugin.prepare.sharing import SharingState
 from tests.unit.test_prepare_plan import DEVICES, DRIVER, NODE, claim_doc, config, gpu_config, result
@@ -75,6 +76,7 @@ class Node:
     events: RecordingEvents = field(default_factory=RecordingEvents)
     boot_id: str = "boot-1"
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+    driver_name: str = DRIVER
 
     @property
     def cdi_root(self) -> Path:
@@ -88,11 +90,11 @@ class Node:
         """A fresh driver process on the same node state (the restart of a plugin)."""
         self.registry = CollectorRegistry()
         driver = GpuDriver(
-            driver_name=DRIVER,
+            driver_name=self.driver_name,
             node_name=NODE,
             devices=list(DEVICES.values()),
             claims=self.claims,
-            cdi_store=SpecStore(self.cdi_root),
+            cdi_store=SpecStore(self.cdi_root, self.driver_name),
             checkpoint=CheckpointStore(self.checkpoint_path, self.boot_id),
             sharing=SharingState(self.root / "state"),
             events=self.events,
@@ -215,23 +217,42 @@ async def test_unprepare_removes_spec_sharing_state_and_record(node: Node) -> No
     )
 
 
+async def test_a_configured_driver_name_names_the_cdi_kind_the_ids_and_the_spec_file(tmp_path: Path) -> None:
+    node = Node(tmp_path, driver_name="gpu.example.com")
+    ref = node.claims.add(claim_doc(results=[result("gpu", "gpu-0", driver="gpu.example.com")]))
+    devices = await node.driver().prepare_claim(ref)
+    assert [d.cdi_device_ids for d in devices] == [("gpu.example.com/gpu=uid-1-gpu-0",)]
+    assert node.spec_files() == ["gpu.example.com-claim_uid-1.json"]
+    spec_path = node.cdi_root / "gpu.example.com-claim_uid-1.json"
+    assert json.loads(spec_path.read_text())["kind"] == "gpu.example.com/gpu"
+    # A restart re-creates a vanished spec under the same kind, from the checkpoint alone.
+    spec_path.unlink()
+    node.driver()
+    assert json.loads(spec_path.read_text())["kind"] == "gpu.example.com/gpu"
+
+
 async def test_unprepare_of_unknown_claim_succeeds(node: Node) -> None:
     await node.driver().unprepare_claim(ClaimRef("ns", "never-seen", "x"))
 
 
 async def test_same_claim_is_serialized_other_claims_run_concurrently(node: Node) -> None:
-    driver = node.driver()
+    # The driver has no lock of its own: the protocol layer's ClaimRunner holds the
+    # node plugin's only per-claim lock, so the driver is driven through it as the kubelet does.
+    runner = ClaimRunner(node.driver())
     a = node.claims.add(two_gpu_claim(uid="uid-a", name="a"))
     b = node.claims.add(claim_doc(uid="uid-b", name="b", results=[result("g", "gpu-2")]))
     node.claims.gate = asyncio.Event()
-    tasks = [asyncio.create_task(driver.prepare_claim(ref)) for ref in (a, a, a, b)]
+    # Separate requests, as kubelet retries are: one request may name a claim only once.
+    tasks = [asyncio.create_task(runner.prepare([ref])) for ref in (a, a, a, b)]
     await asyncio.sleep(0.05)
     assert node.claims.active == {"a": 1, "b": 1}  # one GET of a in flight (others wait), b in parallel
     node.claims.gate.set()
     answers = await asyncio.gather(*tasks)
     assert answers[0] == answers[1] == answers[2]
+    assert answers[0]["uid-a"].error == "" and len(answers[0]["uid-a"].devices) == 2
+    assert answers[3]["uid-b"].error == ""
     assert node.claims.max_active == {"a": 1, "b": 1}
-    assert len(driver._locks) == 0  # locks are dropped when unused
+    assert len(runner._per_claim) == 0  # locks are dropped when unused
 
 
 class SimulatedCrash(BaseException):

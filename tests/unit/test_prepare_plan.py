@@ -11,10 +11,11 @@ from typing import Any
 
 import pytest
 
+from dracommon.drivername import config_api_version
 from draplugin.checkpoint import ClaimRecord, ClaimState
 from draplugin.devices.model import Device
 from draplugin.kubelet.interface import ClaimRef, PreparedDevice
-from draplugin.prepare.claimconfig import API_VERSION, SharingStrategy, TimeSliceInterval
+from draplugin.prepare.claimconfig import SharingStrategy, TimeSliceInterval
 from draplugin.prepare.plan import (
     PlanError,
     base_request_name,
@@ -50,7 +51,7 @@ def result(request: str, device: str, driver: str = DRIVER, pool: str = NODE, **
 
 def gpu_config(strategy: str = "Exclusive", **settings: Any) -> dict[str, Any]:
     sharing: dict[str, Any] = {"strategy": strategy, **settings}
-    return {"apiVersion": API_VERSION, "kind": "GpuConfig", "sharing": sharing}
+    return {"apiVersion": config_api_version(DRIVER), "kind": "GpuConfig", "sharing": sharing}
 
 
 def config(
@@ -402,6 +403,6 @@ def test_plan_round_trips_through_the_checkpoint_record() -> None:
         )
     )
     record = ClaimRecord("uid-1", "ns", "claim", ClaimState.PREPARE_COMPLETED, planned.device_records())
-    rebuilt = plan_from_record(record, DEVICES)
+    rebuilt = plan_from_record(record, DEVICES, driver=DRIVER)
     assert rebuilt == planned
     assert rebuilt.prepared_devices()[0].share_id == "5b3e1f0a-0000-4000-8000-000000000000"

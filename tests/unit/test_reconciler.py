@@ -13,16 +13,18 @@ from controller.allocation.builders import claim, device, device_class, exactly,
 from controller.metrics import ControllerMetrics
 from controller.reconcile_api import Conflict, NotFound
 from controller.reconciler import (
-    ALLOCATED_BY_ANNOTATION,
     FINALIZER,
-    PREALLOCATE_ANNOTATION,
     Reconciler,
     ReconcilerSettings,
     Snapshot,
+    allocated_by_annotation,
+    preallocate_annotation,
 )
 
 JSON = dict[str, Any]
 D = "gpu.draplugin.dev"
+PREALLOCATE_ANNOTATION = preallocate_annotation(D)
+ALLOCATED_BY_ANNOTATION = allocated_by_annotation(D)
 WALL = "2026-01-01T00:00:00Z"
 
 
@@ -219,6 +221,22 @@ def test_preallocates_an_annotated_claim_on_the_named_node() -> None:
     assert world.metric("dra_controller_allocation_attempts_total", result="allocated") == 1
 
 
+def test_annotation_keys_follow_the_configured_driver_name() -> None:
+    other = "gpu.example.com"
+    claims = [
+        claim("theirs", [exactly("gpu")], annotations={preallocate_annotation(other): "any"}),
+        pinned("default-key"),  # the default driver's annotation means nothing to this controller
+    ]
+    world = World(claims, [gpus("node-a")], driver_name=other)
+    assert world.reconciler.reconcile().allocated == ["default/theirs"]
+    annotations = world.claim("theirs")["metadata"]["annotations"]
+    assert annotations == {
+        "gpu.example.com/preallocate": "any",
+        "gpu.example.com/allocated-by": "dra-controller",
+    }
+    assert "allocation" not in (world.claim("default-key").get("status") or {})
+
+
 def test_any_spreads_claims_over_free_devices_within_one_pass() -> None:
     world = World([pinned("a"), pinned("b"), pinned("c")], [gpus("node-1", 1), gpus("node-2", 1)])
     report = world.reconciler.reconcile()
@@ -409,7 +427,17 @@ def test_event_after_the_threshold_names_the_filter() -> None:
     assert event["regarding"]["name"] == "stuck"
     assert event["regarding"]["uid"] == "uid-stuck"
     assert "request selector removed 2" in event["note"]
+    assert event["reportingController"] == "gpu.draplugin.dev/dra-controller"
     assert world.api.writes == []  # not annotated: never allocated by us
+
+
+def test_event_reports_as_the_configured_driver() -> None:
+    world = stuck_world(driver_name="gpu.example.com")
+    world.reconciler.reconcile()  # the claim starts waiting
+    world.clock.now = 30
+    world.reconciler.reconcile()
+    (event,) = world.api.events
+    assert event["reportingController"] == "gpu.example.com/dra-controller"
 
 
 def test_events_are_rate_limited_per_claim() -> None:

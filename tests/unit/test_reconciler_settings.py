@@ -30,6 +30,7 @@ def test_defaults() -> None:
     assert values["leader_elect"] is True
     assert values["leader_config"].lease_duration_s == 15
     assert values["leader_config"].renew_interval_s == 5.0
+    assert values["driver_name"] == "gpu.draplugin.dev"
 
 
 def test_the_charts_leader_election_flags() -> None:
@@ -74,6 +75,7 @@ def test_environment_mirrors_and_flag_precedence() -> None:
         (["--leader-elect=maybe"], {}, "must be true or false"),
         (["--leader-election-lease-duration=5x"], {}, "duration such as 15s"),
         (["--leader-election-renew-deadline=20s"], {}, "renew deadline < lease duration"),
+        (["--driver-name", "GPU_X"], {}, "--driver-name='GPU_X': driver name 'GPU_X' must be a lowercase"),
     ],
 )
 def test_bad_values_name_the_setting(argv: list[str], env: dict[str, str], message: str) -> None:

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from controller.watchcache import Gone, WatchCache
+from controller.watchcache import WatchCache
+from dracommon.kubeapi import Gone
 
 JSON = dict[str, Any]
 
@@ -85,7 +86,7 @@ def test_bookmarks_move_the_version_without_changing_objects() -> None:
 @pytest.mark.parametrize(
     "gone",
     [
-        Gone("410 Gone"),  # the watch request itself answered 410
+        Gone(410, "Gone"),  # the watch request itself answered 410
         None,  # an ERROR event with code 410 inside the stream
     ],
 )

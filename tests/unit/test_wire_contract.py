@@ -1,247 +1,182 @@
-"""The generated stubs speak exactly the kubelet's wire contract.
+"""The wire-contract comparison catches what it must, and the stubs behave as the contract says.
 
-The table below is written from the upstream facts in the DRA reference notes
-(service and method paths, message names, field names, numbers, cardinality,
-presence, map fields). It is checked against the compiled descriptors, so a
-typo or a renumbering in proto/ fails here rather than against a real kubelet.
+The comparison of our stubs with upstream's protos needs the Go module cache and
+lives in tests/integration/test_wire_contract_upstream.py. These tests prove the
+comparison itself can fail for the right reason: each mutation of a copy of one
+of our descriptors must be reported, naming what changed.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from types import ModuleType
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
-from google.protobuf.descriptor import Descriptor, EnumDescriptor, FieldDescriptor, FileDescriptor
+from google.protobuf import descriptor_pb2
 
 from draplugin.kubelet._proto.dra.v1 import api_pb2 as dra_v1
 from draplugin.kubelet._proto.dra.v1beta1 import api_pb2 as dra_v1beta1
 from draplugin.kubelet._proto.dra_health.v1alpha1 import api_pb2 as health_v1alpha1
-from draplugin.kubelet._proto.pluginregistration.v1 import api_pb2 as registration
+from tests.wirecontract import (
+    UPSTREAM_FILES,
+    UpstreamProtoError,
+    compile_protos,
+    contract_of,
+    differences,
+    our_descriptor,
+    strip_gogo,
+)
+from tools.protogen import PROTO_SRC
+
+FileProto = descriptor_pb2.FileDescriptorProto
+Mutation = Callable[[FileProto], None]
 
 
-@dataclass(frozen=True)
-class Field:
-    name: str
-    number: int
-    type: str  # scalar type name, message/enum full name, or "map<key,value message>"
-    repeated: bool = False
-    presence: bool = False  # explicit presence (proto3 `optional`, or a message field)
+def message(file: FileProto, name: str) -> descriptor_pb2.DescriptorProto:
+    return next(m for m in file.message_type if m.name == name)
 
 
-@dataclass(frozen=True)
-class Method:
-    path: str
-    request: str
-    response: str
-    server_streaming: bool = False
+def field(file: FileProto, message_name: str, field_name: str) -> descriptor_pb2.FieldDescriptorProto:
+    return next(f for f in message(file, message_name).field if f.name == field_name)
 
 
-def dra_messages(pkg: str, *, with_share_id: bool) -> dict[str, list[Field]]:
-    device = [
-        Field("request_names", 1, "string", repeated=True),
-        Field("pool_name", 2, "string"),
-        Field("device_name", 3, "string"),
-        Field("cdi_device_ids", 4, "string", repeated=True),
-    ]
-    if with_share_id:
-        device.append(Field("share_id", 5, "string", presence=True))
-    return {
-        "NodePrepareResourcesRequest": [Field("claims", 1, f"{pkg}.Claim", repeated=True)],
-        "NodePrepareResourcesResponse": [
-            Field("claims", 1, f"map<string,{pkg}.NodePrepareResourceResponse>", repeated=True)
-        ],
-        "NodePrepareResourceResponse": [
-            Field("devices", 1, f"{pkg}.Device", repeated=True),
-            Field("error", 2, "string"),
-        ],
-        "Device": device,
-        "NodeUnprepareResourcesRequest": [Field("claims", 1, f"{pkg}.Claim", repeated=True)],
-        "NodeUnprepareResourcesResponse": [
-            Field("claims", 1, f"map<string,{pkg}.NodeUnprepareResourceResponse>", repeated=True)
-        ],
-        "NodeUnprepareResourceResponse": [Field("error", 1, "string")],
-        "Claim": [Field("namespace", 1, "string"), Field("uid", 2, "string"), Field("name", 3, "string")],
-    }
+def renumber(file: FileProto) -> None:
+    field(file, "Device", "share_id").number = 6
 
 
-def dra_methods(pkg: str) -> dict[str, Method]:
-    return {
-        "NodePrepareResources": Method(
-            f"/{pkg}.DRAPlugin/NodePrepareResources",
-            f"{pkg}.NodePrepareResourcesRequest",
-            f"{pkg}.NodePrepareResourcesResponse",
-        ),
-        "NodeUnprepareResources": Method(
-            f"/{pkg}.DRAPlugin/NodeUnprepareResources",
-            f"{pkg}.NodeUnprepareResourcesRequest",
-            f"{pkg}.NodeUnprepareResourcesResponse",
-        ),
-    }
+def rename(file: FileProto) -> None:
+    field(file, "Claim", "uid").name = "claim_uid"
 
 
-V1 = "k8s.io.kubelet.pkg.apis.dra.v1"
-V1BETA1 = "k8s.io.kubelet.pkg.apis.dra.v1beta1"
+def retype(file: FileProto) -> None:
+    field(file, "NodePrepareResourceResponse", "error").type = descriptor_pb2.FieldDescriptorProto.TYPE_BYTES
 
 
-@dataclass(frozen=True)
-class Contract:
-    module: ModuleType
-    package: str
-    service: str
-    methods: dict[str, Method]
-    messages: dict[str, list[Field]]
-    enums: dict[str, dict[str, int]]
+def unrepeat(file: FileProto) -> None:
+    field(file, "Device", "cdi_device_ids").label = descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL
 
 
-CONTRACTS = {
-    "pluginregistration": Contract(
-        module=registration,
-        package="pluginregistration",
-        service="Registration",
-        methods={
-            "GetInfo": Method(
-                "/pluginregistration.Registration/GetInfo",
-                "pluginregistration.InfoRequest",
-                "pluginregistration.PluginInfo",
-            ),
-            "NotifyRegistrationStatus": Method(
-                "/pluginregistration.Registration/NotifyRegistrationStatus",
-                "pluginregistration.RegistrationStatus",
-                "pluginregistration.RegistrationStatusResponse",
-            ),
-        },
-        messages={
-            "InfoRequest": [],
-            "PluginInfo": [
-                Field("type", 1, "string"),
-                Field("name", 2, "string"),
-                Field("endpoint", 3, "string"),
-                Field("supported_versions", 4, "string", repeated=True),
-            ],
-            "RegistrationStatus": [Field("plugin_registered", 1, "bool"), Field("error", 2, "string")],
-            "RegistrationStatusResponse": [],
-        },
-        enums={},
-    ),
-    "dra.v1": Contract(
-        module=dra_v1,
-        package=V1,
-        service="DRAPlugin",
-        methods=dra_methods(V1),
-        messages=dra_messages(V1, with_share_id=True),
-        enums={},
-    ),
-    "dra.v1beta1": Contract(
-        module=dra_v1beta1,
-        package=V1BETA1,
-        service="DRAPlugin",
-        methods=dra_methods(V1BETA1),
-        messages=dra_messages(V1BETA1, with_share_id=False),
-        enums={},
-    ),
-    "dra_health.v1alpha1": Contract(
-        module=health_v1alpha1,
-        package="v1alpha1",
-        service="DRAResourceHealth",
-        methods={
-            "NodeWatchResources": Method(
-                "/v1alpha1.DRAResourceHealth/NodeWatchResources",
-                "v1alpha1.NodeWatchResourcesRequest",
-                "v1alpha1.NodeWatchResourcesResponse",
-                server_streaming=True,
-            )
-        },
-        messages={
-            "NodeWatchResourcesRequest": [],
-            "DeviceIdentifier": [Field("pool_name", 1, "string"), Field("device_name", 2, "string")],
-            "DeviceHealth": [
-                Field("device", 1, "v1alpha1.DeviceIdentifier", presence=True),
-                Field("health", 2, "v1alpha1.HealthStatus"),
-                Field("last_updated_time", 3, "int64"),
-                Field("health_check_timeout_seconds", 4, "int64"),
-                Field("message", 5, "string"),
-            ],
-            "NodeWatchResourcesResponse": [Field("devices", 1, "v1alpha1.DeviceHealth", repeated=True)],
-        },
-        enums={"HealthStatus": {"UNKNOWN": 0, "HEALTHY": 1, "UNHEALTHY": 2}},
-    ),
-}
+def drop_presence(file: FileProto) -> None:
+    field(file, "Device", "share_id").proto3_optional = False
 
-_SCALARS = {
-    FieldDescriptor.TYPE_STRING: "string",
-    FieldDescriptor.TYPE_BOOL: "bool",
-    FieldDescriptor.TYPE_INT64: "int64",
+
+def unmap(file: FileProto) -> None:
+    entry = next(n for n in message(file, "NodePrepareResourcesResponse").nested_type)
+    entry.options.map_entry = False
+
+
+def stream_prepare(file: FileProto) -> None:
+    file.service[0].method[0].server_streaming = True
+
+
+def swap_response(file: FileProto) -> None:
+    file.service[0].method[0].output_type = f".{file.package}.NodeUnprepareResourcesResponse"
+
+
+def rename_method(file: FileProto) -> None:
+    file.service[0].method[1].name = "NodeUnprepare"
+
+
+def repackage(file: FileProto) -> None:
+    file.package = "k8s.io.kubelet.pkg.apis.dra.v2"
+
+
+def drop_message(file: FileProto) -> None:
+    file.message_type.remove(message(file, "Claim"))
+
+
+DRA_MUTATIONS: dict[str, tuple[Mutation, str]] = {
+    "field number": (renumber, "Device #6: only ours"),
+    "field name": (rename, "Claim #2: ours 'claim_uid"),
+    "field type": (retype, "TYPE_BYTES"),
+    "repeated label": (unrepeat, "Device #4: ours 'cdi_device_ids LABEL_OPTIONAL"),
+    "optional presence": (drop_presence, "proto3_optional=False"),
+    "map entry": (unmap, "ClaimsEntry: ours 'map_entry=False'"),
+    "streaming flag": (stream_prepare, "server_streaming=True"),
+    "method types": (swap_response, "NodePrepareResources: ours"),
+    "method name": (rename_method, "DRAPlugin/NodeUnprepare: only ours"),
+    "package": (repackage, "package: ours 'k8s.io.kubelet.pkg.apis.dra.v2'"),
+    "message": (drop_message, "message .k8s.io.kubelet.pkg.apis.dra.v1.Claim: missing from ours"),
 }
 
 
-def describe_type(field: FieldDescriptor) -> str:
-    if field.message_type is not None:
-        msg = field.message_type
-        if msg.GetOptions().map_entry:
-            key, value = msg.fields_by_name["key"], msg.fields_by_name["value"]
-            return f"map<{describe_type(key)},{describe_type(value)}>"
-        return str(msg.full_name)
-    if field.enum_type is not None:
-        return str(field.enum_type.full_name)
-    return _SCALARS.get(field.type, f"unexpected type {field.type}")
+def test_identical_descriptors_have_no_differences() -> None:
+    for module in UPSTREAM_FILES.values():
+        contract = contract_of(our_descriptor(module))
+        assert differences(contract, dict(contract)) == []
 
 
-def actual_fields(message: Descriptor) -> list[Field]:
-    return [
-        Field(f.name, f.number, describe_type(f), repeated=f.is_repeated, presence=f.has_presence)
-        for f in message.fields
+@pytest.mark.parametrize("change", sorted(DRA_MUTATIONS))
+def test_a_changed_copy_of_the_dra_descriptor_is_reported(change: str) -> None:
+    mutate, expected = DRA_MUTATIONS[change]
+    upstream = our_descriptor(dra_v1)
+    ours = FileProto()
+    ours.CopyFrom(upstream)
+    mutate(ours)
+    found = differences(contract_of(ours), contract_of(upstream))
+    assert found, f"a changed {change} went unnoticed"
+    assert any(expected in line for line in found), found
+
+
+def test_a_changed_enum_value_is_reported() -> None:
+    upstream = our_descriptor(health_v1alpha1)
+    ours = FileProto()
+    ours.CopyFrom(upstream)
+    next(v for v in ours.enum_type[0].value if v.name == "UNHEALTHY").number = 3
+    assert differences(contract_of(ours), contract_of(upstream)) == [
+        "enum value .v1alpha1.HealthStatus.UNHEALTHY: ours '3', upstream '2'"
     ]
 
 
-def file_of(contract: Contract) -> FileDescriptor:
-    descriptor: FileDescriptor = contract.module.DESCRIPTOR
-    return descriptor
+def test_every_row_kind_is_in_the_contract() -> None:
+    rows = contract_of(our_descriptor(health_v1alpha1))
+    assert rows["package"] == "v1alpha1"
+    assert rows["method .v1alpha1.DRAResourceHealth/NodeWatchResources"].endswith("server_streaming=True")
+    health = rows["field .v1alpha1.DeviceHealth #2"]
+    assert health.startswith("health LABEL_OPTIONAL TYPE_ENUM .v1alpha1.HealthStatus")
+    assert rows["enum value .v1alpha1.HealthStatus.HEALTHY"] == "1"
 
 
-@pytest.mark.parametrize("name", sorted(CONTRACTS))
-def test_package_and_service_names_match_upstream(name: str) -> None:
-    contract = CONTRACTS[name]
-    fd = file_of(contract)
-    assert fd.package == contract.package
-    assert list(fd.services_by_name) == [contract.service]
-    assert fd.services_by_name[contract.service].full_name == f"{contract.package}.{contract.service}"
+# Kubernetes <= 1.34 writes its kubelet protos with gogo options; the upstream compile strips them.
+GOGO_HEADER = """\
+import "github.com/gogo/protobuf/gogoproto/gogo.proto";
+
+option (gogoproto.goproto_stringer_all) = false;
+option (gogoproto.stringer_all) =  true;
+option (gogoproto.marshaler_all) = true;
+"""
 
 
-@pytest.mark.parametrize("name", sorted(CONTRACTS))
-def test_method_paths_and_types_match_upstream(name: str) -> None:
-    contract = CONTRACTS[name]
-    service = file_of(contract).services_by_name[contract.service]
-    actual = {
-        m.name: Method(
-            f"/{service.full_name}/{m.name}",
-            m.input_type.full_name,
-            m.output_type.full_name,
-            server_streaming=m.server_streaming,
-        )
-        for m in service.methods
-    }
-    assert actual == contract.methods
-    assert not any(m.client_streaming for m in service.methods)
+def with_gogo_options(source: str) -> str:
+    """Our v1beta1 proto written the way upstream's 1.34 file is: gogo import, file and field options."""
+    header_at = source.index("service DRAPlugin")
+    source = source[:header_at] + GOGO_HEADER + "\n" + source[header_at:]
+    source = source.replace(
+        "cdi_device_ids = 4;", 'cdi_device_ids = 4 [(gogoproto.customname) = "CDIDeviceIDs"];'
+    )
+    return source.replace(
+        "uid = 2;", 'uid = 2 [(gogoproto.customname) = "UID", (gogoproto.nullable) = true];'
+    )
 
 
-@pytest.mark.parametrize("name", sorted(CONTRACTS))
-def test_messages_and_fields_match_upstream(name: str) -> None:
-    contract = CONTRACTS[name]
-    fd = file_of(contract)
-    assert sorted(fd.message_types_by_name) == sorted(contract.messages)
-    for message_name, expected in contract.messages.items():
-        assert actual_fields(fd.message_types_by_name[message_name]) == expected, message_name
+def test_gogo_options_are_stripped_and_the_rest_compiles_unchanged(tmp_path: Path) -> None:
+    rel = "dra/v1beta1/api.proto"
+    gogo = with_gogo_options((PROTO_SRC / rel).read_text())
+    assert gogo.count("gogoproto") == 7
+    (tmp_path / rel).parent.mkdir(parents=True)
+    (tmp_path / rel).write_text(gogo)
+    compiled = compile_protos(tmp_path, [rel])[rel]
+    assert list(compiled.dependency) == []
+    assert differences(contract_of(compiled), contract_of(our_descriptor(dra_v1beta1))) == []
 
 
-@pytest.mark.parametrize("name", sorted(CONTRACTS))
-def test_enums_match_upstream(name: str) -> None:
-    contract = CONTRACTS[name]
-    fd = file_of(contract)
-    assert sorted(fd.enum_types_by_name) == sorted(contract.enums)
-    for enum_name, expected in contract.enums.items():
-        enum: EnumDescriptor = fd.enum_types_by_name[enum_name]
-        assert {v.name: v.number for v in enum.values} == expected
+def test_a_gogo_reference_the_stripper_does_not_know_fails_loudly() -> None:
+    source = (
+        'syntax = "proto3";\n'
+        'message M {\n  string a = 1 [deprecated = true, (gogoproto.moretags) = "x"];\n}\n'
+    )
+    with pytest.raises(UpstreamProtoError, match="gogoproto reference is left"):
+        strip_gogo(source, "m.proto")
 
 
 def test_share_id_is_optional_in_v1_only() -> None:

@@ -185,6 +185,21 @@ def test_falls_back_to_cel_python_without_cel_expr_python(monkeypatch: pytest.Mo
         selector._load_engine.cache_clear()
 
 
+def test_the_fallback_engine_missing_says_which_extra_installs_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    # cel-python is the optional extra `fallback`: choosing it without it installed is a clear error.
+    monkeypatch.setitem(sys.modules, "celpy", None)
+    monkeypatch.delitem(sys.modules, "controller.cel.engine_celpy", raising=False)
+    selector._load_engine.cache_clear()
+    selector._compile_cached.cache_clear()
+    hint = r"cel-python cannot be loaded: .*pip install 'draplugin\[fallback\]'"
+    try:
+        with pytest.raises(CompileError, match=hint):
+            compile_selector(MODEL, engine="cel-python")
+    finally:
+        selector._load_engine.cache_clear()
+        selector._compile_cached.cache_clear()
+
+
 def test_invalid_device_shape_is_an_evaluation_error() -> None:
     compiled = compile_selector(MODEL)
     with pytest.raises(EvaluationError, match="invalid device"):

@@ -1,8 +1,11 @@
 """Generate the committed gRPC stubs in `draplugin/kubelet/_proto/` from `proto/`.
 
-Run as `python -m draplugin.kubelet.protogen` (or `make proto`). The stubs are
-committed so the package imports without a code-generation step; a unit test
-regenerates them into a temporary directory and fails when they drift.
+A development tool, not part of the wheel: it needs grpcio-tools and
+mypy-protobuf (the dev extra) and the `proto/` sources, neither of which an
+installed plugin has. Run as `python -m tools.protogen` from the repository
+root (or `make proto`). The stubs are committed so the package imports without
+a code-generation step; a unit test regenerates them into a temporary directory
+and fails when they drift.
 
 protoc derives Python import paths from the include root, so the protos are
 first copied into a scratch tree at `draplugin/kubelet/_proto/<dir>/<name>.proto`
@@ -20,7 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 PROTO_SRC = REPO_ROOT / "proto"
 STUB_DIR = REPO_ROOT / "draplugin" / "kubelet" / "_proto"
 # Where the protos sit relative to the include root: this decides the import path.

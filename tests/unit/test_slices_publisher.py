@@ -1,37 +1,29 @@
-"""ResourceSlice planning and publishing against an in-memory API that enforces what the server does."""
+"""The slice publisher against an in-memory API that enforces what the server does: writes, generations,
+conflicts, the watch and the background loop."""
 
 from __future__ import annotations
 
 import copy
-import dataclasses
 import itertools
+import logging
 import queue
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
 
+from devcluster.wait import wait_for
+from dracommon.kubeapi import ApiError, Gone
 from draplugin.devices.fake import FakeBackend, config_from_flags, parse_config
 from draplugin.devices.health import HealthTracker
-from draplugin.devices.model import CounterConsumption, CounterSet, Device, DeviceTaint, DeviceValidationError
-from draplugin.slices import (
-    MAX_NAME_LENGTH,
-    ApiError,
-    NodeRef,
-    SliceLayout,
-    SliceMetrics,
-    SlicePublisher,
-    backend_source,
-    layout_for,
-    plan_slices,
-    render_pool,
-    slice_name,
-    wait_for,
-)
-
-DRIVER = "gpu.draplugin.dev"
-NODE = "node-a"
+from draplugin.devices.model import CounterSet, Device, DeviceTaint, DeviceValidationError
+from draplugin.slices.metrics import SliceMetrics
+from draplugin.slices.plan import SliceLayout
+from draplugin.slices.publisher import SlicePublisher, backend_source
+from draplugin.slices.render import slice_name
+from tests.unit.test_slices_plan import DRIVER, NODE, fake_devices, fields_of
 
 
 class MemoryApi:
@@ -112,10 +104,6 @@ class MemoryApi:
         return sum(1 for c in self.calls if c in ("create", "update", "delete"))
 
 
-def fake_devices(n: int, model: str = "L4") -> list[Device]:
-    return FakeBackend(NODE, config_from_flags(n, model)).discover()
-
-
 def publisher(
     api: MemoryApi, devices: list[Device], counters: Sequence[CounterSet] = (), **kw: Any
 ) -> tuple[SlicePublisher, list[list[Device]]]:
@@ -129,52 +117,6 @@ def publisher(
         **kw,
     )
     return pub, state
-
-
-def test_chunking_128_without_taints_and_64_with() -> None:
-    plan = plan_slices(fake_devices(300))
-    assert [len(p.devices) for p in plan] == [128, 128, 44]
-    plan = plan_slices(fake_devices(300), expect_taints=True)
-    assert [len(p.devices) for p in plan] == [64, 64, 64, 64, 44]
-    devices = fake_devices(130)
-    devices[0] = Device(
-        **{**_fields(devices[0]), "taints": (DeviceTaint("gpu.draplugin.dev/x", "NoSchedule"),)}
-    )
-    assert [len(p.devices) for p in plan_slices(devices)] == [64, 64, 2]
-
-
-def _fields(d: Device) -> dict[str, Any]:
-    return {f: getattr(d, f) for f in d.__dataclass_fields__}
-
-
-def test_counter_sets_get_their_own_slice_and_empty_pool_one_empty_slice() -> None:
-    backend = FakeBackend(NODE, parse_config({"gpus": [{"model": "A100-SXM4-40GB"}], "partitionable": True}))
-    plan = plan_slices(backend.discover(), backend.shared_counters())
-    assert plan[0].shared_counters and not plan[0].devices
-    assert all(p.devices and not p.shared_counters for p in plan[1:])
-    empty = plan_slices([])
-    assert len(empty) == 1 and not empty[0].devices and not empty[0].shared_counters
-
-
-def test_rendered_slices_keep_device_order_and_owner() -> None:
-    devices = fake_devices(200)
-    slices = render_pool(devices, [], node=NodeRef(NODE, "u1"), driver=DRIVER)
-    names = [d["name"] for s in slices for d in s["spec"]["devices"]]
-    assert names == [f"gpu-{i}" for i in range(200)]
-    for i, s in enumerate(slices):
-        assert s["metadata"]["name"] == f"{NODE}-{DRIVER}-{i}"
-        assert s["metadata"]["ownerReferences"] == [
-            {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": "u1", "controller": True}
-        ]
-        assert s["spec"]["pool"] == {"name": NODE, "generation": 1, "resourceSliceCount": 2}
-        assert s["spec"]["nodeName"] == NODE and s["spec"]["driver"] == DRIVER
-
-
-def test_long_node_names_still_give_valid_unique_slice_names() -> None:
-    long_a, long_b = "a" * 250, "a" * 249 + "b"
-    name_a, name_b = slice_name(long_a, DRIVER, 3), slice_name(long_b, DRIVER, 3)
-    assert len(name_a) <= MAX_NAME_LENGTH and len(name_b) <= MAX_NAME_LENGTH
-    assert name_a != name_b and name_a.endswith(f"-{DRIVER}-3")
 
 
 def test_invalid_device_is_rejected_before_any_write() -> None:
@@ -295,7 +237,7 @@ def test_fields_dropped_by_the_server_do_not_cause_rewrites() -> None:
     api = DroppingApi()
     devices = fake_devices(2)
     devices[1] = Device(
-        **{**_fields(devices[1]), "taints": (DeviceTaint("gpu.draplugin.dev/x", "NoSchedule"),)}
+        **{**fields_of(devices[1]), "taints": (DeviceTaint("gpu.draplugin.dev/x", "NoSchedule"),)}
     )
     pub, _ = publisher(api, devices)
     pub.sync()
@@ -350,9 +292,9 @@ def test_background_loop_republishes_after_foreign_delete_and_stops() -> None:
     pub, _ = publisher(api, fake_devices(200), settle_s=0.01)
     pub.start()
     try:
-        assert wait_for(lambda: len(api.objects) == 2, 5)
+        wait_for("the first publish", lambda: len(api.objects) == 2, 5)
         api.remove_all()
-        assert wait_for(lambda: len(api.objects) == 2 and pub.writes["create"] == 4, 5)
+        wait_for("the republish", lambda: len(api.objects) == 2 and pub.writes["create"] == 4, 5)
     finally:
         pub.stop(delete=True)
     assert api.objects == {}
@@ -364,84 +306,50 @@ def test_background_loop_backs_off_on_api_errors() -> None:
     pub, _ = publisher(api, fake_devices(1), settle_s=0.01)
     pub.start()
     try:
-        assert wait_for(lambda: len(api.objects) == 1, 10)
+        wait_for("a publish after the errors", lambda: len(api.objects) == 1, 10)
     finally:
         pub.stop()
     assert api.calls[:3] == ["list", "list", "list"]
 
 
-# ----- shared counters on Kubernetes 1.34: in the slice of their consumers -----------------------
+class ExpiringWatchApi(MemoryApi):
+    """The first watch answers 410 Gone (its version was compacted away); later ones end quietly."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.listed_at: list[str] = []
+        self.watched_from: list[str] = []
+
+    def list_slices(self, field_selector: str) -> tuple[list[dict[str, Any]], str]:
+        items, version = super().list_slices(field_selector)
+        self.listed_at.append(version)
+        return items, version
+
+    def watch_slices(
+        self, field_selector: str, resource_version: str, timeout_s: int
+    ) -> Iterator[tuple[str, dict[str, Any]]]:
+        self.watched_from.append(resource_version)
+        if len(self.watched_from) == 1:
+            raise Gone(410, "too old resource version")
+        time.sleep(0.05)
+        return iter(())
 
 
-def _consumers_by_set(planned: Sequence[Any]) -> dict[str, set[int]]:
-    """Counter set name -> indices of the planned slices whose devices consume it."""
-    where: dict[str, set[int]] = {}
-    for index, p in enumerate(planned):
-        for device in p.devices:
-            for consumption in device.get("consumesCounters", []):
-                where.setdefault(consumption["counterSet"], set()).add(index)
-    return where
-
-
-def test_layout_follows_the_server_release() -> None:
-    assert layout_for((1, 34)) is SliceLayout.COUNTERS_WITH_DEVICES
-    assert layout_for((1, 35)) is SliceLayout.SEPARATE_COUNTER_SLICES
-    assert layout_for((1, 37)) is SliceLayout.SEPARATE_COUNTER_SLICES
-
-
-def test_1_34_layout_puts_each_counter_set_with_all_its_consumers() -> None:
-    backend = FakeBackend(
-        NODE, parse_config({"gpus": [{"model": "H100-80GB-HBM3", "count": 2}], "partitionable": True})
+def test_watch_too_old_relists_and_watches_from_the_new_list(caplog: pytest.LogCaptureFixture) -> None:
+    api = ExpiringWatchApi()
+    pub, _ = publisher(api, fake_devices(1), settle_s=0.01)
+    with caplog.at_level(logging.WARNING):
+        pub.start()
+        try:
+            wait_for("a watch after the 410", lambda: len(api.watched_from) >= 2, 5)
+        finally:
+            pub.stop()
+    assert api.watched_from[0] == api.listed_at[0]
+    assert len(api.listed_at) >= 2, "a 410 makes the publisher list again"
+    assert api.watched_from[1] == api.listed_at[1], "the next watch starts from the new list's version"
+    assert not [r for r in caplog.records if "watch failed" in r.getMessage()], (
+        "a 410 is routine, not a failure"
     )
-    devices, sets = backend.discover(), backend.shared_counters()
-    plan = plan_slices(devices, sets, layout=SliceLayout.COUNTERS_WITH_DEVICES)
-    # Two GPUs (15 shared counters each) fit the 1.34 limit of 32 shared counters per slice.
-    assert len(plan) == 1
-    assert [c["name"] for c in plan[0].shared_counters] == ["gpu-0-counters", "gpu-1-counters"]
-    assert [d["name"] for d in plan[0].devices] == [d.name for d in devices]
-
-
-def test_1_34_layout_starts_a_new_slice_when_shared_counters_run_out() -> None:
-    config = parse_config({"gpus": [{"model": "H100-80GB-HBM3", "count": 5}], "partitionable": True})
-    backend = FakeBackend(NODE, config)
-    devices, sets = backend.discover(), backend.shared_counters()
-    plan = plan_slices(devices, sets, layout=SliceLayout.COUNTERS_WITH_DEVICES)
-    assert [len(p.shared_counters) for p in plan] == [2, 2, 1]
-    for p in plan:
-        assert sum(len(c["counters"]) for c in p.shared_counters) <= 32
-        defined = {c["name"] for c in p.shared_counters}
-        used = {c["counterSet"] for d in p.devices for c in d.get("consumesCounters", [])}
-        assert used <= defined, "every device's counter set is defined in its own slice"
-    assert all(len(slices) == 1 for slices in _consumers_by_set(plan).values())
-    # Discovery order is kept across the whole pool.
-    assert [d["name"] for p in plan for d in p.devices] == [d.name for d in devices]
-
-
-def test_1_34_layout_keeps_interleaved_consumers_together() -> None:
-    sets = [CounterSet("a", {"mem": "10"}), CounterSet("b", {"mem": "10"})]
-    backend = FakeBackend(NODE, config_from_flags(4, "L4"))
-    plain = backend.discover()
-
-    def consuming(device: Device, set_name: str) -> Device:
-        return dataclasses.replace(device, consumes_counters=(CounterConsumption(set_name, {"mem": "1"}),))
-
-    devices = [consuming(plain[0], "a"), consuming(plain[1], "b"), consuming(plain[2], "a"), plain[3]]
-    plan = plan_slices(devices, sets, layout=SliceLayout.COUNTERS_WITH_DEVICES)
-    assert len(plan) == 1
-    assert {c["name"] for c in plan[0].shared_counters} == {"a", "b"}
-
-
-def test_1_34_layout_rejects_a_counter_set_whose_consumers_exceed_one_slice() -> None:
-    counter_set = CounterSet("big", {"mem": "1000"})
-    backend = FakeBackend(NODE, config_from_flags(65, "L4"))
-    devices = [
-        dataclasses.replace(d, consumes_counters=(CounterConsumption("big", {"mem": "1"}),))
-        for d in backend.discover()
-    ]
-    with pytest.raises(DeviceValidationError, match=r"1\.34 needs a counter set and all its consumers"):
-        plan_slices(devices, [counter_set], layout=SliceLayout.COUNTERS_WITH_DEVICES)
-    # 1.35+ has no such limit: the set has a slice of its own and devices spread over two.
-    assert len(plan_slices(devices, [counter_set])) == 3
 
 
 def test_publisher_asks_the_server_release_once_and_uses_its_layout() -> None:

@@ -1,0 +1,241 @@
+"""`KubeApi`: every request to the API server, as raw JSON dicts in and out.
+
+Built on the `kubernetes` package's ApiClient for the server address,
+credentials, TLS and token refresh, but never its typed models: those drop
+fields a newer server sends, and a read-modify-write would lose them. A
+failure is always an `ApiError` (`Gone` for 410): an HTTP error answer with
+the server's metav1.Status, or status 0 when no answer came (connection
+refused, TLS, timeout, a stream broken midway). What to do about it is each
+caller's policy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Final, TypeVar
+
+from dracommon.kubeapi.errors import ApiError, error_from_response
+from dracommon.kubeapi.watch import watch_events
+
+JSON = dict[str, Any]
+Query = Mapping[str, str]
+Timeout = float | tuple[float, float]
+T = TypeVar("T")
+
+JSON_TYPE: Final = "application/json"
+MERGE_PATCH: Final = "application/merge-patch+json"
+APPLY_PATCH: Final = "application/apply-patch+yaml"
+DEFAULT_TIMEOUT_S: Final = 30.0
+PAGE_SIZE: Final = 500
+WATCH_CONNECT_TIMEOUT_S: Final = 10.0
+# The server ends a watch after its timeoutSeconds; the client waits this much longer before giving up.
+WATCH_READ_SLACK_S: Final = 30.0
+
+
+def _transport_errors() -> tuple[type[BaseException], ...]:
+    """What the HTTP stack raises when no answer came (imported late: the client library is heavy)."""
+    from kubernetes.client.exceptions import ApiException  # the library's wrapper of TLS errors
+    from urllib3.exceptions import HTTPError
+
+    return HTTPError, OSError, ApiException
+
+
+class KubeApi:
+    """Raw-JSON requests with one ApiClient's server and credentials."""
+
+    def __init__(self, api_client: Any, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        self.api_client = api_client
+        self.timeout_s = timeout_s
+
+    # ---------------------------------------------------------------- the one request path
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        body: Any,
+        query: Query | None,
+        content_type: str,
+        timeout: Timeout | None,
+    ) -> Any:
+        """One request; returns the unread 2xx response (`status`, `read()`, `response` to stream),
+        raises `ApiError` for any other outcome."""
+        headers = {"Accept": JSON_TYPE}
+        if body is not None:
+            headers["Content-Type"] = content_type
+        try:
+            method, url, headers, payload, _ = self.api_client.param_serialize(
+                method=method,
+                resource_path=path,
+                query_params=list((query or {}).items()),
+                header_params=headers,
+                body=body,
+                auth_settings=["BearerToken"],
+            )
+            response = self.api_client.call_api(
+                method, url, header_params=headers, body=payload, _request_timeout=timeout or self.timeout_s
+            )
+            if 200 <= response.status < 300:
+                return response
+            data = response.read()
+        except _transport_errors() as err:
+            raise ApiError(0, f"{method} {path}: {err}") from err
+        raise error_from_response(int(response.status), bytes(data or b""), str(response.reason or ""))
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        query: Query | None = None,
+        content_type: str = JSON_TYPE,
+        timeout: Timeout | None = None,
+    ) -> JSON:
+        """One request; the answer's JSON object ({} for an empty body), or `ApiError`."""
+        response = self._send(method, path, body, query, content_type, timeout)
+        try:
+            data = response.read()
+        except _transport_errors() as err:
+            raise ApiError(0, f"{method} {path}: reading the answer: {err}") from err
+        if not data:
+            return {}
+        try:
+            doc = json.loads(data)
+        except ValueError as err:
+            raise ApiError(int(response.status), f"{method} {path}: answer is not JSON: {err}") from err
+        if not isinstance(doc, dict):
+            raise ApiError(int(response.status), f"{method} {path}: answer is not a JSON object")
+        return doc
+
+    # ---------------------------------------------------------------- verbs
+
+    def get(self, path: str, query: Query | None = None) -> JSON:
+        return self.request("GET", path, query=query)
+
+    def create(self, path: str, body: Mapping[str, Any], query: Query | None = None) -> JSON:
+        """POST to a collection."""
+        return self.request("POST", path, dict(body), query=query)
+
+    def replace(self, path: str, body: Mapping[str, Any]) -> JSON:
+        """PUT: the whole object, with its resourceVersion (409 Conflict when it changed since)."""
+        return self.request("PUT", path, dict(body))
+
+    def delete(
+        self,
+        path: str,
+        options: Mapping[str, Any] | None = None,
+        *,
+        query: Query | None = None,
+        timeout: Timeout | None = None,
+    ) -> JSON:
+        """DELETE an object, or a collection with a selector in `query`; `options` is a DeleteOptions
+        (preconditions, grace period)."""
+        body = dict(options) if options is not None else None
+        return self.request("DELETE", path, body, query=query, timeout=timeout)
+
+    def merge_patch(self, path: str, patch: Mapping[str, Any], *, timeout: Timeout | None = None) -> JSON:
+        """A JSON merge patch (RFC 7386): only the fields named change."""
+        return self.request("PATCH", path, dict(patch), content_type=MERGE_PATCH, timeout=timeout)
+
+    def patch_status(self, path: str, patch: Mapping[str, Any], *, timeout: Timeout | None = None) -> JSON:
+        """A JSON merge patch of the object's status subresource."""
+        return self.merge_patch(f"{path}/status", patch, timeout=timeout)
+
+    def apply(self, path: str, body: Mapping[str, Any], *, field_manager: str, force: bool = False) -> JSON:
+        """Server-side apply of the object at `path`: the fields in `body` become owned by
+        `field_manager`; `force` takes over fields another manager owns instead of a 409."""
+        query = {"fieldManager": field_manager}
+        if force:
+            query["force"] = "true"
+        return self.request("PATCH", path, dict(body), query=query, content_type=APPLY_PATCH)
+
+    def list(
+        self, path: str, *, kind: str | None = None, query: Query | None = None, page_size: int = PAGE_SIZE
+    ) -> tuple[list[JSON], str]:
+        """Every item of a collection, following `continue` pages, and the list's resourceVersion.
+
+        Items of a list carry no `kind`; `kind` fills it in for code that tells objects apart by it.
+        """
+        items: list[JSON] = []
+        params = {**(query or {}), "limit": str(page_size)}
+        while True:
+            page = self.get(path, params)
+            for item in page.get("items") or []:
+                if kind is not None:
+                    item.setdefault("kind", kind)
+                items.append(item)
+            meta = page.get("metadata") or {}
+            if not meta.get("continue"):
+                return items, str(meta.get("resourceVersion", ""))
+            params["continue"] = str(meta["continue"])
+
+    def watch(
+        self,
+        path: str,
+        resource_version: str,
+        *,
+        query: Query | None = None,
+        timeout_s: int = 300,
+        bookmarks: bool = True,
+    ) -> Iterator[JSON]:
+        """Events (`{"type": ..., "object": ...}`, BOOKMARKs included) from `resource_version` ("": from
+        now) until the server ends the watch after `timeout_s`. Raises `Gone` when the version is too
+        old, `ApiError` for other failures, including a stream that breaks."""
+        params = {**(query or {}), "watch": "true", "timeoutSeconds": str(timeout_s)}
+        if bookmarks:
+            params["allowWatchBookmarks"] = "true"
+        if resource_version:
+            params["resourceVersion"] = resource_version
+        timeout = (WATCH_CONNECT_TIMEOUT_S, timeout_s + WATCH_READ_SLACK_S)
+        raw = self._send("GET", path, None, params, JSON_TYPE, timeout).response
+        from kubernetes.watch.watch import iter_resp_lines  # splits chunks into lines, partial ones too
+
+        try:
+            yield from watch_events(iter_resp_lines(raw))  # type: ignore[no-untyped-call]
+        except _transport_errors() as err:
+            raise ApiError(0, f"watch of {path} broke: {err}") from err
+        finally:
+            raw.close()  # a watch left midway has unread data: never hand that connection out again
+            raw.release_conn()
+
+
+class AsyncKubeApi:
+    """`KubeApi` calls on a thread pool, for asyncio code: the client is synchronous, and the
+    kubelet asks to prepare many claims at once."""
+
+    def __init__(self, api: KubeApi, workers: int) -> None:
+        self.api = api
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kube-api")
+        _ensure_connections(api.api_client, workers)
+
+    async def request(self, method: str, path: str, body: Any = None, *, query: Query | None = None) -> JSON:
+        return await self._run(lambda: self.api.request(method, path, body, query=query))
+
+    async def get(self, path: str, query: Query | None = None) -> JSON:
+        return await self._run(lambda: self.api.get(path, query))
+
+    async def _run(self, call: Callable[[], T]) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, call)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _ensure_connections(api_client: Any, workers: int) -> None:
+    """One pooled connection per worker, so parallel requests do not open and drop sockets.
+
+    The connection pool is built with the ApiClient, so a larger size needs a new one.
+    """
+    configuration = api_client.configuration
+    if (configuration.connection_pool_maxsize or 0) >= workers:
+        return
+    from kubernetes.client.rest import RESTClientObject
+
+    configuration.connection_pool_maxsize = workers
+    old = api_client.rest_client
+    api_client.rest_client = RESTClientObject(configuration)
+    old.pool_manager.clear()

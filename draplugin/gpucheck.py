@@ -1,0 +1,468 @@
+"""`make gpu-check`: our discovery and CDI specs against the NVIDIA driver's own tools, on a GPU machine.
+
+  1. NVML discovery (the `nvml` backend, as `draplugin run` uses it) against
+     `nvidia-smi -q -x`, GPU by GPU: presence, name, memory, PCI bus ID, MIG
+     mode, and the MIG devices (how many, their SM counts: the XML carries no
+     MIG UUIDs or profile names).
+  2. The CDI spec prepare would write for a claim of each device
+     (`draplugin.cdi.preview`, prepare's own code), with the driver files of
+     `--driver-root`: it must mount `libcuda.so.1`, `libnvidia-ml.so.1` and
+     `nvidia-smi`.
+  3. With `runc` (and root): a container from a minimal root filesystem (the
+     loader and the C libraries `nvidia-smi` needs, copied from the host,
+     nothing else) with exactly that spec's edits applied as the CDI library
+     applies them, running `nvidia-smi -L`: it must list the claimed device and
+     only it.
+
+Prints one table. Exit status 0 when every check passed (or was skipped, with
+its reason in the table), 1 on any mismatch, 2 when it cannot run at all
+(NVML or `nvidia-smi` missing). Needs the package and nvidia-ml-py, nothing from
+a package registry; CI never runs it (no GPU there); its checks without a GPU
+run in `tests/unit/test_gpucheck.py` against a fake NVML and a fake document.
+
+    python -m draplugin.gpucheck [--driver-root /] [--runc runc] [--nvidia-smi nvidia-smi]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+import xml.etree.ElementTree as ET
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dracommon.drivername import DEFAULT_DRIVER_NAME
+from dracommon.quantity import parse_quantity
+from draplugin.cdi import driverfiles
+from draplugin.cdi.driverlayout import DriverRoot, DriverRootError, host_arch
+from draplugin.cdi.elf import read_elf
+from draplugin.cdi.preview import PREVIEW_CLAIM, preview_spec
+from draplugin.cdi.spec import Spec, claim_device_name
+from draplugin.devices.model import Device
+
+OK, MISMATCH, SKIPPED = "ok", "MISMATCH", "skipped"
+NODE = "gpu-check"
+MiB = 1 << 20
+# NVML's total and nvidia-smi's differ by rounding (and by reserved memory on some drivers).
+MEMORY_TOLERANCE = 0.01
+CONTAINER_TIMEOUT_S = 60
+_LISTED_UUID = re.compile(r"\(UUID: ((?:GPU|MIG)-[^)\s]+)\)")
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    check: str
+    subject: str
+    ours: str
+    theirs: str
+    status: str
+
+
+@dataclass(frozen=True, slots=True)
+class SmiMig:
+    gpu_instance: int
+    compute_instance: int
+    multiprocessors: int | None
+    memory_mib: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class SmiGpu:
+    uuid: str
+    name: str
+    bus_id: str  # sysfs form: 0000:18:00.0
+    memory_mib: int | None
+    mig_enabled: bool
+    migs: tuple[SmiMig, ...] = field(default=())
+
+
+# --- nvidia-smi -q -x -----------------------------------------------------------------------------
+
+
+def parse_smi_xml(text: str) -> list[SmiGpu]:
+    """The GPUs of an `nvidia-smi -q -x` document."""
+    root = ET.fromstring(text)
+    gpus = []
+    for gpu in root.iter("gpu"):
+        migs = tuple(
+            SmiMig(
+                gpu_instance=int(_text(mig, "gpu_instance_id") or -1),
+                compute_instance=int(_text(mig, "compute_instance_id") or -1),
+                multiprocessors=_int(_text(mig, "device_attributes/shared/multiprocessor_count")),
+                memory_mib=_mib(_text(mig, "fb_memory_usage/total")),
+            )
+            for mig in gpu.iter("mig_device")
+        )
+        gpus.append(
+            SmiGpu(
+                uuid=_text(gpu, "uuid"),
+                name=_text(gpu, "product_name"),
+                bus_id=_bus_id(_text(gpu, "pci/pci_bus_id") or gpu.get("id", "")),
+                memory_mib=_mib(_text(gpu, "fb_memory_usage/total")),
+                mig_enabled=_text(gpu, "mig_mode/current_mig") == "Enabled",
+                migs=migs,
+            )
+        )
+    return gpus
+
+
+def _text(element: ET.Element, path: str) -> str:
+    found = element.find(path)
+    return (found.text or "").strip() if found is not None else ""
+
+
+def _int(text: str) -> int | None:
+    return int(text) if text.isdigit() else None
+
+
+def _mib(text: str) -> int | None:
+    number, _, unit = text.partition(" ")
+    return int(number) if number.isdigit() and unit == "MiB" else None
+
+
+def _bus_id(text: str) -> str:
+    """nvidia-smi's '00000000:18:00.0' → sysfs's '0000:18:00.0', as our attribute has it."""
+    domain, _, rest = text.strip().lower().partition(":")
+    return f"{int(domain, 16):04x}:{rest}" if rest and domain else text.lower()
+
+
+# --- 1. discovery -----------------------------------------------------------------------------------
+
+
+def compare_discovery(devices: Sequence[Device], smi: Sequence[SmiGpu]) -> list[Row]:
+    rows: list[Row] = []
+    seen: set[str] = set()
+    for gpu in smi:
+        full = [d for d in devices if d.uuid == gpu.uuid]
+        migs = [d for d in devices if d.parent_uuid == gpu.uuid]
+        seen.update(d.name for d in full + migs)
+        subject = f"{gpu.uuid} ({gpu.bus_id})"
+        published = ", ".join(d.name for d in full + migs) or "nothing"
+        rows.append(_row("published", subject, published, "present", bool(full or migs)))
+        if not (full or migs):
+            continue
+        sample = (full + migs)[0]
+        rows.append(_row("name", subject, str(sample.attributes.get("productName")), gpu.name))
+        rows.append(
+            _row(
+                "PCI bus ID",
+                subject,
+                str(sample.attributes.get("resource.kubernetes.io/pciBusID")),
+                gpu.bus_id,
+            )
+        )
+        rows.append(_row("MIG mode", subject, "on" if migs else "off", "on" if gpu.mig_enabled else "off"))
+        if full and gpu.memory_mib is not None:
+            ours = parse_quantity(full[0].capacity.get("memory", "0")).value() // MiB
+            close = abs(ours - gpu.memory_mib) <= max(1, gpu.memory_mib * MEMORY_TOLERANCE)
+            rows.append(_row("memory MiB", subject, str(ours), str(gpu.memory_mib), close))
+        if gpu.mig_enabled or migs:
+            rows.append(_row("MIG devices", subject, str(len(migs)), str(len(gpu.migs))))
+            ours_sm = sorted(int(d.capacity.get("multiprocessors", "0")) for d in migs)
+            theirs_sm = sorted(m.multiprocessors or 0 for m in gpu.migs)
+            rows.append(_row("MIG SMs", subject, str(ours_sm), str(theirs_sm)))
+    for device in devices:
+        if device.name not in seen:
+            rows.append(_row("published", device.name, device.uuid, "not in nvidia-smi", False))
+    return rows
+
+
+def _row(check: str, subject: str, ours: str, theirs: str, ok: bool | None = None) -> Row:
+    same = ours == theirs if ok is None else ok
+    return Row(check, subject, ours, theirs, OK if same else MISMATCH)
+
+
+# --- 2. CDI specs -----------------------------------------------------------------------------------
+
+# What a CUDA container needs from the spec, by container path (the library dir is the architecture's).
+REQUIRED_MOUNTS = ("libcuda.so.1", "libnvidia-ml.so.1")
+
+
+def render_specs(
+    devices: Sequence[Device], files: driverfiles.DriverFiles | None
+) -> tuple[list[Row], dict[str, Spec]]:
+    rows: list[Row] = []
+    specs: dict[str, Spec] = {}
+    by_name = {d.name: d for d in devices}
+    lib_dir = f"/usr/lib/{host_arch().multiarch}"
+    for device in devices:
+        try:
+            spec = preview_spec(
+                by_name, [device.name], driver=DEFAULT_DRIVER_NAME, node=NODE, driver_files=files
+            )
+            spec.render()  # validates
+        except (DriverRootError, ValueError) as err:
+            rows.append(Row("CDI spec", device.name, str(err), "a valid spec", MISMATCH))
+            continue
+        specs[device.name] = spec
+        mounted = {m.container_path for m in spec.edits.mounts}
+        wanted = [f"{lib_dir}/{name}" for name in REQUIRED_MOUNTS] + ["/usr/bin/nvidia-smi"]
+        missing = [path for path in wanted if path not in mounted]
+        ours = f"{len(spec.edits.mounts)} mounts" + (f", missing {', '.join(missing)}" if missing else "")
+        rows.append(_row("CDI spec", device.name, ours, "libcuda, libnvidia-ml, nvidia-smi", not missing))
+    return rows, specs
+
+
+# --- 3. a container -----------------------------------------------------------------------------------
+
+
+def container_edits(spec: Mapping[str, Any], device_name: str) -> dict[str, list[Any]]:
+    """The spec's edits for one of its devices, merged as the CDI library does: the spec's own
+    edits, then the device's; a later device node or mount at the same path replaces an earlier one."""
+    device = next(d for d in spec["devices"] if d["name"] == device_name)
+    env: list[str] = []
+    nodes: dict[str, Mapping[str, Any]] = {}
+    mounts: dict[str, Mapping[str, Any]] = {}
+    for edits in (spec.get("containerEdits", {}), device["containerEdits"]):
+        env += edits.get("env", [])
+        nodes.update({n["path"]: n for n in edits.get("deviceNodes", [])})
+        mounts.update({m["containerPath"]: m for m in edits.get("mounts", [])})
+    return {"env": env, "deviceNodes": list(nodes.values()), "mounts": list(mounts.values())}
+
+
+def oci_config(
+    edits: Mapping[str, list[Any]], args: Sequence[str], stat_node: Callable[[str], os.stat_result] = os.stat
+) -> dict[str, Any]:
+    """An OCI runtime config with `edits` applied: the process, the standard mounts and the device
+    cgroup rules a runtime would write, and nothing of the host beyond what the edits name."""
+    devices: list[dict[str, Any]] = []
+    allow: list[dict[str, Any]] = [{"allow": False, "access": "rwm"}]
+    for node in edits["deviceNodes"]:
+        info = stat_node(node.get("hostPath") or node["path"])
+        if not stat.S_ISCHR(info.st_mode):
+            raise ValueError(f"{node.get('hostPath') or node['path']} is not a character device")
+        major, minor = os.major(info.st_rdev), os.minor(info.st_rdev)
+        devices.append(
+            {
+                "path": node["path"],
+                "type": "c",
+                "major": major,
+                "minor": minor,
+                "fileMode": 0o666,
+                "uid": 0,
+                "gid": 0,
+            }
+        )
+        allow.append({"allow": True, "type": "c", "major": major, "minor": minor, "access": "rwm"})
+    standard = [
+        {"destination": "/proc", "type": "proc", "source": "proc"},
+        {
+            "destination": "/dev",
+            "type": "tmpfs",
+            "source": "tmpfs",
+            "options": ["nosuid", "strictatime", "mode=755"],
+        },
+        {
+            "destination": "/sys",
+            "type": "sysfs",
+            "source": "sysfs",
+            "options": ["nosuid", "noexec", "nodev", "ro"],
+        },
+        {"destination": "/tmp", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev"]},
+    ]
+    spec_mounts = [
+        {"destination": m["containerPath"], "source": m["hostPath"], "options": list(m.get("options", []))}
+        for m in edits["mounts"]
+    ]
+    return {
+        "ociVersion": "1.0.2",
+        "process": {
+            "terminal": False,
+            "user": {"uid": 0, "gid": 0},
+            "args": list(args),
+            "env": ["PATH=/usr/bin:/bin", *edits["env"]],
+            "cwd": "/",
+            "noNewPrivileges": True,
+        },
+        "root": {"path": "rootfs", "readonly": True},
+        "hostname": NODE,
+        "mounts": standard + spec_mounts,
+        "linux": {
+            "namespaces": [{"type": t} for t in ("pid", "ipc", "uts", "mount", "network")],
+            "devices": devices,
+            "resources": {"devices": allow},
+        },
+    }
+
+
+def minimal_rootfs(rootfs: Path, executable: Path) -> list[str]:
+    """Copy `executable`'s loader and C libraries (DT_NEEDED, transitively) from the host into
+    `rootfs` at the paths the loader searches. Returns the copied paths."""
+    arch = host_arch()
+    search = [
+        Path(p) for p in (f"/lib/{arch.multiarch}", f"/usr/lib/{arch.multiarch}", "/lib64", "/usr/lib64")
+    ]
+    info = read_elf(executable)
+    copied: list[str] = []
+    if info.interpreter:
+        copied.append(_copy_in(rootfs, Path(info.interpreter)))
+    pending, done = list(info.needed), set[str]()
+    while pending:
+        name = pending.pop()
+        if name in done:
+            continue
+        done.add(name)
+        host = next((d / name for d in search if (d / name).exists()), None)
+        if host is None:
+            continue  # the spec provides it (libnvidia-ml is dlopen'ed, not needed) or it is optional
+        for target in (Path("/usr/lib") / arch.multiarch / name, Path("/lib64") / name):
+            copied.append(_copy_in(rootfs, host, target))
+        pending += read_elf(host).needed
+    return copied
+
+
+def _copy_in(rootfs: Path, host: Path, target: Path | None = None) -> str:
+    destination = rootfs / (target or host).relative_to("/")
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(host.resolve(), destination)
+    destination.chmod(0o755)
+    return str(target or host)
+
+
+def listed_uuids(output: str) -> list[str]:
+    """UUIDs of the GPUs and MIG devices `nvidia-smi -L` lists."""
+    return _LISTED_UUID.findall(output)
+
+
+def run_container(runc: str, spec: Spec, device: Device, nvidia_smi: Path) -> Row:
+    subject = device.name
+    expected = [device.parent_uuid, device.uuid] if device.parent_uuid else [device.uuid]
+    with tempfile.TemporaryDirectory(prefix="gpu-check-") as work:
+        bundle = Path(work)
+        try:
+            minimal_rootfs(bundle / "rootfs", nvidia_smi)
+            edits = container_edits(spec.to_json(), claim_device_name(PREVIEW_CLAIM.uid, device.name))
+            config = oci_config(edits, ["/usr/bin/nvidia-smi", "-L"])
+        except (OSError, ValueError) as err:
+            return Row("container nvidia-smi -L", subject, f"no bundle: {err}", " ".join(expected), MISMATCH)
+        (bundle / "config.json").write_text(json.dumps(config))
+        argv = [
+            runc,
+            "--root",
+            str(bundle / "state"),
+            "run",
+            "--bundle",
+            str(bundle),
+            f"gpu-check-{os.getpid()}",
+        ]
+        try:
+            done = subprocess.run(
+                argv, capture_output=True, text=True, timeout=CONTAINER_TIMEOUT_S, check=False
+            )
+        except subprocess.TimeoutExpired:
+            return Row("container nvidia-smi -L", subject, "timed out", " ".join(expected), MISMATCH)
+    listed = listed_uuids(done.stdout)
+    ours = " ".join(listed) or f"exit {done.returncode}: {(done.stderr or done.stdout).strip()[:200]}"
+    return _row(
+        "container nvidia-smi -L",
+        subject,
+        ours,
+        " ".join(expected),
+        done.returncode == 0 and listed == expected,
+    )
+
+
+def container_rows(
+    runc: str | None, specs: Mapping[str, Spec], devices: Sequence[Device], nvidia_smi: Path | None
+) -> Iterator[Row]:
+    reason = ""
+    if runc is None:
+        reason = "no runc on PATH"
+    elif os.geteuid() != 0:
+        reason = "needs root (device nodes, mounts)"
+    elif nvidia_smi is None:
+        reason = "the spec mounts no nvidia-smi"
+    for device in devices:
+        spec = specs.get(device.name)
+        if spec is None:
+            continue
+        if reason:
+            yield Row("container nvidia-smi -L", device.name, reason, "", SKIPPED)
+        else:
+            assert runc is not None and nvidia_smi is not None
+            yield run_container(runc, spec, device, nvidia_smi)
+
+
+# --- the whole check ----------------------------------------------------------------------------------
+
+
+def format_table(rows: Sequence[Row]) -> str:
+    header = Row("check", "subject", "ours", "driver's tools", "status")
+    table = [header, *rows]
+    widths = [max(len(getattr(r, f)) for r in table) for f in ("check", "subject", "ours", "theirs")]
+    lines = []
+    for row in table:
+        cells = (row.check, row.subject, row.ours, row.theirs)
+        lines.append("  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)) + "  " + row.status)
+    return "\n".join(lines)
+
+
+def check(
+    *,
+    nvml: Any = None,
+    smi_xml: str,
+    driver_root: DriverRoot | None,
+    runc: str | None,
+    lib_path: str | None = None,
+) -> list[Row]:
+    """Every row of the check; `nvml` and `smi_xml` are injectable for the tests without a GPU."""
+    from draplugin.devices.nvml import NvmlBackend
+
+    backend = NvmlBackend(NODE, lib_path=lib_path, nvml=nvml)
+    devices = backend.discover()
+    rows = compare_discovery(devices, parse_smi_xml(smi_xml))
+    files = None
+    if driver_root is not None:
+        files = driverfiles.for_backend(driver_root, backend, report=lambda reason, message: None)
+    spec_rows, specs = render_specs(devices, files)
+    rows += spec_rows
+    nvidia_smi = None
+    if files is not None and driver_root is not None and specs:
+        # The container runs the nvidia-smi the spec mounts; its C libraries come from the host.
+        smi = next((b for b in files.install().binaries if b.found.name == "nvidia-smi"), None)
+        nvidia_smi = driver_root.local(smi.real) if smi is not None else None
+    rows += container_rows(runc, specs, devices, nvidia_smi)
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="gpu-check", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--driver-root", default="/", help="the NVIDIA driver root (default /)")
+    parser.add_argument(
+        "--nvml-lib-path", help="libnvidia-ml.so.1 or the driver root (default: loader search)"
+    )
+    parser.add_argument("--nvidia-smi", default="nvidia-smi", help="the nvidia-smi to compare with")
+    parser.add_argument("--runc", default="runc", help="runc for the container check (skipped when missing)")
+    args = parser.parse_args(argv)
+    from draplugin.devices.nvml import NvmlUnavailableError
+
+    try:
+        smi_xml = subprocess.run(
+            [args.nvidia_smi, "-q", "-x"], capture_output=True, text=True, timeout=120, check=True
+        ).stdout
+        rows = check(
+            smi_xml=smi_xml,
+            driver_root=DriverRoot.at(args.driver_root),
+            runc=shutil.which(args.runc),
+            lib_path=args.nvml_lib_path,
+        )
+    except (OSError, subprocess.SubprocessError, NvmlUnavailableError, ET.ParseError) as err:
+        print(f"gpu-check: cannot run: {err}", file=sys.stderr)
+        return 2
+    print(format_table(rows))
+    failed = [row for row in rows if row.status == MISMATCH]
+    print(f"\n{len(rows)} checks: {len(failed)} mismatches, {sum(r.status == SKIPPED for r in rows)} skipped")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,380 @@
+"""Keeping this node's ResourceSlices equal to its devices: sync, resync, watch, backoff.
+
+Model: one pool, named after the node, holding every device of this driver
+on the node. `SlicePublisher.sync` makes the API match the plan
+(`slices.plan`, `slices.render`) with the fewest writes; `SlicePublisher.run`
+keeps it that way, watching our slices so a deletion (the kubelet deletes all
+of a node's slices when it starts) is repaired within a second.
+
+Rules, following the upstream ResourceSlice controller:
+
+- The server's release picks the `SliceLayout`, asked once with `GET /version`.
+- `pool.generation` increases when the pool's layout changes: a slice is
+  added or removed, or more than one slice changes at once (consumers combine
+  slices of the newest generation only, so they never mix two states). A
+  change confined to one slice, such as a device's health taint, is an
+  in-place update at the same generation.
+- Nothing changed → no write. Writes send raw JSON built here; existing objects
+  are read as raw dicts, never round-tripped through typed models (which drop
+  fields they do not know).
+- Stale slices (a higher index no longer needed, or from an old layout) are
+  deleted first, with UID and resourceVersion preconditions.
+- Conflicts (409), vanished objects (404) and API errors are retried with
+  exponential backoff after a fresh list.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import random
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from dracommon.kubeapi import ApiError, Gone
+from dracommon.kubeversion import format_version
+from draplugin.devices.model import CounterSet, Device, DeviceBackend
+from draplugin.slices.api import SliceApi
+from draplugin.slices.compare import (
+    canonical,
+    generation_of,
+    keep_taint_times,
+    merged_metadata,
+    only_taint_times_differ,
+)
+from draplugin.slices.metrics import SliceMetrics, default_metrics
+from draplugin.slices.plan import SliceLayout, layout_for, plan_slices
+from draplugin.slices.render import NodeRef, render_slice, slice_name
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SyncResult:
+    generation: int
+    slices: int
+    created: int = 0
+    updated: int = 0
+    deleted: int = 0
+
+    @property
+    def writes(self) -> int:
+        return self.created + self.updated + self.deleted
+
+
+@dataclass
+class _Accepted:
+    """What the server stored for our last write of a slice, to avoid rewriting fields it drops."""
+
+    desired: str
+    stored: str
+
+
+@dataclass
+class Backoff:
+    initial_s: float = 0.5
+    max_s: float = 60.0
+    _next: float = field(default=0.0, init=False)
+
+    def next(self) -> float:
+        self._next = self.initial_s if self._next == 0 else min(self._next * 2, self.max_s)
+        return self._next * random.uniform(0.8, 1.2)
+
+    def reset(self) -> None:
+        self._next = 0.0
+
+
+DevicesSource = Callable[[], tuple[Sequence[Device], Sequence[CounterSet]]]
+
+
+def backend_source(
+    backend: DeviceBackend, transform: Callable[[list[Device]], list[Device]] | None = None
+) -> DevicesSource:
+    """Devices from a backend, optionally transformed (e.g. `HealthTracker.apply` adds taints)."""
+
+    def source() -> tuple[Sequence[Device], Sequence[CounterSet]]:
+        devices = backend.discover()
+        return (transform(devices) if transform else devices), backend.shared_counters()
+
+    return source
+
+
+class SlicePublisher:
+    """Keeps this node's ResourceSlices equal to its devices."""
+
+    def __init__(
+        self,
+        api: SliceApi,
+        *,
+        node_name: str,
+        driver: str,
+        source: DevicesSource,
+        expect_taints: bool = False,
+        layout: SliceLayout | None = None,
+        metrics: SliceMetrics | None = None,
+        settle_s: float = 0.2,
+        resync_s: float = 600.0,
+        watch_timeout_s: int = 300,
+    ) -> None:
+        self._api = api
+        self._node_name = node_name
+        self._driver = driver
+        self._source = source
+        self._expect_taints = expect_taints
+        # None: chosen from the server's release at the first sync (one GET /version).
+        self._layout = layout
+        self._metrics = metrics if metrics is not None else default_metrics()
+        self._settle_s = settle_s
+        self._resync_s = resync_s
+        self._watch_timeout_s = watch_timeout_s
+        self._selector = f"spec.driver={driver},spec.nodeName={node_name}"
+        self._node_uid: str | None = None
+        self._accepted: dict[str, _Accepted] = {}
+        # Our own writes, to tell our watch events from other writers'.
+        self._own_versions: collections.deque[str] = collections.deque(maxlen=4096)
+        self._own_deletes: collections.deque[str] = collections.deque(maxlen=4096)
+        self._list_version = ""
+        self._lock = threading.Lock()  # one sync at a time
+        self._dirty = threading.Event()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self.writes: collections.Counter[str] = collections.Counter()
+        self.last_result: SyncResult | None = None
+        self.last_error: str | None = None
+
+    @property
+    def field_selector(self) -> str:
+        return self._selector
+
+    def trigger(self) -> None:
+        """Ask for a sync soon (devices or their health changed)."""
+        self._dirty.set()
+
+    # --- one reconcile pass -------------------------------------------------------------------------
+
+    def sync(self) -> SyncResult:
+        """Make the API match the devices. Raises ApiError (caller retries) or DeviceValidationError."""
+        with self._lock:
+            devices, counter_sets = self._source()
+            planned = plan_slices(
+                devices, counter_sets, expect_taints=self._expect_taints, layout=self.layout()
+            )
+            node = self._node_ref()
+            existing_list, list_version = self._api.list_slices(self._selector)
+            self._list_version = list_version
+            existing = {obj["metadata"]["name"]: obj for obj in existing_list}
+            names = [slice_name(self._node_name, self._driver, i) for i in range(len(planned))]
+            current_gen = max((generation_of(obj) for obj in existing.values()), default=0)
+            count = len(planned)
+
+            stale = [obj for name, obj in existing.items() if name not in names]
+            missing = [i for i, name in enumerate(names) if name not in existing]
+            bodies = [
+                render_slice(p, node=node, driver=self._driver, index=i, generation=current_gen, count=count)
+                for i, p in enumerate(planned)
+            ]
+            changed = [
+                i
+                for i, name in enumerate(names)
+                if name in existing and not self._up_to_date(existing[name], bodies[i], current_gen, count)
+            ]
+            bump = bool(missing or stale) or len(changed) > 1
+            result = SyncResult(generation=current_gen, slices=count)
+            if not (bump or changed):
+                self._record(result, "unchanged")
+                return result
+
+            generation = current_gen + 1 if bump else current_gen
+            result.generation = generation
+            for body in bodies:
+                body["spec"]["pool"]["generation"] = generation
+            for obj in stale:
+                meta = obj["metadata"]
+                self._api.delete_slice(meta["name"], meta["uid"], meta["resourceVersion"])
+                self._own_deletes.append(meta["uid"])
+                self._accepted.pop(meta["name"], None)
+                self._count("delete")
+                result.deleted += 1
+            for i, name in enumerate(names):
+                if i in missing or not (bump or i in changed):
+                    continue
+                old = existing[name]
+                body = bodies[i]
+                body["metadata"] = merged_metadata(old["metadata"], body["metadata"])
+                keep_taint_times(old, body)
+                stored = self._api.replace_slice(name, body)
+                self._remember(name, body, stored)
+                self._count("update")
+                result.updated += 1
+            for i in missing:
+                stored = self._api.create_slice(bodies[i])
+                self._remember(names[i], bodies[i], stored)
+                self._count("create")
+                result.created += 1
+            log.info(
+                "resourceslices published node=%s generation=%d slices=%d created=%d updated=%d deleted=%d",
+                self._node_name,
+                generation,
+                count,
+                result.created,
+                result.updated,
+                result.deleted,
+            )
+            self._record(result, "written")
+            return result
+
+    def delete_all(self) -> int:
+        """Delete every slice of ours on this node (shutdown with cleanup); returns how many."""
+        with self._lock:
+            existing, _ = self._api.list_slices(self._selector)
+            for obj in existing:
+                meta = obj["metadata"]
+                self._api.delete_slice(meta["name"], meta["uid"], meta["resourceVersion"])
+                self._own_deletes.append(meta["uid"])
+                self._count("delete")
+            self._accepted.clear()
+            log.info("resourceslices deleted node=%s count=%d", self._node_name, len(existing))
+            return len(existing)
+
+    def layout(self) -> SliceLayout:
+        """Where counter sets go: as configured, else by the server's release (asked once)."""
+        if self._layout is None:
+            version = self._api.server_version()
+            self._layout = layout_for(version)
+            log.info(
+                "resourceslice layout chosen kubernetes=%s layout=%s",
+                format_version(version),
+                self._layout.value,
+            )
+        return self._layout
+
+    def _node_ref(self) -> NodeRef:
+        if self._node_uid is None:
+            self._node_uid = self._api.get_node_uid(self._node_name)
+        return NodeRef(self._node_name, self._node_uid)
+
+    def _up_to_date(self, obj: dict[str, Any], body: dict[str, Any], generation: int, count: int) -> bool:
+        pool = obj.get("spec", {}).get("pool", {})
+        if pool.get("generation") != generation or pool.get("resourceSliceCount") != count:
+            return False
+        owner = body["metadata"].get("ownerReferences", [])
+        if owner and not any(
+            ref.get("uid") == owner[0]["uid"] for ref in obj["metadata"].get("ownerReferences", [])
+        ):
+            return False
+        wanted = dict(body["spec"])
+        keep_taint_times(obj, {"spec": wanted})
+        stored = canonical(obj.get("spec", {}))
+        if canonical(wanted) == stored:
+            return True
+        accepted = self._accepted.get(obj["metadata"]["name"])
+        return accepted is not None and accepted.desired == canonical(wanted) and accepted.stored == stored
+
+    def _remember(self, name: str, body: dict[str, Any], stored: dict[str, Any]) -> None:
+        desired, kept = canonical(body["spec"]), canonical(stored.get("spec", {}))
+        if desired != kept and not only_taint_times_differ(body["spec"], stored.get("spec", {})):
+            log.warning(
+                "api server changed or dropped fields of our slice (a feature gate may be off) slice=%s", name
+            )
+        self._accepted[name] = _Accepted(desired, kept)
+        version = stored.get("metadata", {}).get("resourceVersion")
+        if version:
+            self._own_versions.append(str(version))
+
+    def _count(self, operation: str) -> None:
+        self.writes[operation] += 1
+        self._metrics.writes.labels(operation).inc()
+
+    def _record(self, result: SyncResult, outcome: str) -> None:
+        self.last_result = result
+        self.last_error = None
+        self._metrics.syncs.labels(outcome).inc()
+
+    # --- background loop ----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Run `run_forever` and the watch in daemon threads."""
+        self._stop.clear()
+        self._threads = [
+            threading.Thread(target=self.run_forever, name="slice-publisher", daemon=True),
+            threading.Thread(target=self._watch_forever, name="slice-watch", daemon=True),
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def stop(self, *, delete: bool = False, timeout_s: float = 5.0) -> None:
+        """Stop the loops; with `delete`, remove our slices (best effort, logged on failure)."""
+        self._stop.set()
+        self._dirty.set()
+        for thread in self._threads:
+            if thread.name == "slice-publisher":
+                thread.join(timeout_s)
+        if delete:
+            try:
+                self.delete_all()
+            except ApiError as err:
+                log.error("could not delete resourceslices on shutdown error=%s", err)
+
+    def run_forever(self) -> None:
+        """Sync now, then whenever triggered (watch event, health change) or every `resync_s`."""
+        backoff = Backoff()
+        while not self._stop.is_set():
+            try:
+                self.sync()
+                backoff.reset()
+                wait = self._resync_s
+            except ApiError as err:
+                wait = backoff.next()
+                self.last_error = str(err)
+                self._metrics.syncs.labels("error").inc()
+                log.warning("resourceslice sync failed, retrying retry_in_s=%.1f error=%s", wait, err)
+            except ValueError as err:  # invalid devices: nothing is written until they change
+                wait = self._resync_s
+                self.last_error = str(err)
+                self._metrics.syncs.labels("invalid").inc()
+                log.error("devices cannot be published error=%s", err)
+            if self._dirty.wait(wait):
+                self._stop.wait(self._settle_s)  # let a burst of events settle into one sync
+                self._dirty.clear()
+
+    def _watch_forever(self) -> None:
+        backoff = Backoff()
+        while not self._stop.is_set():
+            version = self._list_version
+            if not version:
+                self._stop.wait(0.1)
+                continue
+            try:
+                for event_type, obj in self._api.watch_slices(self._selector, version, self._watch_timeout_s):
+                    if self._stop.is_set():
+                        return
+                    if event_type == "BOOKMARK":
+                        self._list_version = str(obj.get("metadata", {}).get("resourceVersion", version))
+                        continue
+                    meta = obj.get("metadata", {})
+                    self._list_version = str(meta.get("resourceVersion", version))
+                    if self._is_foreign(event_type, meta):
+                        log.info(
+                            "resourceslice changed by someone else event=%s slice=%s",
+                            event_type,
+                            meta.get("name"),
+                        )
+                        self._dirty.set()
+                backoff.reset()
+            except Gone:  # too old: relist through a sync, which refreshes the version
+                self._list_version = ""
+                self._dirty.set()
+            except ApiError as err:
+                if self._stop.is_set():
+                    return
+                wait = backoff.next()
+                log.warning("resourceslice watch failed retry_in_s=%.1f error=%s", wait, err)
+                self._dirty.set()
+                self._stop.wait(wait)
+
+    def _is_foreign(self, event_type: str, meta: dict[str, Any]) -> bool:
+        if event_type == "DELETED":
+            return meta.get("uid") not in self._own_deletes
+        return str(meta.get("resourceVersion")) not in self._own_versions

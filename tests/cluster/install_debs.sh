@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Install the Debian packages the real container runtime needs: runc (the OCI
+# runtime containerd starts containers with), containernetworking-plugins
+# (bridge + host-local: pod addresses that exist only inside the pods' network
+# namespaces) and busybox-static (the workload image's only binary).
+# Idempotent: asks dpkg first and runs apt-get (update included) only when a
+# package is missing. Needs root for the install itself, like the kubelet.
+set -euo pipefail
+# Callers may name more packages (build_image.sh: buildah, mmdebstrap).
+packages=(runc containernetworking-plugins busybox-static "$@")
+missing=()
+for package in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$package")
+  fi
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install_debs: ${packages[*]} already installed" >&2
+  exit 0
+fi
+echo "install_debs: installing ${missing[*]}" >&2
+sudo=()
+[ "$(id -u)" -eq 0 ] || sudo=(sudo)
+"${sudo[@]}" apt-get update -qq
+DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2

@@ -1,0 +1,257 @@
+"""The chart, live: `helm install` on the containerd node, the plugin as the chart's DaemonSet pod.
+
+Our image (deploy/Dockerfile, built with buildah by tests/cluster/build_image.sh)
+runs the kubelet plugin as the DaemonSet's pod and the controller as the
+Deployment's, in real containers. The plugin registers through the mounted
+plugins_registry, publishes the node's ResourceSlices and prepares claims;
+containerd injects the CDI spec into the workload container, whose own log
+shows the device. Uninstall leaves nothing behind; an upgrade rolls the
+DaemonSet with `maxSurge: 1` and per-pod sockets, and no claim is lost.
+
+How this differs from a production install (tests/kube/chart.py): both
+daemons use the host network (the test API server is on loopback only), so the
+old and the new plugin pod share the gRPC health port during the rollout.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from devcluster.controlplane import ControlPlane
+from devcluster.images import LocalImage
+from devcluster.kubelet import KubeletNode
+from devcluster.pods import wait_running, workload_report
+from devcluster.wait import wait_for
+from dracommon.kubeapi import ApiError, KubeApi
+from draplugin.prepare.plan import env_key
+from tests.e2e.inside import log_env
+from tests.kube.chart import ChartRelease, deep_merge, import_our_image, installed, is_ready, live_values
+
+pytestmark = pytest.mark.kubelet
+
+DRIVER = "gpu.draplugin.dev"
+RESOURCE = "/apis/resource.k8s.io/v1"
+# The fake inventory of deploy/helm/values-fake-gpus.yaml: four whole GPUs.
+FAKE_GPUS = {"gpu-0", "gpu-1", "gpu-2", "gpu-3"}
+TIMEOUT_S = 120.0
+
+
+@pytest.fixture(scope="module")
+def our_image(kubelet_node: KubeletNode) -> LocalImage:
+    return import_our_image(kubelet_node)
+
+
+@pytest.fixture
+def release(
+    kube_cluster: ControlPlane,
+    kubelet_node: KubeletNode,
+    our_image: LocalImage,
+    test_namespace: str,
+    api: KubeApi,
+) -> Iterator[ChartRelease]:
+    """A release of the chart for this test; its plugin runs on the containerd node only."""
+    home = Path(tempfile.mkdtemp(prefix="dra-helm-"))
+    state_dir = Path(tempfile.mkdtemp(prefix="dra-chart-state-"))
+    values = deep_merge(
+        live_values(kube_cluster, kubelet_node, our_image, state_dir),
+        # Other tests' nodes (fake Node objects, the fake-CRI kubelet) never run a pod.
+        {"kubeletPlugin": {"nodeSelector": {"kubernetes.io/hostname": kubelet_node.name}}},
+    )
+    yield ChartRelease(api, kube_cluster.kubeconfig, home, test_namespace, values)
+
+
+def node_slices(api: KubeApi, node: str) -> list[dict[str, Any]]:
+    query = {"fieldSelector": f"spec.nodeName={node},spec.driver={DRIVER}"}
+    items: list[dict[str, Any]] = api.get(f"{RESOURCE}/resourceslices", query)["items"]
+    return items
+
+
+def published_devices(api: KubeApi, node: str) -> set[str]:
+    return {device["name"] for s in node_slices(api, node) for device in s["spec"].get("devices") or []}
+
+
+def create_gpu_pod(api: KubeApi, node: KubeletNode, namespace: str, name: str) -> None:
+    """A pod of the workload image with one GPU from the chart's DeviceClass (a claim per pod)."""
+    api.create(f"{RESOURCE}/namespaces/{namespace}/resourceclaimtemplates", {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name},
+        "spec": {"spec": {"devices": {"requests": [
+            {"name": "gpu", "exactly": {"deviceClassName": DRIVER}},
+        ]}}},
+    })  # fmt: skip
+    api.create(f"/api/v1/namespaces/{namespace}/pods", {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": node.name},
+            "automountServiceAccountToken": False,
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{
+                "name": "app",
+                "image": node.workload_image,
+                "imagePullPolicy": "Never",
+                "resources": {"claims": [{"name": "gpu"}]},
+            }],
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": name}],
+        },
+    })  # fmt: skip
+
+
+def claim_of(api: KubeApi, namespace: str, pod_name: str) -> dict[str, Any]:
+    pod = api.get(f"/api/v1/namespaces/{namespace}/pods/{pod_name}")
+    (status,) = pod["status"]["resourceClaimStatuses"]
+    claim: dict[str, Any] = api.get(
+        f"{RESOURCE}/namespaces/{namespace}/resourceclaims/{status['resourceClaimName']}"
+    )
+    return claim
+
+
+def allocated_device(claim: dict[str, Any]) -> str:
+    (result,) = claim["status"]["allocation"]["devices"]["results"]
+    assert result["driver"] == DRIVER
+    device: str = result["device"]
+    return device
+
+
+def cdi_specs(node: KubeletNode, claim_uid: str) -> list[Path]:
+    """The CDI spec files the plugin wrote for one claim (their names carry the claim's UID)."""
+    return sorted(node.cdi_root.glob(f"*{claim_uid}*"))
+
+
+def assert_container_got_its_gpu(api: KubeApi, node: KubeletNode, namespace: str, pod_name: str) -> str:
+    """The workload container's own log shows the device allocated to its claim; returns the device."""
+    wait_running(api, namespace, pod_name, TIMEOUT_S, node.cdi_root)
+    device = allocated_device(claim_of(api, namespace, pod_name))
+    log = wait_for(f"{pod_name}'s report", lambda: workload_report(api, namespace, pod_name, "app"), 60)
+    env = log_env(log)
+    assert env.get(f"DRAPLUGIN_DEVICE_{env_key(device)}_NAME") == device, log
+    return device
+
+
+def delete_pod_and_wait_unprepared(api: KubeApi, node: KubeletNode, namespace: str, pod_name: str) -> None:
+    """Delete the pod; its claim goes with it once the plugin unprepared it (CDI spec removed)."""
+    claim_uid = claim_of(api, namespace, pod_name)["metadata"]["uid"]
+    api.delete(f"/api/v1/namespaces/{namespace}/pods/{pod_name}")
+    wait_for(f"the CDI spec of claim {claim_uid} removed", lambda: not cdi_specs(node, claim_uid), TIMEOUT_S)
+
+
+def test_the_chart_runs_the_plugin_and_prepares_a_claim(
+    release: ChartRelease, api: KubeApi, kubelet_node: KubeletNode, our_image: LocalImage
+) -> None:
+    with installed(release):
+        (plugin,) = release.plugin_pods()
+        # Our image, in a real container on the containerd node.
+        assert plugin["spec"]["nodeName"] == kubelet_node.name
+        (status,) = plugin["status"]["containerStatuses"]
+        assert status["image"].endswith(our_image.name), status
+        assert status["containerID"].startswith("containerd://")
+        # Registered through the mounted plugins_registry, with a per-pod socket name.
+        registry = sorted(p.name for p in kubelet_node.plugins_registry.iterdir())
+        assert any(plugin["metadata"]["uid"] in name for name in registry), registry
+        # Its ResourceSlices: the fake inventory of values-fake-gpus.yaml.
+        wait_for(
+            "the plugin pod's ResourceSlices",
+            lambda: published_devices(api, kubelet_node.name) >= FAKE_GPUS,
+            TIMEOUT_S,
+        )
+
+        create_gpu_pod(api, kubelet_node, release.namespace, "gpu-app")
+        device = assert_container_got_its_gpu(api, kubelet_node, release.namespace, "gpu-app")
+        assert device in FAKE_GPUS
+        claim = claim_of(api, release.namespace, "gpu-app")
+        assert cdi_specs(kubelet_node, claim["metadata"]["uid"]), "no CDI spec for the prepared claim"
+        delete_pod_and_wait_unprepared(api, kubelet_node, release.namespace, "gpu-app")
+
+
+def test_uninstall_removes_the_plugin_cleanly(
+    release: ChartRelease, api: KubeApi, kubelet_node: KubeletNode
+) -> None:
+    with installed(release):
+        (plugin,) = release.plugin_pods()
+        plugin_uid = plugin["metadata"]["uid"]
+        wait_for("the plugin's slices", lambda: published_devices(api, kubelet_node.name) or None, TIMEOUT_S)
+        release.uninstall()
+
+        assert not api.get(f"/api/v1/namespaces/{release.namespace}/pods")["items"]
+        for path in ("/apis/apps/v1/namespaces/{ns}/daemonsets", "/apis/apps/v1/namespaces/{ns}/deployments"):
+            assert not api.get(path.format(ns=release.namespace))["items"], path
+        selector = {"labelSelector": f"app.kubernetes.io/instance={release.name}"}
+        for path in ("/apis/rbac.authorization.k8s.io/v1/clusterroles", f"{RESOURCE}/deviceclasses"):
+            assert not api.get(path, selector)["items"], path
+        # The plugin removed its sockets on the way out...
+        sockets = [p.name for p in kubelet_node.plugins_registry.iterdir()] + [
+            p.name for p in (kubelet_node.plugins_dir / DRIVER).glob("*")
+        ]
+        assert not [name for name in sockets if plugin_uid in name], sockets
+        # ...and the kubelet, seeing the driver gone, wipes its ResourceSlices.
+        wait_for("the node's slices wiped", lambda: not node_slices(api, kubelet_node.name), TIMEOUT_S)
+
+
+def test_rolling_update_loses_no_claim_and_keeps_preparing(
+    release: ChartRelease, api: KubeApi, kubelet_node: KubeletNode
+) -> None:
+    namespace = release.namespace
+    with installed(release):
+        (old_plugin,) = release.plugin_pods()
+        create_gpu_pod(api, kubelet_node, namespace, "before")
+        before_device = assert_container_got_its_gpu(api, kubelet_node, namespace, "before")
+        before_claim = claim_of(api, namespace, "before")
+        (before_spec,) = cdi_specs(kubelet_node, before_claim["metadata"]["uid"])
+        before_spec_text = before_spec.read_text()
+
+        # Any change to the pod template rolls the DaemonSet.
+        release.upgrade(
+            deep_merge(release.values, {"kubeletPlugin": {"podAnnotations": {"rollout": uuid.uuid4().hex}}})
+        )
+        create_gpu_pod(api, kubelet_node, namespace, "during")
+
+        # maxSurge 1: the new plugin pod runs beside the old one before the old one goes.
+        most_at_once = 0
+        deadline = time.monotonic() + TIMEOUT_S
+        while time.monotonic() < deadline:
+            current = release.plugin_pods()
+            most_at_once = max(most_at_once, len(current))
+            new = [p for p in current if p["metadata"]["uid"] != old_plugin["metadata"]["uid"]]
+            if len(current) == 1 and new and is_ready(new[0]):
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail(f"the rollout did not finish in {TIMEOUT_S:.0f}s: {release.plugin_pods()}")
+        assert most_at_once == 2, "the new plugin pod never ran beside the old one (maxSurge 1)"
+
+        # The pod created during the rollout got its device.
+        during_device = assert_container_got_its_gpu(api, kubelet_node, namespace, "during")
+        assert during_device != before_device
+        # The claim prepared before the rollout is still there, still prepared.
+        pod = api.get(f"/api/v1/namespaces/{namespace}/pods/before")
+        assert pod["status"]["phase"] == "Running"
+        assert claim_of(api, namespace, "before")["metadata"]["uid"] == before_claim["metadata"]["uid"]
+        assert before_spec.read_text() == before_spec_text
+        # The new plugin pod owns it now: it unprepares it when its pod goes.
+        delete_pod_and_wait_unprepared(api, kubelet_node, namespace, "before")
+        delete_pod_and_wait_unprepared(api, kubelet_node, namespace, "during")
+
+
+def test_bad_image_fails_the_install_with_the_runtimes_reason(
+    release: ChartRelease, api: KubeApi, kubelet_node: KubeletNode
+) -> None:
+    """An image that is not imported fails at once with the kubelet's reason, not a timeout."""
+    release.values = deep_merge(release.values, {"image": {"tag": "not-imported"}})
+    release.ready_timeout_s = 60
+    started = time.monotonic()
+    with pytest.raises(AssertionError, match="ErrImageNeverPull"), installed(release):
+        pass
+    assert time.monotonic() - started < 60
+    with pytest.raises(ApiError):
+        api.get(
+            f"/apis/apps/v1/namespaces/{release.namespace}/daemonsets/{release.name}-draplugin-kubelet-plugin"
+        )
