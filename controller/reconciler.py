@@ -54,6 +54,8 @@ Events
     references it gets a `CannotAllocate` Warning whose note is explain's
     one-line summary (which filter removed how many devices); at most one per
     claim per `event_interval_s`.
+
+Size: one module because the decisions of one pass share one snapshot; API writes live in reconcile_api.py.
 """
 
 from __future__ import annotations

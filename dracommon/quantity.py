@@ -29,6 +29,9 @@ upstream's own scale arithmetic overflows. Deliberate limit: where upstream woul
 integer with thousands of digits (a hostile "1e999999999" added to "1", or 25 significant
 digits with an exponent of a billion) we raise `QuantityError` instead of spending minutes
 and gigabytes; upstream never finishes there.
+
+Size: one module because parsing, canonical form and arithmetic share one internal
+representation, as upstream's package does.
 """
 
 from __future__ import annotations

@@ -5,6 +5,9 @@ request, device by device, trying candidates in pool → slice → device order
 and taking the first complete solution, exactly like kube-scheduler. Devices
 chosen for one request are searched in increasing position, so the same set
 is never tried twice in another order.
+
+Size: one module because the search, its backtracking and its undo share one state
+and mirror one upstream file.
 """
 
 from __future__ import annotations

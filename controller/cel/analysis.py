@@ -11,6 +11,8 @@
   over the largest lists the API allows, and one per ten characters for string work.
 * `problems`: compile-time rejections the engines would not make on their own but upstream
   does (unknown `device` fields, invalid regex literals).
+
+Size: one module because every fact is computed in one walk over the same tree.
 """
 
 from __future__ import annotations

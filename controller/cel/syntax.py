@@ -4,6 +4,8 @@ The engines do the authoritative parsing and type checking; this tree exists so 
 can reason about an expression ourselves, whichever engine runs it: which parts of the
 device it reads (memoization), which domains it names, its worst-case cost, and which
 features an engine lacks.
+
+Size: a recursive-descent parser reads best as one file; its grammar is not split by concern.
 """
 
 from __future__ import annotations

@@ -10,6 +10,8 @@ structures and error classes.
 A missing or broken `libnvidia-ml.so.1` becomes one `NvmlUnavailableError`
 that says which library was wanted, where it was looked for, and how to point
 us at it (`--nvml-lib-path`: the library file or the driver root).
+
+Size: one module on purpose: it is the only code that talks to NVML.
 """
 
 from __future__ import annotations

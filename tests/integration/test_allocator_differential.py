@@ -6,6 +6,8 @@ scheduler places one pod per scenario using the scenario's claim; we allocate
 the same claim on the same node from the same objects. Required: the same
 feasibility, and every result (ours and the scheduler's) satisfies the
 selectors, constraints, taints and in-use rules. The chosen devices may differ.
+
+Size: one file because generation, both runs and the checks form one differential.
 """
 
 from __future__ import annotations

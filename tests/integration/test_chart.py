@@ -6,6 +6,8 @@ Helm is built from its Go module by tests/cluster/build_helm.sh into the same
 directory as the Kubernetes binaries; a missing binary fails the tests. The
 chart running for real (our image, the plugin as its DaemonSet pod) is
 tests/e2e/test_chart_live.py.
+
+Size: one file for the chart, whose renders are shared fixtures.
 """
 
 from __future__ import annotations

@@ -74,7 +74,10 @@ def test_parse_nvidia_smi_document() -> None:
         81559,
         True,
     )
-    assert [(m.gpu_instance, m.multiprocessors, m.memory_mib) for m in h100.migs] == [(2, 60, 40448), (9, 16, 9984)]
+    assert [(m.gpu_instance, m.multiprocessors, m.memory_mib) for m in h100.migs] == [
+        (2, 60, 40448),
+        (9, 16, 9984),
+    ]
     assert (a10.bus_id, a10.mig_enabled, a10.migs) == ("0000:3b:00.0", False, ())
 
 
@@ -82,7 +85,16 @@ def test_matching_discovery_passes_and_container_is_skipped_without_runc(tmp_pat
     rows = rows_for(tmp_path)
     assert [r for r in rows if r.status == gpucheck.MISMATCH] == []
     checks = {r.check for r in rows}
-    assert {"published", "name", "PCI bus ID", "MIG mode", "memory MiB", "MIG devices", "MIG SMs", "CDI spec"} <= checks
+    assert {
+        "published",
+        "name",
+        "PCI bus ID",
+        "MIG mode",
+        "memory MiB",
+        "MIG devices",
+        "MIG SMs",
+        "CDI spec",
+    } <= checks
     # One spec per published device (two MIG devices of the H100, the A10G), each with the driver files.
     specs = by_check(rows, "CDI spec")
     assert [r.subject for r in specs] == ["gpu-0-mig-3g40gb-0", "gpu-0-mig-1g10gb-6", "gpu-1"]
@@ -96,7 +108,9 @@ def test_matching_discovery_passes_and_container_is_skipped_without_runc(tmp_pat
 
 def test_every_difference_is_a_mismatch(tmp_path: Path) -> None:
     xml = SMI_XML.replace("<total>23028 MiB</total>", "<total>24576 MiB</total>")
-    xml = xml.replace("<multiprocessor_count>16</multiprocessor_count>", "<multiprocessor_count>14</multiprocessor_count>")
+    xml = xml.replace(
+        "<multiprocessor_count>16</multiprocessor_count>", "<multiprocessor_count>14</multiprocessor_count>"
+    )
     xml = xml.replace("NVIDIA A10G", "NVIDIA A10")
     xml = xml.replace("GPU-99999999-0000-0000-0000-000000000000", "GPU-77777777-0000-0000-0000-000000000000")
     bad = {(r.check, r.subject) for r in rows_for(tmp_path, xml) if r.status == gpucheck.MISMATCH}
@@ -127,7 +141,13 @@ def spec_json() -> dict[str, Any]:
         "containerEdits": {
             "env": ["NVIDIA_VISIBLE_DEVICES=void"],
             "deviceNodes": [{"path": "/dev/nvidiactl"}],
-            "mounts": [{"hostPath": "/d/libcuda.so.580", "containerPath": "/usr/lib/x/libcuda.so.1", "options": ["ro"]}],
+            "mounts": [
+                {
+                    "hostPath": "/d/libcuda.so.580",
+                    "containerPath": "/usr/lib/x/libcuda.so.1",
+                    "options": ["ro"],
+                }
+            ],
         },
         "devices": [
             {"name": "other", "containerEdits": {"env": ["B=1"]}},
@@ -135,7 +155,10 @@ def spec_json() -> dict[str, Any]:
                 "name": "uid-gpu-0",
                 "containerEdits": {
                     "env": ["A=1"],
-                    "deviceNodes": [{"path": "/dev/nvidia0", "hostPath": "/fake/nvidia0"}, {"path": "/dev/nvidiactl"}],
+                    "deviceNodes": [
+                        {"path": "/dev/nvidia0", "hostPath": "/fake/nvidia0"},
+                        {"path": "/dev/nvidiactl"},
+                    ],
                 },
             },
         ],
@@ -152,11 +175,13 @@ def test_container_edits_are_merged_like_the_cdi_library() -> None:
 def test_oci_config_allows_exactly_the_spec_devices() -> None:
     def fake_stat(path: str) -> os.stat_result:
         minor = {"/fake/nvidia0": 0, "/dev/nvidiactl": 255}[path]
-        return os.stat_result((stat.S_IFCHR | 0o666, 0, 0, 1, 0, 0, 0, 0, 0, 0)[:6] + (0, 0, 0, 0)).__class__(
-            (stat.S_IFCHR | 0o666, 0, os.makedev(195, minor), 1, 0, 0, 0, 0, 0, 0)
+        return os.stat_result(
+            (stat.S_IFCHR | 0o666, 0, 0, 1, 0, 0, 0, 0, 0, 0), {"st_rdev": os.makedev(195, minor)}
         )
 
-    config = gpucheck.oci_config(gpucheck.container_edits(spec_json(), "uid-gpu-0"), ["/usr/bin/nvidia-smi", "-L"], fake_stat)
+    config = gpucheck.oci_config(
+        gpucheck.container_edits(spec_json(), "uid-gpu-0"), ["/usr/bin/nvidia-smi", "-L"], fake_stat
+    )
     assert config["process"]["args"] == ["/usr/bin/nvidia-smi", "-L"]
     assert "NVIDIA_VISIBLE_DEVICES=void" in config["process"]["env"]
     assert config["root"] == {"path": "rootfs", "readonly": True}
@@ -168,12 +193,18 @@ def test_oci_config_allows_exactly_the_spec_devices() -> None:
     assert rules[0] == {"allow": False, "access": "rwm"}
     assert [(r["major"], r["minor"]) for r in rules[1:]] == [(195, 255), (195, 0)]
     bind = [m for m in config["mounts"] if m["destination"] == "/usr/lib/x/libcuda.so.1"]
-    assert bind == [{"destination": "/usr/lib/x/libcuda.so.1", "source": "/d/libcuda.so.580", "options": ["ro"]}]
+    assert bind == [
+        {"destination": "/usr/lib/x/libcuda.so.1", "source": "/d/libcuda.so.580", "options": ["ro"]}
+    ]
 
 
 def test_oci_config_refuses_a_node_that_is_not_a_device(tmp_path: Path) -> None:
     (tmp_path / "plain").write_text("")
-    edits = {"env": [], "mounts": [], "deviceNodes": [{"path": "/dev/nvidia0", "hostPath": str(tmp_path / "plain")}]}
+    edits = {
+        "env": [],
+        "mounts": [],
+        "deviceNodes": [{"path": "/dev/nvidia0", "hostPath": str(tmp_path / "plain")}],
+    }
     with pytest.raises(ValueError, match="is not a character device"):
         gpucheck.oci_config(edits, ["true"])
 

@@ -1,4 +1,7 @@
-"""The kubelet plugin server over real gRPC on Unix sockets, driven by a kubelet-faithful client."""
+"""The kubelet plugin server over real gRPC on Unix sockets, driven by a kubelet-faithful client.
+
+Size: one file because every test shares the same real gRPC server fixture.
+"""
 
 from __future__ import annotations
 

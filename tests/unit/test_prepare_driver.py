@@ -1,4 +1,7 @@
-"""The driver: idempotent prepare, unprepare order, serialization, crash recovery, events and metrics."""
+"""The driver: idempotent prepare, unprepare order, serialization, crash recovery, events and metrics.
+
+Size: one file because every case shares the driver fixture and its fake API.
+"""
 
 from __future__ import annotations
 

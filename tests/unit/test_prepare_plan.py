@@ -1,6 +1,8 @@
 """Pure planning: which results are ours, which config applies, names, sharing checks, CDI rendering.
 
 The claim builders here are shared with the driver tests.
+
+Size: one file because its claim builders are shared by every planning case.
 """
 
 from __future__ import annotations

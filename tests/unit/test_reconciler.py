@@ -1,5 +1,8 @@
 """Reconciler decisions on a fake API: pre-allocation, already-allocated claims,
-double-allocation repair, the deallocation rule, events and their rate limit."""
+double-allocation repair, the deallocation rule, events and their rate limit.
+
+Size: one file for the reconciler's decisions, which share one fake API.
+"""
 
 from __future__ import annotations
 
