@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 KUBE_BUILD := tests/cluster/build.sh
 
-.PHONY: venv kube lint unit test test-compat demo cluster bench proto clean-venv
+.PHONY: venv kube lint unit test test-compat demo cluster bench proto clean-venv gpu-check
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -58,6 +58,12 @@ cluster: venv kube
 
 bench: venv kube
 	DRA_KUBE_BIN_DIR="$$($(KUBE_BUILD))" $(PY) -m bench
+
+# On a machine with an NVIDIA GPU and driver, never in CI: NVML discovery, the CDI specs and a
+# runc container against the driver's own nvidia-smi (draplugin/gpucheck.py). No set-up step:
+# a GPU machine may reach no package registry; the venv is used when there is one.
+gpu-check:
+	PYTHONPATH="$(CURDIR)" $(if $(wildcard $(PY)),$(PY),python3) -m draplugin.gpucheck $(GPU_CHECK_ARGS)
 
 clean-venv:
 	rm -rf $(VENV)

@@ -20,11 +20,13 @@ command that provides it.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
 import re
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -159,8 +161,29 @@ class Containerd:
         if self.component is not None:
             self.processes.stop(self.component)
             self.component = None
+        self._reap_leftovers()
         # The bridge is the only thing of ours outside the state directory.
         subprocess.run(["ip", "link", "delete", self.bridge], capture_output=True, check=False)
+
+    def _reap_leftovers(self) -> None:
+        """Containers and shims that outlived containerd (pod removal failed, or containerd was killed).
+
+        Only ours: the containers in our private runc root, and the shims
+        started with our socket address.
+        """
+        runc_root = self.dir / "runc" / "k8s.io"
+        containers = sorted(p.name for p in runc_root.iterdir()) if runc_root.is_dir() else []
+        for container in containers:
+            subprocess.run([str(RUNC), "--root", str(runc_root), "delete", "--force", container],
+                           capture_output=True, check=False, timeout=30)  # fmt: skip
+        shims = pids_with_args(["-address", str(self.socket)])
+        for pid in shims:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if containers or shims:
+            log.warning(
+                "node=%s removed %d leftover containers, %d shims", self.name, len(containers), len(shims)
+            )
 
     # ------------------------------------------------------------ start-up
 
@@ -284,6 +307,22 @@ disabled_plugins = [
   stream_server_address = "127.0.0.1"
   stream_server_port = "0"
 """
+
+
+def pids_with_args(args: list[str]) -> list[int]:
+    """Processes whose command line contains `args` in a row."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue  # gone meanwhile
+        words = [a.decode(errors="replace") for a in argv]
+        if any(words[i : i + len(args)] == args for i in range(len(words))):
+            found.append(int(entry.name))
+    return found
 
 
 def _toml(value: object) -> str:

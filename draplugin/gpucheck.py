@@ -21,6 +21,8 @@ a package registry; CI never runs it (no GPU there); its checks without a GPU
 run in `tests/unit/test_gpucheck.py` against a fake NVML and a fake document.
 
     python -m draplugin.gpucheck [--driver-root /] [--runc runc] [--nvidia-smi nvidia-smi]
+
+Size: one file on purpose: the whole GPU check is one entry point to read before running it on a GPU.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import stat
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -75,6 +75,29 @@ def _v1beta1_claims(claims: Sequence[ClaimRef]) -> list[v1beta1.Claim]:
     return [v1beta1.Claim(namespace=c.namespace, uid=c.uid, name=c.name) for c in claims]
 
 
+def _prepared_device(device: v1.Device | v1beta1.Device) -> PreparedDevice:
+    # Only v1 has share_id (optional: unset means the device is not shared).
+    share_id = device.share_id if isinstance(device, v1.Device) and device.HasField("share_id") else None
+    return PreparedDevice(
+        request_names=tuple(device.request_names),
+        pool_name=device.pool_name,
+        device_name=device.device_name,
+        cdi_device_ids=tuple(device.cdi_device_ids),
+        share_id=share_id,
+    )
+
+
+def _claim_results(
+    answered: Mapping[str, v1.NodePrepareResourceResponse]
+    | Mapping[str, v1beta1.NodePrepareResourceResponse],
+) -> dict[str, ClaimResult]:
+    """Either version's per-claim answers as ClaimResults (the fields read are the same)."""
+    return {
+        uid: ClaimResult(devices=tuple(_prepared_device(d) for d in entry.devices), error=entry.error)
+        for uid, entry in answered.items()
+    }
+
+
 def _check_keys(kind: str, requested: Sequence[ClaimRef], answered: Sequence[str]) -> None:
     wanted = {c.uid for c in requested}
     extra = sorted(set(answered) - wanted)
@@ -103,42 +126,13 @@ class RegisteredPlugin:
             v1_response = await v1_grpc.DRAPluginStub(self.channel).NodePrepareResources(
                 v1_request, timeout=CLAIM_CALL_TIMEOUT
             )
-            results = {
-                uid: ClaimResult(
-                    devices=tuple(
-                        PreparedDevice(
-                            request_names=tuple(d.request_names),
-                            pool_name=d.pool_name,
-                            device_name=d.device_name,
-                            cdi_device_ids=tuple(d.cdi_device_ids),
-                            share_id=d.share_id if d.HasField("share_id") else None,
-                        )
-                        for d in entry.devices
-                    ),
-                    error=entry.error,
-                )
-                for uid, entry in v1_response.claims.items()
-            }
+            results = _claim_results(v1_response.claims)
         else:
             beta_request = v1beta1.NodePrepareResourcesRequest(claims=_v1beta1_claims(claims))
             beta_response = await v1beta1_grpc.DRAPluginStub(self.channel).NodePrepareResources(
                 beta_request, timeout=CLAIM_CALL_TIMEOUT
             )
-            results = {
-                uid: ClaimResult(
-                    devices=tuple(
-                        PreparedDevice(
-                            request_names=tuple(d.request_names),
-                            pool_name=d.pool_name,
-                            device_name=d.device_name,
-                            cdi_device_ids=tuple(d.cdi_device_ids),
-                        )
-                        for d in entry.devices
-                    ),
-                    error=entry.error,
-                )
-                for uid, entry in beta_response.claims.items()
-            }
+            results = _claim_results(beta_response.claims)
         _check_keys("NodePrepareResources", claims, list(results))
         return results
 

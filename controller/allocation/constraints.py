@@ -7,7 +7,7 @@ repair it), so the search checks them device by device and backtracks.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from controller.allocation.features import DistinctRule, Features
 from controller.allocation.pools import DeviceID
@@ -50,17 +50,18 @@ class Constraint(Protocol):
     def describe(self) -> str: ...
 
 
-class MatchAttribute:
-    """All devices of the named requests have the same value of one attribute."""
+class _AttributeConstraint:
+    """What every attribute constraint shares: the requests it covers, the attribute's
+    lookup, and refusing a device without that attribute; subclasses keep the values."""
+
+    kind: ClassVar[str]
 
     def __init__(self, attribute: str, requests: Sequence[str]) -> None:
         self.attribute = attribute
         self.requests = frozenset(requests)
-        self._value: AttributeValue | None = None
-        self._count = 0
 
     def describe(self) -> str:
-        return f"matchAttribute {self.attribute}"
+        return f"{self.kind} {self.attribute}"
 
     def add(self, request: str, subrequest: str, device: JSON, device_id: DeviceID) -> bool:
         if not _applies(self.requests, request, subrequest):
@@ -68,6 +69,32 @@ class MatchAttribute:
         value = lookup_attribute(device, device_id, self.attribute)
         if value is None:
             return False
+        return self._accept(request, device_id, value)
+
+    def remove(self, request: str, subrequest: str, device: JSON, device_id: DeviceID) -> None:
+        if _applies(self.requests, request, subrequest):
+            self._release(request, device, device_id)
+
+    def _accept(self, request: str, device_id: DeviceID, value: AttributeValue) -> bool:
+        """Record a device of a covered request with this value, or False if it breaks the rule."""
+        raise NotImplementedError
+
+    def _release(self, request: str, device: JSON, device_id: DeviceID) -> None:
+        """Forget a device of a covered request that `_accept` recorded."""
+        raise NotImplementedError
+
+
+class MatchAttribute(_AttributeConstraint):
+    """All devices of the named requests have the same value of one attribute."""
+
+    kind = "matchAttribute"
+
+    def __init__(self, attribute: str, requests: Sequence[str]) -> None:
+        super().__init__(attribute, requests)
+        self._value: AttributeValue | None = None
+        self._count = 0
+
+    def _accept(self, request: str, device_id: DeviceID, value: AttributeValue) -> bool:
         if self._count == 0:
             self._value = value
         elif self._value is None or value[0] not in _SCALAR_TYPES or value != self._value:
@@ -75,12 +102,11 @@ class MatchAttribute:
         self._count += 1
         return True
 
-    def remove(self, request: str, subrequest: str, device: JSON, device_id: DeviceID) -> None:
-        if _applies(self.requests, request, subrequest):
-            self._count -= 1
+    def _release(self, request: str, device: JSON, device_id: DeviceID) -> None:
+        self._count -= 1
 
 
-class DistinctAttribute:
+class DistinctAttribute(_AttributeConstraint):
     """Devices of the named requests have pairwise different values of one attribute.
 
     Every chosen device counts, also several of the same request: kube-scheduler
@@ -88,33 +114,25 @@ class DistinctAttribute:
     releases: `DistinctAttributePerRequest`.
     """
 
+    kind = "distinctAttribute"
+
     def __init__(self, attribute: str, requests: Sequence[str]) -> None:
-        self.attribute = attribute
-        self.requests = frozenset(requests)
+        super().__init__(attribute, requests)
         self._values: list[AttributeValue] = []
 
-    def describe(self) -> str:
-        return f"distinctAttribute {self.attribute}"
-
-    def add(self, request: str, subrequest: str, device: JSON, device_id: DeviceID) -> bool:
-        if not _applies(self.requests, request, subrequest):
-            return True
-        value = lookup_attribute(device, device_id, self.attribute)
-        if value is None:
-            return False
+    def _accept(self, request: str, device_id: DeviceID, value: AttributeValue) -> bool:
         if self._values and (value[0] not in _SCALAR_TYPES or value in self._values):
             return False
         self._values.append(value)
         return True
 
-    def remove(self, request: str, subrequest: str, device: JSON, device_id: DeviceID) -> None:
-        if _applies(self.requests, request, subrequest):
-            value = lookup_attribute(device, device_id, self.attribute)
-            if value in self._values:
-                self._values.remove(value)
+    def _release(self, request: str, device: JSON, device_id: DeviceID) -> None:
+        value = lookup_attribute(device, device_id, self.attribute)
+        if value in self._values:
+            self._values.remove(value)
 
 
-class DistinctAttributePerRequest:
+class DistinctAttributePerRequest(_AttributeConstraint):
     """`distinctAttribute` as Kubernetes 1.34 to 1.36 check it (`DistinctRule`).
 
     One entry per request: the device most recently chosen for it and its value. A new
@@ -123,22 +141,15 @@ class DistinctAttributePerRequest:
     device, since 1.34 compared the values' pointers instead of the values.
     """
 
+    kind = "distinctAttribute"
+
     def __init__(self, attribute: str, requests: Sequence[str], *, by_identity: bool) -> None:
-        self.attribute = attribute
-        self.requests = frozenset(requests)
+        super().__init__(attribute, requests)
         self.by_identity = by_identity
         self._latest: dict[str, tuple[DeviceID, AttributeValue]] = {}
         self._count = 0
 
-    def describe(self) -> str:
-        return f"distinctAttribute {self.attribute}"
-
-    def add(self, request: str, subrequest: str, device: JSON, device_id: DeviceID) -> bool:
-        if not _applies(self.requests, request, subrequest):
-            return True
-        value = lookup_attribute(device, device_id, self.attribute)
-        if value is None:
-            return False
+    def _accept(self, request: str, device_id: DeviceID, value: AttributeValue) -> bool:
         if self._count > 0 and self._conflicts(device_id, value):
             return False
         self._latest[request] = (device_id, value)
@@ -156,10 +167,9 @@ class DistinctAttributePerRequest:
                 return True
         return False
 
-    def remove(self, request: str, subrequest: str, device: JSON, device_id: DeviceID) -> None:
-        if _applies(self.requests, request, subrequest):
-            self._latest.pop(request, None)
-            self._count -= 1
+    def _release(self, request: str, device: JSON, device_id: DeviceID) -> None:
+        self._latest.pop(request, None)
+        self._count -= 1
 
 
 def build_constraints(claim: JSON, features: Features | None = None) -> list[Constraint]:

@@ -30,6 +30,7 @@ from devcluster.kubelet import KubeletNode
 from devcluster.pods import wait_running, workload_report
 from devcluster.wait import wait_for
 from dracommon.kubeapi import ApiError, KubeApi
+from draplugin.kubelet.sockets import socket_paths
 from draplugin.prepare.plan import env_key
 from tests.e2e.inside import log_env
 from tests.kube.chart import ChartRelease, deep_merge, import_our_image, installed, is_ready, live_values
@@ -154,9 +155,10 @@ def test_the_chart_runs_the_plugin_and_prepares_a_claim(
         (status,) = plugin["status"]["containerStatuses"]
         assert status["image"].endswith(our_image.name), status
         assert status["containerID"].startswith("containerd://")
-        # Registered through the mounted plugins_registry, with a per-pod socket name.
-        registry = sorted(p.name for p in kubelet_node.plugins_registry.iterdir())
-        assert any(plugin["metadata"]["uid"] in name for name in registry), registry
+        # Registered through the mounted plugins_registry, with per-pod socket names.
+        sockets = socket_paths(kubelet_node.root_dir, DRIVER, plugin["metadata"]["uid"])
+        assert sockets.registration.is_socket(), sorted(kubelet_node.plugins_registry.iterdir())
+        assert sockets.dra.is_socket()
         # Its ResourceSlices: the fake inventory of values-fake-gpus.yaml.
         wait_for(
             "the plugin pod's ResourceSlices",
@@ -177,7 +179,7 @@ def test_uninstall_removes_the_plugin_cleanly(
 ) -> None:
     with installed(release):
         (plugin,) = release.plugin_pods()
-        plugin_uid = plugin["metadata"]["uid"]
+        sockets = socket_paths(kubelet_node.root_dir, DRIVER, plugin["metadata"]["uid"])
         wait_for("the plugin's slices", lambda: published_devices(api, kubelet_node.name) or None, TIMEOUT_S)
         release.uninstall()
 
@@ -188,10 +190,8 @@ def test_uninstall_removes_the_plugin_cleanly(
         for path in ("/apis/rbac.authorization.k8s.io/v1/clusterroles", f"{RESOURCE}/deviceclasses"):
             assert not api.get(path, selector)["items"], path
         # The plugin removed its sockets on the way out...
-        sockets = [p.name for p in kubelet_node.plugins_registry.iterdir()] + [
-            p.name for p in (kubelet_node.plugins_dir / DRIVER).glob("*")
-        ]
-        assert not [name for name in sockets if plugin_uid in name], sockets
+        assert not sockets.registration.exists()
+        assert not sockets.dra.exists()
         # ...and the kubelet, seeing the driver gone, wipes its ResourceSlices.
         wait_for("the node's slices wiped", lambda: not node_slices(api, kubelet_node.name), TIMEOUT_S)
 

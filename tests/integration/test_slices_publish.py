@@ -19,11 +19,10 @@ from dracommon.kubeapi import KubeApi
 from dracommon.kubeversion import server_version
 from draplugin.devices.fake import FakeBackend, config_from_flags, parse_config
 from draplugin.devices.health import HealthTracker
-from draplugin.devices.model import Device
 from draplugin.slices.api import KubeSliceApi
 from draplugin.slices.metrics import SliceMetrics
 from draplugin.slices.plan import layout_for
-from draplugin.slices.publisher import SlicePublisher, backend_source
+from draplugin.slices.publisher import DevicesSource, SlicePublisher, backend_source
 from tests.integration.release import cluster_features
 
 pytestmark = pytest.mark.cluster
@@ -32,12 +31,12 @@ DRIVER = "gpu.draplugin.dev"
 RESOURCE_V1 = "/apis/resource.k8s.io/v1"
 
 
-def make_publisher(api: KubeApi, node: str, devices: Callable[[], list[Device]], **kw: Any) -> SlicePublisher:
+def make_publisher(api: KubeApi, node: str, source: DevicesSource, **kw: Any) -> SlicePublisher:
     return SlicePublisher(
         KubeSliceApi(api),
         node_name=node,
         driver=DRIVER,
-        source=lambda: (devices(), []),
+        source=source,
         metrics=SliceMetrics(CollectorRegistry()),
         **kw,
     )
@@ -57,7 +56,7 @@ def test_thousand_devices_are_accepted_then_shrink_bumps_generation_and_removes_
     state = {"devices": FakeBackend(node, config_from_flags(1000, "H100-80GB-HBM3")).discover()}
     with kube_cluster.api_client() as api:
         rest = KubeApi(api)
-        pub = make_publisher(rest, node, lambda: state["devices"])
+        pub = make_publisher(rest, node, lambda: (state["devices"], []))
         first = pub.sync()
         slices = our_slices(rest, node)
         assert (first.created, first.generation) == (8, 1)
@@ -86,13 +85,7 @@ def test_static_mig_and_partitionable_layouts_are_accepted(
     config = parse_config({"gpus": [{"model": "H100-80GB-HBM3", "count": 2}], "partitionable": True})
     backend = FakeBackend(node, config)
     with kube_cluster.api_client() as api:
-        pub = SlicePublisher(
-            KubeSliceApi(KubeApi(api)),
-            node_name=node,
-            driver=DRIVER,
-            source=backend_source(backend),
-            metrics=SliceMetrics(CollectorRegistry()),
-        )
+        pub = make_publisher(KubeApi(api), node, backend_source(backend))
         result = pub.sync()
         slices = our_slices(KubeApi(api), node)
         version = server_version(KubeApi(api))
@@ -137,7 +130,7 @@ def test_deleted_slices_come_back_and_idle_publisher_writes_nothing(
     devices = FakeBackend(node, config_from_flags(200, "L4")).discover()
     with kube_cluster.api_client() as api:
         rest = KubeApi(api)
-        pub = make_publisher(rest, node, lambda: devices, settle_s=0.1)
+        pub = make_publisher(rest, node, lambda: (devices, []), settle_s=0.1)
         pub.start()
         try:
             wait_for("the pool published in 2 slices", lambda: len(our_slices(rest, node)) == 2, 30)
@@ -165,14 +158,7 @@ def test_unhealthy_device_taint_is_published_in_place(
     tracker = HealthTracker(DRIVER)
     with kube_cluster.api_client() as api:
         rest = KubeApi(api)
-        pub = SlicePublisher(
-            KubeSliceApi(rest),
-            node_name=node,
-            driver=DRIVER,
-            source=backend_source(backend, tracker.apply),
-            expect_taints=True,
-            metrics=SliceMetrics(CollectorRegistry()),
-        )
+        pub = make_publisher(rest, node, backend_source(backend, tracker.apply), expect_taints=True)
         pub.sync()
         tracker.report_unhealthy(["gpu-2"], "NoExecute", "xid-79", "fell off the bus")
         result = pub.sync()
@@ -224,13 +210,7 @@ def test_scheduler_allocates_by_product_name_and_memory(
     resource_ns = f"{RESOURCE_V1}/namespaces/{test_namespace}"
     with kube_cluster.api_client() as api:
         rest = KubeApi(api)
-        SlicePublisher(
-            KubeSliceApi(rest),
-            node_name=node,
-            driver=DRIVER,
-            source=backend_source(backend),
-            metrics=SliceMetrics(CollectorRegistry()),
-        ).sync()
+        make_publisher(rest, node, backend_source(backend)).sync()
         rest.create(
             f"{resource_ns}/resourceclaims",
             {

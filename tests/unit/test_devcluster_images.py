@@ -63,7 +63,7 @@ def test_importing_a_missing_archive_fails_before_running_ctr(tmp_path: Path) ->
 
 
 def test_use_local_image_swaps_every_container_of_pods_and_templates() -> None:
-    pod = {
+    pod: dict[str, Any] = {
         "kind": "Pod",
         "spec": {
             "initContainers": [{"name": "i", "image": "a"}],
