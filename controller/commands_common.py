@@ -27,6 +27,7 @@ from dracommon.kubeversion import (
     format_version,
     parse_kubernetes_version,
 )
+from dracommon.subcommands import EXIT_USAGE
 
 OUTPUT_FORMATS = ("text", "yaml", "json")
 
@@ -90,6 +91,24 @@ def load_objects(args: argparse.Namespace) -> ClusterObjects:
             return load_from_cluster(KubeApi(api))
     except (ApiError, OSError) as err:
         raise InputError(f"cannot read objects from the cluster: {err}") from err
+
+
+def with_objects(
+    handler: Callable[[argparse.Namespace, ClusterObjects], int],
+) -> Callable[[argparse.Namespace], int]:
+    """A subcommand handler that works on the loaded objects; a load failure is reported on
+    stderr and exits EXIT_USAGE before the handler runs."""
+
+    @functools.wraps(handler)
+    def run(args: argparse.Namespace) -> int:
+        try:
+            objects = load_objects(args)
+        except InputError as err:
+            sys.stderr.write(f"error: {err}\n")
+            return EXIT_USAGE
+        return handler(args, objects)
+
+    return run
 
 
 def build_allocator(objects: ClusterObjects, release: KubernetesVersion = NEWEST_KNOWN) -> Allocator:

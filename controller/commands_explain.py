@@ -21,14 +21,13 @@ from controller.allocation.nodes import Node, NodeSelectorError
 from controller.allocator import Allocator
 from controller.cli import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, Subcommand, register_subcommand
 from controller.commands_common import (
-    InputError,
     add_source_arguments,
     build_allocator,
     cluster_nodes,
     emit,
     find_node,
-    load_objects,
     release_of,
+    with_objects,
 )
 from controller.explain import Explanation, explain_claim
 from controller.objects import ClusterObjects
@@ -161,12 +160,8 @@ def _explain_claim(args: argparse.Namespace, explainer: _Explainer) -> int:
     return EXIT_OK if _usable(data) else EXIT_FAILURE
 
 
-def run(args: argparse.Namespace) -> int:
-    try:
-        objects = load_objects(args)
-    except InputError as err:
-        sys.stderr.write(f"error: {err}\n")
-        return EXIT_USAGE
+@with_objects
+def run(args: argparse.Namespace, objects: ClusterObjects) -> int:
     allocator = build_allocator(objects, release_of(args))
     only = find_node(objects, args.node) if args.node else None
     explainer = _Explainer(objects, allocator, only)

@@ -5,21 +5,20 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from controller.allocation.selectors import Compiler
-from controller.cli import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, Subcommand, register_subcommand
+from controller.cli import EXIT_FAILURE, EXIT_OK, Subcommand, register_subcommand
 from controller.commands_common import (
-    InputError,
     add_source_arguments,
     emit,
-    load_objects,
     release_of,
     selector_compiler,
+    with_objects,
 )
 from controller.lint import Report, lint
+from controller.objects import ClusterObjects
 from controller.podclaims import claim_from_template
 
 CLAIM_PREFIX = "ResourceClaim/"
@@ -58,12 +57,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--strict", action="store_true", help="fail on warnings too")
 
 
-def run(args: argparse.Namespace) -> int:
-    try:
-        objects = load_objects(args)
-    except InputError as err:
-        sys.stderr.write(f"error: {err}\n")
-        return EXIT_USAGE
+@with_objects
+def run(args: argparse.Namespace, objects: ClusterObjects) -> int:
     compiler = selector_compiler(release_of(args))
     report = lint_objects(
         objects.device_classes, objects.claims, objects.claim_templates, objects.slices, compiler

@@ -22,6 +22,7 @@ from typing import Any
 from controller.cli import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, Subcommand, register_subcommand
 from controller.leader import LeaderConfig
 from dracommon.drivername import DEFAULT_DRIVER_NAME, check_driver_name
+from dracommon.duration import parse_duration
 
 log = logging.getLogger(__name__)
 
@@ -66,24 +67,7 @@ def _seconds(value: str) -> float:
 
 def _duration(value: str) -> float:
     """Seconds, from a plain number or a Go-style duration (`15s`, `1m30s`, `500ms`)."""
-    text = value.strip()
-    try:
-        return _seconds(text)
-    except ValueError:
-        pass
-    units = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
-    total, number, rest = 0.0, "", text
-    while rest:
-        if rest[0].isdigit() or rest[0] == ".":
-            number, rest = number + rest[0], rest[1:]
-            continue
-        unit = "ms" if rest.startswith("ms") else rest[0]
-        if unit not in units or not number:
-            raise ValueError("must be seconds or a duration such as 15s or 1m")
-        total, number, rest = total + float(number) * units[unit], "", rest[len(unit) :]
-    if number or total <= 0:
-        raise ValueError("must be seconds or a duration such as 15s or 1m")
-    return total
+    return parse_duration(value, positive=True)
 
 
 def _boolean(value: str) -> bool:

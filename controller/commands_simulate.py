@@ -18,7 +18,6 @@ that node.
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,16 +25,15 @@ from typing import Any
 from controller.allocation.nodes import Node, NodeSelectorError
 from controller.allocation.requests import claim_ref
 from controller.allocator import AllocationOutcome, Allocator, Failure
-from controller.cli import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, Subcommand, register_subcommand
+from controller.cli import EXIT_FAILURE, EXIT_OK, Subcommand, register_subcommand
 from controller.commands_common import (
-    InputError,
     add_source_arguments,
     build_allocator,
     cluster_nodes,
     emit,
     find_node,
-    load_objects,
     release_of,
+    with_objects,
 )
 from controller.explain import explain_claim
 from controller.objects import ClusterObjects
@@ -320,12 +318,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def run(args: argparse.Namespace) -> int:
-    try:
-        objects = load_objects(args)
-    except InputError as err:
-        sys.stderr.write(f"error: {err}\n")
-        return EXIT_USAGE
+@with_objects
+def run(args: argparse.Namespace, objects: ClusterObjects) -> int:
     allocator = build_allocator(objects, release_of(args))
     nodes = cluster_nodes(objects, allocator)
     only = find_node(objects, args.node) if args.node else None

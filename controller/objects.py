@@ -80,14 +80,16 @@ def _documents(path: Path) -> Iterator[Any]:
         raise ManifestError(f"{path}: invalid YAML: {err}") from err
 
 
-def _flatten(document: Any, path: Path) -> Iterator[Mapping[str, Any]]:
+def flatten_document(document: Any, path: Path) -> Iterator[Mapping[str, Any]]:
+    """The objects of one parsed YAML/JSON document: itself, or the items of a `kind: *List`
+    (nested lists too); empty documents hold none. ManifestError for anything not an object."""
     if document is None:
         return
     if not isinstance(document, Mapping):
         raise ManifestError(f"{path}: expected a Kubernetes object, got {type(document).__name__}")
     if str(document.get("kind", "")).endswith("List") and isinstance(document.get("items"), list):
         for item in document["items"]:
-            yield from _flatten(item, path)
+            yield from flatten_document(item, path)
         return
     yield document
 
@@ -111,7 +113,7 @@ def load_manifests(paths: Iterable[str | Path]) -> ClusterObjects:
     objects = ClusterObjects()
     for path in manifest_files(paths):
         for document in _documents(path):
-            for obj in _flatten(document, path):
+            for obj in flatten_document(document, path):
                 if obj.get("kind") in NAMESPACED_KINDS:
                     meta = dict(obj.get("metadata") or {})
                     meta.setdefault("namespace", "default")

@@ -6,9 +6,11 @@ tar layers; no Debian tool writes one from a directory without a runtime of
 its own) and imported with `ctr images import` into containerd's `k8s.io`
 namespace, where the kubelet finds them; pods use `imagePullPolicy: Never`.
 
-- The workload image holds Debian's static busybox and a report script as its
-  entrypoint: it prints what the container received (environment, `/dev`,
-  mounts) to the container's log, then sleeps (`args: ["0"]` exits instead).
+- The workload image holds Debian's static busybox, every applet on PATH, and
+  a report script as its default command: it prints what the container
+  received (environment, `/dev`, mounts) to the container's log, then sleeps
+  (`args: ["/bin/draplugin-report", "0"]` exits instead). A pod's own command
+  or args run instead, as with any busybox image.
 - The pause image is the same layer running `sleep`: the CRI sandbox
   container only holds the pod's namespaces, containerd stops it with
   SIGKILL, and our pods do not share a PID namespace, so it needs neither the
@@ -24,9 +26,11 @@ import copy
 import hashlib
 import io
 import json
+import os
 import platform
 import subprocess
 import tarfile
+import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,7 +50,7 @@ PATH_ENV = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # Section markers let tests find each part of the report in a container's log.
 REPORT_END = "== end"
 REPORT_SCRIPT = f"""#!/bin/sh
-# What this container received, for `kubectl logs`; then sleep (or exit with `args: ["0"]`).
+# What this container received, for `kubectl logs`; then sleep (or exit: draplugin-report 0).
 echo "== env"
 env | sort
 echo "== dev"
@@ -78,7 +82,7 @@ class LocalImage:
 
 def workload_image(cache_dir: Path = CACHE_DIR) -> LocalImage:
     """The workload image (entrypoint: the report script), built once per content."""
-    return _image(WORKLOAD_REPOSITORY, [REPORT_PATH], [], cache_dir)
+    return _image(WORKLOAD_REPOSITORY, [], [REPORT_PATH], cache_dir)
 
 
 def pause_image(cache_dir: Path = CACHE_DIR) -> LocalImage:
@@ -161,9 +165,12 @@ def _image(repository: str, entrypoint: Sequence[str], cmd: Sequence[str], cache
         }
         files = {"oci-layout": b'{"imageLayoutVersion":"1.0.0"}', "index.json": _json(index)}
         files.update({f"blobs/sha256/{d.removeprefix('sha256:')}": blob for d, blob in blobs.items()})
-        partial = archive.with_name(f".{archive.name}.tmp")
-        partial.write_bytes(_tar(files))
-        partial.replace(archive)  # a reader never sees half an archive
+        # A temp file of its own: two sessions may build the same image at once
+        # (same bytes); the rename means a reader never sees half an archive.
+        fd, partial = tempfile.mkstemp(dir=cache_dir, prefix=f".{archive.name}.", suffix=".tmp")
+        with os.fdopen(fd, "wb") as out:
+            out.write(_tar(files))
+        os.replace(partial, archive)
     return LocalImage(name, archive)
 
 

@@ -14,14 +14,26 @@ from pathlib import Path
 from typing import Final
 
 from dracommon.drivername import DEFAULT_DRIVER_NAME, DriverNameError, check_driver_name
+from dracommon.duration import parse_duration
 from dracommon.kubeversion import KubernetesVersion, VersionError, parse_kubernetes_version
 from dracommon.logs import LOG_FORMATS, LOG_LEVELS
+from draplugin.devices.health import (
+    DEFAULT_APPLICATION_XIDS,
+    DEFAULT_FATAL_XIDS,
+    DEFAULT_TAINT_EFFECT,
+    TAINT_EFFECTS,
+    HealthPolicy,
+    Recovery,
+    parse_xids,
+)
 
 DEFAULT_KUBELET_ROOT_DIR: Final = "/var/lib/kubelet"
 DEFAULT_STATE_DIR: Final = "/var/lib/draplugin"
 DEFAULT_CDI_ROOT: Final = "/var/run/cdi"
 DEFAULT_METRICS_PORT: Final = 8080
 BACKENDS: Final = ("nvml", "fake")
+# Devices are re-read this often (and at once on NVML events that signal a change).
+DEFAULT_REDISCOVER_INTERVAL: Final = "60s"
 
 # Kubernetes limits: a node name is a DNS-1123 subdomain (at most 253). The driver
 # name's rule (a subdomain of at most 63) is dracommon.drivername's.
@@ -102,6 +114,37 @@ RUN_OPTIONS: Final = (
         "where this process sees --driver-root (the chart mounts it at /driver-root); default: the same path",
     ),
     Option(
+        "--rediscover-interval",
+        "REDISCOVER_INTERVAL",
+        DEFAULT_REDISCOVER_INTERVAL,
+        "how often devices are read again (MIG changes, GPUs lost or back), e.g. 60s; 0: only on NVML events",
+    ),
+    Option(
+        "--health-application-xids",
+        "HEALTH_APPLICATION_XIDS",
+        ",".join(map(str, sorted(DEFAULT_APPLICATION_XIDS))),
+        "XIDs caused by applications, which taint nothing (comma-separated; empty: none)",
+    ),
+    Option(
+        "--health-fatal-xids",
+        "HEALTH_FATAL_XIDS",
+        ",".join(map(str, sorted(DEFAULT_FATAL_XIDS))),
+        "XIDs that taint with --health-taint-effect (others: NoSchedule), comma-separated",
+    ),
+    Option(
+        "--health-taint-effect",
+        "HEALTH_TAINT_EFFECT",
+        DEFAULT_TAINT_EFFECT,
+        "taint effect for fatal XIDs, double-bit ECC and lost GPUs: NoSchedule, or NoExecute (evicts pods)",
+    ),
+    Option(
+        "--health-recovery",
+        "HEALTH_RECOVERY",
+        "on-reset",
+        "when a device's taint goes: on-reset (it came back), after:<duration> (also when quiet "
+        "that long), never",
+    ),
+    Option(
         "--kubernetes-version",
         "KUBERNETES_VERSION",
         None,
@@ -143,6 +186,9 @@ class Settings:
     # The driver root on the host (paths in CDI specs) and where we read it; None: no driver files.
     driver_root: str | None = None
     driver_root_mount: Path | None = None
+    # 0: no periodic re-discovery (NVML events still trigger one).
+    rediscover_interval_s: float = 60.0
+    health_policy: HealthPolicy = HealthPolicy()
 
     def backend_options(self) -> dict[str, object]:
         """Keyword options for `draplugin.devices.load_backend(self.backend, ...)`."""
@@ -313,6 +359,37 @@ def driver_root_setting(values: Mapping[str, str | None], backend: str) -> tuple
     return raw, _absolute_dir("driver_root_mount", mount_raw or raw)
 
 
+def health_policy_setting(values: Mapping[str, str | None]) -> HealthPolicy:
+    """The `--health-*` settings as one policy; the XID sets must not overlap."""
+
+    def xids(dest: str) -> frozenset[int]:
+        try:
+            return parse_xids(values.get(dest) or "")
+        except ValueError as err:
+            raise ConfigError(f"{_name_of(dest)}: {err}") from None
+
+    application, fatal = xids("health_application_xids"), xids("health_fatal_xids")
+    both = sorted(application & fatal)
+    if both:
+        raise ConfigError(
+            f"{_name_of('health_application_xids')} and {_name_of('health_fatal_xids')} both list "
+            f"XID {', '.join(map(str, both))}: an XID is either the application's or fatal"
+        )
+    effect = _choice("health_taint_effect", values.get("health_taint_effect") or DEFAULT_TAINT_EFFECT, TAINT_EFFECTS)
+    try:
+        recovery = Recovery.parse(values.get("health_recovery") or "on-reset")
+    except ValueError as err:
+        raise ConfigError(f"{_name_of('health_recovery')}: {err}") from None
+    return HealthPolicy(application, fatal, effect, recovery)  # type: ignore[arg-type]
+
+
+def _interval(dest: str, raw: str) -> float:
+    try:
+        return parse_duration(raw)
+    except ValueError as err:
+        raise ConfigError(f"{_name_of(dest)}: {raw!r} {err}") from None
+
+
 def validate(values: Mapping[str, str | None]) -> Settings:
     """Turn resolved raw values into `Settings`, or raise `ConfigError` naming the bad setting."""
 
@@ -367,6 +444,10 @@ def validate(values: Mapping[str, str | None]) -> Settings:
         kubernetes_version=kubernetes_version,
         driver_root=driver_root,
         driver_root_mount=driver_root_mount,
+        rediscover_interval_s=_interval(
+            "rediscover_interval", values.get("rediscover_interval") or DEFAULT_REDISCOVER_INTERVAL
+        ),
+        health_policy=health_policy_setting(values),
     )
 
 

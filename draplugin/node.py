@@ -4,9 +4,13 @@ Start order follows the data: the backend discovers the devices; the health
 tracker marks faulty ones; the slice publisher offers them to the scheduler
 (with health taints) and keeps doing so in its own threads; the prepare driver
 serves the same devices; the kubelet plugin server comes last, because once
-its registration socket exists the kubelet sends work. Stop order is the
+its registration socket exists the kubelet sends work. While it runs, the
+device watcher re-reads the devices (`--rediscover-interval`, and at once on
+NVML events that signal a change): a change republishes the slices and gives
+prepare the new list; a prepared claim whose device vanished stays in the
+checkpoint, with a log line and an Event on the Node. Stop order is the
 reverse: the server goes first (no new kubelet calls, sockets removed), then
-health monitoring, then the publisher (which deletes our slices only when
+health monitoring and the watcher, then the publisher (which deletes our slices only when
 asked: a restarting plugin should not make its devices vanish from the
 scheduler's view), then the backend.
 
@@ -28,6 +32,7 @@ from typing import Final
 from draplugin.config import Settings
 from draplugin.devices import DeviceBackend, load_backend
 from draplugin.devices.health import FaultFile, HealthReporter, HealthTracker
+from draplugin.devices.watch import DeviceChange, DeviceWatcher
 from draplugin.kubelet.interface import Driver
 from draplugin.kubelet.server import KubeletPluginServer, PluginServerOptions
 from draplugin.slices.api import KubeSliceApi, SliceApi
@@ -79,9 +84,15 @@ def kube_slice_api(settings: Settings) -> SliceApi:
 
 
 def health_monitor(
-    settings: Settings, backend: DeviceBackend, tracker: HealthTracker
+    settings: Settings,
+    backend: DeviceBackend,
+    tracker: HealthTracker,
+    rediscover: Callable[[], None] | None = None,
 ) -> HealthMonitor | None:
-    """What feeds the tracker: NVML events on real GPUs, the fault file for fake ones."""
+    """What feeds the tracker: NVML events on real GPUs, the fault file for fake ones.
+
+    `rediscover` is what NVML events that signal a device change call (the watcher's wake).
+    """
     fault_file = settings.fault_file
     if fault_file is not None:
         faults = FaultFile(fault_file, tracker)
@@ -91,11 +102,14 @@ def health_monitor(
             faults.run(stop, FAULT_POLL_SECONDS)
 
         return poll_faults
+    attach = getattr(backend, "attach_health", None)
+    if callable(attach):
+        attach(tracker)  # lost GPUs found by re-discovery are reported there
     monitor = getattr(backend, "monitor_health", None)
     if callable(monitor):
 
         def watch_events(stop: threading.Event) -> None:
-            monitor(tracker, stop)
+            monitor(tracker, stop, rediscover=rediscover)
 
         return watch_events
     return None
@@ -124,8 +138,9 @@ class NodeDaemon:
     ) -> None:
         self.settings = settings
         self.backend = backend
-        self.tracker = HealthTracker(settings.driver_name)
-        self._monitor = health_monitor(settings, backend, self.tracker)
+        self.tracker = HealthTracker(settings.driver_name, settings.health_policy)
+        self.watcher = DeviceWatcher(backend, self.tracker, interval_s=settings.rediscover_interval_s)
+        self._monitor = health_monitor(settings, backend, self.tracker, self.watcher.wake)
         self.publisher = SlicePublisher(
             slice_api,
             node_name=settings.node_name,
@@ -144,9 +159,21 @@ class NodeDaemon:
         self.server = KubeletPluginServer(
             self.driver, plugin_server_options(settings), health_source=self.health
         )
+        self.watcher.add_listener(self._devices_changed)
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._stop_monitor = threading.Event()
         self._monitor_thread: threading.Thread | None = None
+        self._watch_thread: threading.Thread | None = None
         self._started = False
+
+    def _devices_changed(self, change: DeviceChange) -> None:
+        """On the watcher's thread: republish, and hand prepare the new devices on its own loop."""
+        self.publisher.trigger()
+        update = getattr(self.driver, "devices_changed", None)
+        loop = self._loop
+        if callable(update) and loop is not None and not loop.is_closed():
+            # The driver's state (checkpoint, device map) belongs to the event loop's thread.
+            loop.call_soon_threadsafe(update, change.devices, change.removed)
 
     async def start(self) -> None:
         """Start every part; if one fails, stop the ones already running and re-raise."""
@@ -162,9 +189,14 @@ class NodeDaemon:
             },
         )
         self._started = True
+        self._loop = asyncio.get_running_loop()
         try:
+            self._stop_monitor.clear()
+            self._watch_thread = threading.Thread(
+                target=self.watcher.run, args=(self._stop_monitor,), name="device-watch", daemon=True
+            )
+            self._watch_thread.start()
             if self._monitor is not None:
-                self._stop_monitor.clear()
                 self._monitor_thread = threading.Thread(
                     target=self._monitor, args=(self._stop_monitor,), name="health-monitor", daemon=True
                 )
@@ -185,9 +217,10 @@ class NodeDaemon:
         delete = self.settings.delete_slices_on_shutdown if delete_slices is None else delete_slices
         await self.server.stop()
         self._stop_monitor.set()
-        if self._monitor_thread is not None:
-            await asyncio.to_thread(self._monitor_thread.join, THREAD_JOIN_SECONDS)
-            self._monitor_thread = None
+        for thread in (self._monitor_thread, self._watch_thread):
+            if thread is not None:
+                await asyncio.to_thread(thread.join, THREAD_JOIN_SECONDS)
+        self._monitor_thread = self._watch_thread = None
         await asyncio.to_thread(self.publisher.stop, delete=delete, timeout_s=THREAD_JOIN_SECONDS)
         close = getattr(self.backend, "close", None)
         if callable(close):

@@ -23,15 +23,14 @@ from __future__ import annotations
 import argparse
 import random
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from bench.controlplane import start_control_plane
 from controller.allocation.builders import claim, device, device_class, exactly, resource_slice
 from controller.allocation.nodes import Node
 from controller.allocator import Allocator
@@ -39,10 +38,7 @@ from controller.commands_simulate import Simulator
 from controller.metrics import ControllerMetrics
 from controller.reconcile_api import KubeClaimApi
 from controller.reconciler import Reconciler, ReconcilerSettings, Snapshot, preallocate_annotation
-from devcluster.binaries import MissingBinariesError
-from devcluster.controlplane import ControlPlane
 from devcluster.objects import create_fake_node
-from devcluster.procs import ComponentError
 from devcluster.wait import wait_for
 from dracommon.kubeapi import KubeApi
 
@@ -229,13 +225,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     n, c = args.cluster_nodes, args.cluster_claims
-    cluster = ControlPlane(Path(tempfile.mkdtemp(prefix="bench-allocate-")))
-    try:
-        cluster.start()
-    except (MissingBinariesError, ComponentError) as err:
-        print(
-            f"cannot start the control plane (build it with tests/cluster/build.sh): {err}", file=sys.stderr
-        )
+    cluster = start_control_plane("bench-allocate-")
+    if cluster is None:
         return 1
     try:
         with cluster.api_client() as api:

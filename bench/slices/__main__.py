@@ -14,18 +14,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 import time
 import tracemalloc
-from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from devcluster.binaries import MissingBinariesError
-from devcluster.controlplane import ControlPlane
+from bench.controlplane import start_control_plane
 from devcluster.objects import create_fake_node
-from devcluster.procs import ComponentError
 from dracommon.kubeapi import KubeApi
 from draplugin.devices.fake import FakeBackend, config_from_flags
 from draplugin.devices.model import Device
@@ -82,13 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--idle-seconds", type=float, default=5.0)
     args = parser.parse_args(argv)
 
-    cluster = ControlPlane(Path(tempfile.mkdtemp(prefix="bench-slices-")))
-    try:
-        cluster.start()
-    except (MissingBinariesError, ComponentError) as err:
-        print(
-            f"cannot start the control plane (build it with tests/cluster/build.sh): {err}", file=sys.stderr
-        )
+    cluster = start_control_plane("bench-slices-")
+    if cluster is None:
         return 1
     try:
         with cluster.api_client() as api:

@@ -22,6 +22,7 @@ import yaml
 from controller.cel import ENGINES, CompileError, EvaluationError, compile_selector
 from controller.cli import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, Subcommand, register_subcommand
 from controller.commands_common import add_version_argument
+from controller.objects import ManifestError, flatten_document
 from dracommon.kubeversion import KubernetesVersion
 
 
@@ -56,18 +57,11 @@ def load_objects(path: Path) -> Iterator[Mapping[str, Any]]:
         raise InputError(f"{path}: cannot read: {err}") from None
     except yaml.YAMLError as err:
         raise InputError(f"{path}: not valid YAML or JSON: {err}") from None
-    for document in documents:
-        if document is None:
-            continue
-        if not isinstance(document, Mapping):
-            raise InputError(f"{path}: expected an object, found {type(document).__name__}")
-        if str(document.get("kind", "")).endswith("List") and isinstance(document.get("items"), list):
-            for item in document["items"]:
-                if not isinstance(item, Mapping):
-                    raise InputError(f"{path}: list item is not an object")
-                yield item
-        else:
-            yield document
+    try:
+        for document in documents:
+            yield from flatten_document(document, path)
+    except ManifestError as err:
+        raise InputError(str(err)) from None
 
 
 def slice_devices(

@@ -45,9 +45,10 @@ def load_backend(kind: str, node_name: str, **options: Any) -> DeviceBackend:
         config_file = options.pop("config_file", None)
         dev_root = options.pop("dev_root", None)
         device_dir = options.pop("device_dir", None)
+        partitionable = bool(options.pop("partitionable", False))
         if config_file is not None:
             config = fake.load_config(config_file)
-            if options.pop("partitionable", False):
+            if partitionable:
                 from dataclasses import replace
 
                 config = replace(config, partitionable=True)
@@ -57,11 +58,17 @@ def load_backend(kind: str, node_name: str, **options: Any) -> DeviceBackend:
             config = fake.config_from_flags(
                 int(options.pop("gpus", 1)),
                 str(options.pop("model", fake.DEFAULT_MODEL)),
-                partitionable=bool(options.pop("partitionable", False)),
+                partitionable=partitionable,
             )
         _reject_unknown(kind, options)
         return fake.FakeBackend(
-            node_name, config, dev_root=dev_root, device_dir=None if device_dir is None else Path(device_dir)
+            node_name,
+            config,
+            dev_root=dev_root,
+            device_dir=None if device_dir is None else Path(device_dir),
+            # The file is read again when it changes: fake devices can come and go like real ones.
+            config_file=None if config_file is None else Path(config_file),
+            force_partitionable=partitionable,
         )
     if kind == "nvml":
         from draplugin.devices.nvml import NvmlBackend

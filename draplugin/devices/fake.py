@@ -196,7 +196,13 @@ class FakeConfig:
 
 
 class FakeBackend:
-    """Devices from a `FakeConfig`; `set_unhealthy` lets tests and demos mark a device bad."""
+    """Devices from a `FakeConfig`.
+
+    With `config_file` (the file `config` was read from), `refresh()` reads it
+    again when it changed, so tests and demos can make GPUs or MIG devices
+    appear and disappear the way a real node's do. A file that no longer
+    parses is logged and the last devices stay.
+    """
 
     def __init__(
         self,
@@ -205,6 +211,8 @@ class FakeBackend:
         *,
         dev_root: str | None = None,
         device_dir: Path | None = None,
+        config_file: Path | None = None,
+        force_partitionable: bool = False,
     ) -> None:
         if not node_name:
             raise FakeConfigError("fake backend: a node name is required (UUIDs are derived from it)")
@@ -213,17 +221,45 @@ class FakeBackend:
                 "fake backend: dev_root (paths only) and device_dir (real nodes) exclude each other"
             )
         self._node_name = node_name
-        self._config = config
         self._dev_root = "/dev" if device_dir is not None else dev_root
-        self._system = SystemInfo(config.driver_version, config.cuda_driver_version)
-        self._gpus = self._build_gpus()
+        self._device_dir = device_dir
+        self._config_file = config_file
+        self._force_partitionable = force_partitionable
+        self._stamp = _file_stamp(config_file)
         # Validate eagerly so bad input fails at start-up, not on first publish.
-        self._devices, self._counter_sets = build_devices(
-            self._system, self._gpus, partitionable=config.partitionable
-        )
-        if device_dir is not None:
-            make_device_nodes(device_dir, sorted({n for d in self._devices for n in d.device_nodes}))
-            self._devices = [replace(d, host_dev_dir=str(device_dir)) for d in self._devices]
+        self._devices, self._counter_sets = self._build(config)
+
+    def _build(self, config: FakeConfig) -> tuple[list[Device], list[CounterSet]]:
+        system = SystemInfo(config.driver_version, config.cuda_driver_version)
+        gpus = self._build_gpus(config)
+        devices, counter_sets = build_devices(system, gpus, partitionable=config.partitionable)
+        if self._device_dir is not None:
+            make_device_nodes(self._device_dir, sorted({n for d in devices for n in d.device_nodes}))
+            devices = [replace(d, host_dev_dir=str(self._device_dir)) for d in devices]
+        return devices, counter_sets
+
+    def refresh(self) -> bool:
+        """Re-read the config file if it changed; True if the devices changed."""
+        if self._config_file is None:
+            return False
+        stamp = _file_stamp(self._config_file)
+        if stamp == self._stamp:
+            return False
+        self._stamp = stamp
+        try:
+            config = load_config(self._config_file)
+            if self._force_partitionable:
+                config = replace(config, partitionable=True)
+            devices, counter_sets = self._build(config)
+        except ValueError as err:  # FakeConfigError, or devices that do not validate
+            log.error("fake GPU file unusable, keeping the last devices error=%s", err)
+            return False
+        changed = devices != self._devices or counter_sets != self._counter_sets
+        # One assignment: a concurrent discover() sees the old or the new list, never a mix.
+        self._devices, self._counter_sets = devices, counter_sets
+        if changed:
+            log.info("fake GPU file re-read path=%s devices=%d", self._config_file, len(devices))
+        return changed
 
     @property
     def name(self) -> str:
@@ -241,21 +277,21 @@ class FakeBackend:
 
     # --- construction -------------------------------------------------------------------------------
 
-    def _build_gpus(self) -> list[GpuInfo]:
+    def _build_gpus(self, config: FakeConfig) -> list[GpuInfo]:
         gpus: list[GpuInfo] = []
         index = 0
-        for spec in self._config.gpus:
+        for spec in config.gpus:
             model = MODELS[spec.model]
             for _ in range(spec.count):
-                gpus.append(self._gpu(index, model, spec))
+                gpus.append(self._gpu(index, model, spec, config.gpus_per_pcie_root))
                 index += 1
         return gpus
 
-    def _gpu(self, index: int, model: GpuModel, spec: FakeGpuSpec) -> GpuInfo:
+    def _gpu(self, index: int, model: GpuModel, spec: FakeGpuSpec, gpus_per_root: int) -> GpuInfo:
         gpu_uuid = "GPU-" + _stable_uuid(self._node_name, "gpu", str(index))
         pci_bus_id = _pci_bus_id(index)
         # GPUs of one group share the root of the group's first GPU (the bus just above it).
-        first = index - index % self._config.gpus_per_pcie_root
+        first = index - index % gpus_per_root
         first_bus_id = _pci_bus_id(first)
         pcie_root = f"pci{first_bus_id[:4]}:{(_pci_bus(first) - 1) & 0xFF:02x}"
         memory = spec.memory_bytes if spec.memory_bytes is not None else model.memory_bytes
@@ -292,6 +328,16 @@ class FakeBackend:
             return ("/dev/null",)
         root = self._dev_root.rstrip("/")
         return (f"{root}/nvidia{minor}", *(root + p.removeprefix("/dev") for p in NVIDIA_CONTROL_NODES))
+
+
+def _file_stamp(path: Path | None) -> tuple[float, int] | None:
+    if path is None:
+        return None
+    try:
+        info = path.stat()
+    except OSError:
+        return None
+    return (info.st_mtime, info.st_size)
 
 
 # The device number of /dev/null: opening, reading and writing it is harmless.

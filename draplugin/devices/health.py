@@ -5,6 +5,14 @@ the tracker keeps the state, adds a taint to those devices when the slice
 publisher renders them, tells listeners (the publisher republishes), and
 feeds `HealthReporter.watch_health`, the `HealthSource` the kubelet's DRA
 health service streams from.
+
+What counts as a fault, the taint's effect, and when a taint goes away again
+are a `HealthPolicy` (settings `--health-*`): XIDs that applications cause are
+ignored, fatal XIDs and a lost GPU taint with `--health-taint-effect`
+(`NoSchedule` unless asked: `NoExecute` evicts running pods), and a fault
+clears by `--health-recovery` (`on-reset`: when the device comes back after a
+reset or falling off the bus; `after:<duration>`: also after that long without
+a new fault; `never`: not until the plugin restarts).
 """
 
 from __future__ import annotations
@@ -15,33 +23,96 @@ import logging
 import threading
 import time
 from collections.abc import AsyncGenerator, Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-
-import yaml
+from typing import Literal
 
 from dracommon.drivername import annotation_key
+from dracommon.duration import parse_duration
 from draplugin.devices.model import Device, DeviceBackend, DeviceTaint, TaintEffect
 from draplugin.kubelet.interface import DeviceHealth, HealthStatus
 
 log = logging.getLogger(__name__)
 
 UNHEALTHY_TAINT = "unhealthy"
+# The reason (taint value) of a GPU that NVML lost: GPU_IS_LOST, or a device that was
+# present and now answers only UNKNOWN / NOT_FOUND.
+GPU_LOST_REASON = "gpu-lost"
 
 # XIDs caused by applications (bad kernels, MMU faults from user code, resets they asked for):
-# they say nothing about the GPU, so they do not taint it.
-APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
+# they say nothing about the GPU, so they do not taint it. The NVIDIA device plugin and DRA
+# driver skip the same six by default: graphics engine exception (13), MMU fault (31), reset
+# channel verification (43), preemptive cleanup (45), video processor exception (68), context
+# switch timeout (109).
+DEFAULT_APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
 # XIDs after which running work is lost or the GPU is gone: double-bit ECC (48), row-remap
 # failure (64), NVLink (74), fallen off the bus (79), uncontained ECC (94, 95), GSP errors
-# (119, 120), unrecovered ECC (140). Pods on such a device are evicted (NoExecute).
-FATAL_XIDS = frozenset({48, 64, 74, 79, 94, 95, 119, 120, 140})
+# (119, 120), unrecovered ECC (140). These take `--health-taint-effect`; other XIDs NoSchedule.
+DEFAULT_FATAL_XIDS = frozenset({48, 64, 74, 79, 94, 95, 119, 120, 140})
+# The NVIDIA DRA driver's choice: no new pods, running ones keep going.
+DEFAULT_TAINT_EFFECT: TaintEffect = "NoSchedule"
+TAINT_EFFECTS: tuple[TaintEffect, ...] = ("NoSchedule", "NoExecute")
+
+RecoveryMode = Literal["never", "on-reset", "after"]
 
 
-def effect_for_xid(xid: int) -> TaintEffect | None:
-    """None: ignore (application error); NoExecute: fatal; NoSchedule: anything else critical."""
-    if xid in APPLICATION_XIDS:
-        return None
-    return "NoExecute" if xid in FATAL_XIDS else "NoSchedule"
+@dataclass(frozen=True, slots=True)
+class Recovery:
+    """When a fault clears: `never`, `on-reset` (the device came back), or `after` `quiet_s`
+    seconds without a new fault (a device that comes back clears then too)."""
+
+    mode: RecoveryMode = "on-reset"
+    quiet_s: float = 0.0
+
+    @classmethod
+    def parse(cls, text: str) -> Recovery:
+        """`never`, `on-reset` or `after:<duration>`; ValueError saying what is accepted."""
+        raw = text.strip()
+        if raw in ("never", "on-reset"):
+            return cls(raw)  # type: ignore[arg-type]
+        head, sep, duration = raw.partition(":")
+        if head == "after" and sep:
+            try:
+                return cls("after", parse_duration(duration, positive=True))
+            except ValueError as err:
+                raise ValueError(f"after:<duration>: {err}") from None
+        raise ValueError(f"{text!r} is not one of never, on-reset, after:<duration> (e.g. after:10m)")
+
+    @property
+    def on_reset(self) -> bool:
+        return self.mode != "never"
+
+    def __str__(self) -> str:
+        return f"after:{self.quiet_s:g}s" if self.mode == "after" else self.mode
+
+
+@dataclass(frozen=True, slots=True)
+class HealthPolicy:
+    """What a fault is, which taint it gets and when it clears (the `--health-*` settings)."""
+
+    application_xids: frozenset[int] = DEFAULT_APPLICATION_XIDS
+    fatal_xids: frozenset[int] = DEFAULT_FATAL_XIDS
+    fatal_effect: TaintEffect = DEFAULT_TAINT_EFFECT
+    recovery: Recovery = field(default_factory=Recovery)
+
+    def effect_for_xid(self, xid: int) -> TaintEffect | None:
+        """None: ignore (application error); the fatal effect for fatal XIDs; NoSchedule otherwise."""
+        if xid in self.application_xids:
+            return None
+        return self.fatal_effect if xid in self.fatal_xids else "NoSchedule"
+
+
+def parse_xids(text: str) -> frozenset[int]:
+    """`13,31, 43` → {13, 31, 43}; empty → none. ValueError naming the bad entry."""
+    xids: set[int] = set()
+    for part in text.split(","):
+        item = part.strip()
+        if not item:
+            continue
+        if not item.isdigit() or int(item) == 0:
+            raise ValueError(f"{item!r} is not an XID (a positive whole number)")
+        xids.add(int(item))
+    return frozenset(xids)
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,14 +123,24 @@ class Fault:
     reason: str  # a label value: "xid-79", "ecc-double-bit", "gpu-lost"
     message: str
     since_unix: int
+    # Monotonic time of the latest report: `after:` recovery counts its quiet period from here.
+    last_seen: float = 0.0
 
 
 class HealthTracker:
     """Thread-safe per-device health state; monitors write, the publisher and kubelet stream read."""
 
-    def __init__(self, driver_name: str) -> None:
+    def __init__(
+        self,
+        driver_name: str,
+        policy: HealthPolicy | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         # In the driver's own prefix, like every key it owns: `<driver>/unhealthy`.
         self._taint_key = annotation_key(driver_name, UNHEALTHY_TAINT)
+        self.policy = policy if policy is not None else HealthPolicy()
+        self._clock = clock
         self._lock = threading.Lock()
         self._faults: dict[str, Fault] = {}
         self._listeners: list[Callable[[], None]] = []
@@ -85,15 +166,20 @@ class HealthTracker:
     def report_unhealthy(
         self, device_names: Iterable[str], effect: TaintEffect, reason: str, message: str
     ) -> bool:
-        """Mark devices unhealthy; a stronger effect replaces a weaker one. True if anything changed."""
-        now = int(time.time())
+        """Mark devices unhealthy; a stronger effect replaces a weaker one. True if anything changed.
+
+        A repeat of a fault no stronger than the known one changes nothing visible, but
+        restarts the quiet period of `after:` recovery.
+        """
+        now_unix, now = int(time.time()), self._clock()
         changed = False
         with self._lock:
             for name in device_names:
                 current = self._faults.get(name)
                 if current is not None and _severity(current.effect) >= _severity(effect):
+                    self._faults[name] = replace(current, last_seen=now)
                     continue
-                self._faults[name] = Fault(effect, reason, message, now)
+                self._faults[name] = Fault(effect, reason, message, now_unix, now)
                 changed = True
                 log.warning(
                     "device unhealthy device=%s effect=%s reason=%s msg=%r", name, effect, reason, message
@@ -104,11 +190,33 @@ class HealthTracker:
         return changed
 
     def report_healthy(self, device_names: Iterable[str]) -> bool:
+        """Clear these devices' faults whatever the recovery policy (the fault source says so)."""
+        return self._clear(device_names, "cleared by its source")
+
+    def report_recovered(self, device_names: Iterable[str], why: str) -> bool:
+        """The devices are back after a reset (or reappeared): cleared unless recovery is `never`."""
+        if not self.policy.recovery.on_reset:
+            names = [n for n in device_names if n in self.faults()]
+            if names:
+                log.info("device back, taint kept (--health-recovery=never) devices=%s", ",".join(names))
+            return False
+        return self._clear(device_names, why)
+
+    def expire(self) -> bool:
+        """Clear faults quiet for the `after:` period; a no-op for the other policies."""
+        recovery = self.policy.recovery
+        if recovery.mode != "after":
+            return False
+        deadline = self._clock() - recovery.quiet_s
+        quiet = [name for name, fault in self.faults().items() if fault.last_seen <= deadline]
+        return self._clear(quiet, f"no new fault for {recovery.quiet_s:g}s")
+
+    def _clear(self, device_names: Iterable[str], why: str) -> bool:
         with self._lock:
             removed = [name for name in device_names if self._faults.pop(name, None) is not None]
             listeners = list(self._listeners) if removed else []
         for name in removed:
-            log.info("device healthy again device=%s", name)
+            log.info("device healthy again device=%s why=%s", name, why)
         for listener in listeners:
             listener()
         return bool(removed)
@@ -206,6 +314,9 @@ class FaultFile:
         if stamp == self._stamp:
             return
         self._stamp = stamp
+        # Imported here: the GPU check imports this module on machines without PyYAML.
+        import yaml
+
         try:
             wanted = self._read() if stamp is not None else {}
         except (OSError, ValueError, yaml.YAMLError) as err:
@@ -213,7 +324,7 @@ class FaultFile:
             return
         self._tracker.report_healthy(self._listed - set(wanted))
         for name, xid in wanted.items():
-            effect = effect_for_xid(xid) or "NoSchedule"
+            effect = self._tracker.policy.effect_for_xid(xid) or "NoSchedule"
             self._tracker.report_unhealthy([name], effect, f"xid-{xid}", f"injected XID {xid}")
         self._listed = set(wanted)
 
@@ -222,6 +333,8 @@ class FaultFile:
             self.poll()
 
     def _read(self) -> dict[str, int]:
+        import yaml
+
         data = yaml.safe_load(self._path.read_text(encoding="utf-8")) or {}
         if not isinstance(data, dict):
             raise ValueError("fault file must be a mapping of device name to XID")

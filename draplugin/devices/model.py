@@ -107,6 +107,11 @@ class DeviceTaint:
         return out
 
 
+def _quantities(values: Mapping[str, str]) -> dict[str, dict[str, str]]:
+    """Counters and capacity as the API writes them: each quantity under `value`, keys sorted."""
+    return {key: {"value": value} for key, value in sorted(values.items())}
+
+
 @dataclass(frozen=True, slots=True)
 class CounterSet:
     """A shared counter set (`spec.sharedCounters[]`) that partitionable devices draw from."""
@@ -117,7 +122,7 @@ class CounterSet:
     def to_api(self) -> dict[str, Any]:
         return {
             "name": self.name,
-            "counters": {key: {"value": value} for key, value in sorted(self.counters.items())},
+            "counters": _quantities(self.counters),
         }
 
     def validate(self) -> None:
@@ -146,7 +151,7 @@ class CounterConsumption:
     def to_api(self) -> dict[str, Any]:
         return {
             "counterSet": self.counter_set,
-            "counters": {key: {"value": value} for key, value in sorted(self.counters.items())},
+            "counters": _quantities(self.counters),
         }
 
 
@@ -189,7 +194,7 @@ class Device:
                 key: _render_attribute(value) for key, value in sorted(self.attributes.items())
             }
         if self.capacity:
-            out["capacity"] = {key: {"value": value} for key, value in sorted(self.capacity.items())}
+            out["capacity"] = _quantities(self.capacity)
         if self.consumes_counters:
             out["consumesCounters"] = [c.to_api() for c in self.consumes_counters]
         if self.taints:

@@ -20,10 +20,11 @@ import ctypes
 import logging
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from draplugin.devices.health import HealthTracker, effect_for_xid
+from draplugin.devices.health import GPU_LOST_REASON, HealthTracker
 from draplugin.devices.model import CounterSet, Device
 from draplugin.devices.schema import (
     NVIDIA_CONTROL_NODES,
@@ -78,6 +79,14 @@ _BRANDS = {
     16: "TitanRTX",
 }
 _ALL_GPU_INSTANCES = 0xFFFFFFFF
+# XID 79: the GPU has fallen off the bus. Its devices are re-read at once.
+XID_FALLEN_OFF_BUS = 79
+# Error codes that mean a GPU which was there is gone (or the driver lost it), not a
+# transient failure: its devices stay published with a `gpu-lost` taint until it answers again.
+_LOST_ERRORS = ("NVML_ERROR_GPU_IS_LOST", "NVML_ERROR_UNKNOWN", "NVML_ERROR_NOT_FOUND")
+# Events that say the devices may have changed, besides XIDs; older libraries lack some.
+_CHANGE_EVENTS = ("nvmlEventMigConfigChange", "nvmlEventTypeGpuUnavailableError")
+_RECOVERY_EVENT = "nvmlEventTypeGpuRecoveryAction"
 
 
 class NvmlUnavailableError(RuntimeError):
@@ -138,7 +147,14 @@ def pcie_root(sysfs_root: str, bus_id: str) -> str | None:
 
 
 class NvmlBackend:
-    """Devices from NVML. Discovery runs at construction and on `refresh()`."""
+    """Devices from NVML. Discovery runs at construction and on `refresh()`.
+
+    A GPU that was discovered and then answers a per-device call with
+    GPU_IS_LOST (or UNKNOWN / NOT_FOUND) keeps its devices, as last read, with a
+    `gpu-lost` fault in the attached tracker; when it answers again the tracker
+    hears it recovered. A GPU that NVML no longer counts at all is gone: its
+    devices leave the list.
+    """
 
     def __init__(
         self,
@@ -162,6 +178,12 @@ class NvmlBackend:
         # (parent UUID, GPU instance id) → device name, for routing health events.
         self._by_instance: dict[tuple[str, int], str] = {}
         self._by_parent: dict[str, list[str]] = {}
+        self._gpus: list[GpuInfo] = []
+        self._system: SystemInfo | None = None
+        self._lost: set[str] = set()  # UUIDs of GPUs kept from an earlier read: NVML lost them
+        self._health: HealthTracker | None = None
+        self._generation = 0  # bumped when the GPUs change: the event monitor registers new ones
+        self._refresh_lock = threading.Lock()
         self.refresh()
 
     @property
@@ -176,10 +198,25 @@ class NvmlBackend:
         with self._lock:
             return list(self._counter_sets)
 
-    def refresh(self) -> None:
-        """Re-read the hardware (e.g. after a MIG layout change)."""
-        system, gpus = self._read_all()
-        devices, counter_sets = build_devices(system, gpus, partitionable=self._partitionable)
+    def attach_health(self, tracker: HealthTracker) -> None:
+        """Where lost and recovered GPUs found by `refresh` are reported."""
+        self._health = tracker
+
+    def refresh(self) -> bool:
+        """Re-read the hardware (a MIG layout change, a GPU lost or back). True if the devices changed."""
+        with self._refresh_lock:
+            return self._refresh()
+
+    def _refresh(self) -> bool:
+        system, gpus, lost = self._read_all()
+        try:
+            devices, counter_sets = build_devices(system, gpus, partitionable=self._partitionable)
+        except ValueError as err:
+            # Hardware in a state we cannot describe (mid MIG reconfiguration): keep the last list.
+            if self._system is None:
+                raise
+            log.error("nvml re-discovery gave invalid devices, keeping the last ones error=%s", err)
+            return False
         by_parent: dict[str, list[str]] = {}
         by_instance: dict[tuple[str, int], str] = {}
         for gpu in gpus:
@@ -190,9 +227,30 @@ class NvmlBackend:
             if device.parent_uuid is not None and gi is not None:
                 by_instance[(device.parent_uuid, gi)] = device.name
         with self._lock:
+            changed = devices != self._devices or counter_sets != self._counter_sets
+            gpus_changed = [g.uuid for g in gpus] != [g.uuid for g in self._gpus]
             self._devices, self._counter_sets = devices, counter_sets
             self._by_parent, self._by_instance = by_parent, by_instance
-        log.info("nvml discovery done gpus=%d devices=%d", len(gpus), len(devices))
+            self._gpus, self._system = gpus, system
+            if gpus_changed:
+                self._generation += 1
+            back, self._lost = self._lost - lost, lost
+        if changed:
+            log.info("nvml discovery done gpus=%d devices=%d lost=%d", len(gpus), len(devices), len(lost))
+        self._report_lost(lost, back, by_parent)
+        return changed
+
+    def _report_lost(self, lost: set[str], back: set[str], by_parent: dict[str, list[str]]) -> None:
+        tracker = self._health
+        if tracker is None:
+            return
+        for uuid in sorted(lost):
+            names = by_parent.get(uuid, [])
+            tracker.report_unhealthy(
+                names, tracker.policy.fatal_effect, GPU_LOST_REASON, f"NVML lost GPU {uuid}"
+            )
+        for uuid in sorted(back):
+            tracker.report_recovered(by_parent.get(uuid, []), f"GPU {uuid} answers NVML again")
 
     def close(self) -> None:
         try:
@@ -225,21 +283,44 @@ class NvmlBackend:
 
     # --- discovery --------------------------------------------------------------------------------------
 
-    def _read_all(self) -> tuple[SystemInfo, list[GpuInfo]]:
+    def _read_all(self) -> tuple[SystemInfo, list[GpuInfo], set[str]]:
+        """The system, its GPUs, and the UUIDs of GPUs kept from the last read because NVML lost them."""
         nvml = self._nvml
         cuda = int(nvml.nvmlSystemGetCudaDriverVersion())
         system = SystemInfo(
             driver_version=str(nvml.nvmlSystemGetDriverVersion()),
             cuda_driver_version=f"{cuda // 1000}.{(cuda % 1000) // 10}",
         )
+        known = {gpu.index: gpu for gpu in self._gpus}
+        lost_codes = {getattr(nvml, name) for name in _LOST_ERRORS if hasattr(nvml, name)}
         gpus: list[GpuInfo] = []
+        lost: set[str] = set()
         for index in range(int(nvml.nvmlDeviceGetCount())):
             try:
                 gpus.append(self._read_gpu(index))
             except nvml.NVMLError as err:
-                # One broken GPU must not hide the healthy ones; it is simply not published.
-                log.error("skipping GPU that NVML cannot read index=%d error=%s", index, err)
-        return system, gpus
+                before = self._known_gpu(index, known)
+                if before is None:
+                    # One broken GPU must not hide the healthy ones; never seen, it is not published.
+                    log.error("skipping GPU that NVML cannot read index=%d error=%s", index, err)
+                    continue
+                # Seen before: keep it as last read rather than make its devices flap out of the slices.
+                gpus.append(before)
+                if getattr(err, "value", None) in lost_codes:
+                    lost.add(before.uuid)
+                    log.error("GPU lost index=%d uuid=%s error=%s", index, before.uuid, err)
+                else:
+                    log.warning("GPU unreadable, keeping it as last read index=%d error=%s", index, err)
+        return system, gpus, lost
+
+    def _known_gpu(self, index: int, known: dict[int, GpuInfo]) -> GpuInfo | None:
+        """The GPU at `index` as last read: by UUID if NVML still gives one, else by index."""
+        nvml = self._nvml
+        try:
+            uuid = _text(nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(index)))
+        except nvml.NVMLError:
+            return known.get(index)
+        return next((gpu for gpu in self._gpus if gpu.uuid == uuid), None)
 
     def _read_gpu(self, index: int) -> GpuInfo:
         nvml = self._nvml
@@ -364,20 +445,31 @@ class NvmlBackend:
 
     # --- health -----------------------------------------------------------------------------------------
 
-    def monitor_health(self, tracker: HealthTracker, stop: threading.Event, wait_ms: int = 1000) -> None:
-        """Block until `stop`, turning NVML XID and double-bit ECC events into tracker reports."""
+    def monitor_health(
+        self,
+        tracker: HealthTracker,
+        stop: threading.Event,
+        wait_ms: int = 1000,
+        rediscover: Callable[[], None] | None = None,
+    ) -> None:
+        """Block until `stop`, turning NVML events into tracker reports.
+
+        XIDs and double-bit ECC errors are faults (by the tracker's policy); a GPU
+        that became unavailable is lost; a recovery action of "none" means it is
+        usable again. A MIG layout change, a lost GPU and XID 79 (fallen off the
+        bus) also call `rediscover()`, so the slices follow at once instead of at
+        the next periodic re-discovery. GPUs found later are registered too.
+        """
         nvml = self._nvml
-        wanted = nvml.nvmlEventTypeXidCriticalError | nvml.nvmlEventTypeDoubleBitEccError
+        self.attach_health(tracker)
         event_set = nvml.nvmlEventSetCreate()
+        registered: set[str] = set()
+        seen_generation = -1
         try:
-            for index in range(int(nvml.nvmlDeviceGetCount())):
-                handle = nvml.nvmlDeviceGetHandleByIndex(index)
-                try:
-                    supported = int(nvml.nvmlDeviceGetSupportedEventTypes(handle))
-                    nvml.nvmlDeviceRegisterEvents(handle, wanted & supported, event_set)
-                except nvml.NVMLError as err:
-                    log.warning("GPU health not monitored index=%d error=%s", index, err)
             while not stop.is_set():
+                if seen_generation != self._generation:
+                    seen_generation = self._generation
+                    self._register_events(event_set, registered)
                 try:
                     data = nvml.nvmlEventSetWait_v2(event_set, wait_ms)
                 except nvml.NVMLError_Timeout:
@@ -386,34 +478,73 @@ class NvmlBackend:
                     log.error("waiting for NVML events failed error=%s", err)
                     stop.wait(5)
                     continue
-                self.handle_event(tracker, data)
+                self.handle_event(tracker, data, rediscover)
         finally:
             try:
                 nvml.nvmlEventSetFree(event_set)
             except nvml.NVMLError as err:
                 log.debug("freeing NVML event set failed error=%s", err)
 
-    def handle_event(self, tracker: HealthTracker, data: Any) -> None:
+    def _register_events(self, event_set: Any, registered: set[str]) -> None:
+        nvml = self._nvml
+        wanted = nvml.nvmlEventTypeXidCriticalError | nvml.nvmlEventTypeDoubleBitEccError
+        for name in (*_CHANGE_EVENTS, _RECOVERY_EVENT):
+            wanted |= int(getattr(nvml, name, 0))
+        for index in range(int(nvml.nvmlDeviceGetCount())):
+            try:
+                handle = nvml.nvmlDeviceGetHandleByIndex(index)
+                uuid = _text(nvml.nvmlDeviceGetUUID(handle))
+                if uuid in registered:
+                    continue
+                supported = int(nvml.nvmlDeviceGetSupportedEventTypes(handle))
+                nvml.nvmlDeviceRegisterEvents(handle, wanted & supported, event_set)
+                registered.add(uuid)
+            except nvml.NVMLError as err:
+                log.warning("GPU health not monitored index=%d error=%s", index, err)
+
+    def handle_event(
+        self, tracker: HealthTracker, data: Any, rediscover: Callable[[], None] | None = None
+    ) -> None:
         """Route one NVML event (c_nvmlEventData_t) to the affected devices."""
         nvml = self._nvml
+        wake = rediscover or (lambda: None)
         try:
             uuid = _text(nvml.nvmlDeviceGetUUID(data.device))
         except nvml.NVMLError as err:
+            # Most likely the GPU is lost: re-discovery finds out which and taints it.
             log.error("NVML event for an unreadable device error=%s", err)
+            wake()
             return
+        event_type = int(data.eventType)
+        if event_type & int(getattr(nvml, "nvmlEventMigConfigChange", 0)):
+            log.info("MIG layout changed gpu=%s", uuid)
+            wake()
         names = self._devices_for(uuid, int(data.gpuInstanceId))
         if not names:
             return
-        event_type = int(data.eventType)
         if event_type & nvml.nvmlEventTypeXidCriticalError:
             xid = int(data.eventData)
-            effect = effect_for_xid(xid)
+            effect = tracker.policy.effect_for_xid(xid)
             if effect is None:
                 log.info("ignoring application XID gpu=%s xid=%d", uuid, xid)
                 return
             tracker.report_unhealthy(names, effect, f"xid-{xid}", f"XID {xid} on {uuid}")
+            if xid == XID_FALLEN_OFF_BUS:
+                wake()
         elif event_type & nvml.nvmlEventTypeDoubleBitEccError:
-            tracker.report_unhealthy(names, "NoExecute", "ecc-double-bit", f"double-bit ECC error on {uuid}")
+            effect = tracker.policy.fatal_effect
+            tracker.report_unhealthy(names, effect, "ecc-double-bit", f"double-bit ECC error on {uuid}")
+        elif event_type & int(getattr(nvml, "nvmlEventTypeGpuUnavailableError", 0)):
+            tracker.report_unhealthy(
+                names, tracker.policy.fatal_effect, GPU_LOST_REASON, f"GPU {uuid} became unavailable"
+            )
+            wake()
+        elif event_type & int(getattr(nvml, _RECOVERY_EVENT, 0)):
+            action = int(data.eventData)
+            if action == int(getattr(nvml, "NVML_GPU_RECOVERY_ACTION_NONE", 0)):
+                tracker.report_recovered(names, f"NVML: GPU {uuid} needs no recovery action")
+            else:
+                log.warning("GPU needs a recovery action gpu=%s action=%d", uuid, action)
 
     def _devices_for(self, uuid: str, gpu_instance_id: int) -> list[str]:
         with self._lock:

@@ -202,6 +202,28 @@ class GpuDriver:
             self.events.node_event("CheckpointCorrupted", note)
         self.metrics.prepared_claims.set(len(self.checkpoint))
 
+    def devices_changed(self, devices: Sequence[Device], removed: Sequence[str]) -> None:
+        """The node's devices were re-discovered: prepare uses the new list from now on.
+
+        A prepared claim whose device is gone stays in the checkpoint (its unprepare
+        needs nothing from the device); it is logged and an Event goes on the Node.
+        """
+        self.devices = {device.name: device for device in devices}
+        gone = set(removed)
+        for record in list(self.checkpoint.records()):
+            lost = sorted({d.device for d in record.devices if d.device in gone})
+            if not lost:
+                continue
+            note = (
+                f"device(s) {', '.join(lost)} of prepared claim {record.namespace}/{record.name} "
+                "disappeared from this node; the claim stays prepared until the kubelet unprepares it"
+            )
+            log.warning(
+                "prepared device disappeared",
+                extra={"claim": f"{record.namespace}/{record.name}", "devices": ",".join(lost)},
+            )
+            self.events.node_event("PreparedDeviceGone", note)
+
     # --- Driver protocol --------------------------------------------------------------------------
 
     async def prepare_claim(self, claim: ClaimRef) -> Sequence[PreparedDevice]:

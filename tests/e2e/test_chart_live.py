@@ -160,10 +160,8 @@ def test_the_chart_runs_the_plugin_and_prepares_a_claim(
         assert sockets.registration.is_socket(), sorted(kubelet_node.plugins_registry.iterdir())
         assert sockets.dra.is_socket()
         # Its ResourceSlices: the fake inventory of values-fake-gpus.yaml.
-        wait_for(
-            "the plugin pod's ResourceSlices",
-            lambda: published_devices(api, kubelet_node.name) >= FAKE_GPUS,
-            TIMEOUT_S,
+        release.wait(
+            "the plugin pod's ResourceSlices", lambda: published_devices(api, kubelet_node.name) >= FAKE_GPUS
         )
 
         create_gpu_pod(api, kubelet_node, release.namespace, "gpu-app")

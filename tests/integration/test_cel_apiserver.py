@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from controller.allocation.builders import device_class
 from controller.cel import CompileError, compile_selector
 from devcluster.controlplane import ControlPlane
 from dracommon.kubeapi import ApiError, KubeApi
@@ -29,12 +30,7 @@ for _case in CASES:
 
 
 def _device_class(expression: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "DeviceClass",
-        "metadata": {"name": f"cel-{uuid.uuid4().hex[:12]}"},
-        "spec": {"selectors": [{"cel": {"expression": expression}}]},
-    }
+    return device_class(f"cel-{uuid.uuid4().hex[:12]}", [expression])
 
 
 def _dry_run_create(cluster: ControlPlane, expression: str) -> str | None:

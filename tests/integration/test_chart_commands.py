@@ -20,7 +20,8 @@ from controller import cli as controller_cli
 from controller.commands_run import resolve as resolve_controller_settings
 from draplugin import cli as plugin_cli
 from draplugin import config as plugin_config
-from tests.integration.test_chart import FAKE_GPU_VALUES, NON_DEFAULT_VALUES, by_kind, render_chart
+from tests.integration.test_chart import NON_DEFAULT_VALUES, by_kind, render_chart
+from tests.kube.chart import FAKE_GPU_VALUES
 
 # What the downward API would fill in on a real node.
 DOWNWARD_API = {

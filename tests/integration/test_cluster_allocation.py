@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from controller.allocation.builders import device, resource_slice
 from devcluster.controlplane import ControlPlane
 from devcluster.wait import wait_for
 from dracommon.kubeapi import KubeApi
@@ -19,22 +20,9 @@ DRIVER = "gpu.draplugin.dev"
 RESOURCE_V1 = "/apis/resource.k8s.io/v1"
 
 
-def resource_slice(node: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceSlice",
-        "metadata": {"name": f"{node}-{DRIVER}"},
-        "spec": {
-            "driver": DRIVER,
-            "nodeName": node,
-            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
-            "devices": [{
-                "name": "gpu-0",
-                "attributes": {"model": {"string": "FakeGPU 80GB"}, "index": {"int": 0}},
-                "capacity": {"memory": {"value": "80Gi"}},
-            }],
-        },
-    }  # fmt: skip
+def gpu_slice(node: str) -> dict[str, Any]:
+    gpu = device("gpu-0", {"model": "FakeGPU 80GB", "index": 0}, {"memory": "80Gi"})
+    return resource_slice(f"{node}-{DRIVER}", [gpu], node=node, driver=DRIVER)
 
 
 def pod_with_claim_template(template: str, node_selector: dict[str, str]) -> dict[str, Any]:
@@ -68,7 +56,7 @@ def test_scheduler_allocates_claim_from_template_on_fake_node(
     resource_ns = f"{RESOURCE_V1}/namespaces/{test_namespace}"
     with kube_cluster.api_client() as api:
         rest = KubeApi(api)
-        rest.create(f"{RESOURCE_V1}/resourceslices", resource_slice(node))
+        rest.create(f"{RESOURCE_V1}/resourceslices", gpu_slice(node))
         rest.create(f"{resource_ns}/resourceclaimtemplates", {
             "apiVersion": "resource.k8s.io/v1",
             "kind": "ResourceClaimTemplate",

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from kubernetes import config as k8s_config
 
+from controller.allocation import builders
 from devcluster.controlplane import ControlPlane
 from devcluster.wait import wait_for
 from dracommon.kubeapi import ApiError, KubeApi
@@ -19,12 +20,7 @@ DEVICE_CLASSES = "/apis/resource.k8s.io/v1/deviceclasses"
 
 
 def device_class(selector: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "DeviceClass",
-        "metadata": {"name": f"test-{uuid.uuid4().hex[:8]}"},
-        "spec": {"selectors": [{"cel": {"expression": selector}}]},
-    }
+    return builders.device_class(f"test-{uuid.uuid4().hex[:8]}", [selector])
 
 
 def rejection_message(cluster: ControlPlane, body: dict[str, Any]) -> str:

@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 
+from controller.allocation.builders import device, resource_slice
 from devcluster.controlplane import ControlPlane, free_port
 from devcluster.wait import wait_for
 from dracommon.kubeapi import ApiError, KubeApi
@@ -123,21 +124,37 @@ def start_controller(
                 controller.proc.wait()
 
 
+@dataclass
+class ControllerScene:
+    """What every test here starts from: a fake node with two GPUs in a ResourceSlice."""
+
+    rest: KubeApi
+    node: str
+    namespace: str
+    device_class: str
+    start_controller: StartController
+
+
+@pytest.fixture
+def scene(
+    kube_cluster: ControlPlane,
+    fake_node: Callable[..., str],
+    test_namespace: str,
+    gpu_device_class: str,
+    start_controller: StartController,
+) -> Iterator[ControllerScene]:
+    with kube_cluster.api_client() as api:
+        rest = KubeApi(api)
+        node = fake_node()
+        publish_two_gpus(rest, node)
+        yield ControllerScene(rest, node, test_namespace, gpu_device_class, start_controller)
+
+
 def publish_two_gpus(rest: KubeApi, node: str) -> None:
-    rest.create(f"{RESOURCE_V1}/resourceslices", {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceSlice",
-        "metadata": {"name": f"{node}-gpus"},
-        "spec": {
-            "driver": DRIVER,
-            "nodeName": node,
-            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
-            "devices": [
-                {"name": f"gpu-{i}", "attributes": {"model": {"string": "FakeGPU"}, "index": {"int": i}}}
-                for i in range(2)
-            ],
-        },
-    })  # fmt: skip
+    gpus = [device(f"gpu-{i}", {"model": "FakeGPU", "index": i}) for i in range(2)]
+    rest.create(
+        f"{RESOURCE_V1}/resourceslices", resource_slice(f"{node}-gpus", gpus, node=node, driver=DRIVER)
+    )
 
 
 def claim_body(name: str, device_class: str, *, annotations: dict[str, str] | None = None,
@@ -193,173 +210,142 @@ def devices_of(claim: dict[str, Any]) -> list[tuple[str, str]]:
     return sorted((r["pool"], r["device"]) for r in results)
 
 
-def test_preallocated_claim_is_shared_by_two_scheduled_pods(
-    kube_cluster: ControlPlane,
-    fake_node: Callable[..., str],
-    test_namespace: str,
-    gpu_device_class: str,
-    start_controller: StartController,
-) -> None:
-    ns = test_namespace
-    with kube_cluster.api_client() as api:
-        rest = KubeApi(api)
-        node = fake_node()
-        publish_two_gpus(rest, node)
-        controller = start_controller("solo")
-        rest.create(
-            f"{RESOURCE_V1}/namespaces/{ns}/resourceclaims",
-            claim_body("shared", gpu_device_class, annotations={PREALLOCATE: node}, count=2),
-        )
-        claim = wait_for("the controller to allocate the claim", lambda: allocated(rest, ns, "shared"), 60)
-        assert claim["metadata"]["annotations"][ALLOCATED_BY] == "dra-controller"
-        assert claim["status"]["allocation"]["nodeSelector"]["nodeSelectorTerms"][0]["matchFields"] == [
-            {"key": "metadata.name", "operator": "In", "values": [node]}
+def test_preallocated_claim_is_shared_by_two_scheduled_pods(scene: ControllerScene) -> None:
+    rest, node, ns = scene.rest, scene.node, scene.namespace
+    controller = scene.start_controller("solo")
+    rest.create(
+        f"{RESOURCE_V1}/namespaces/{ns}/resourceclaims",
+        claim_body("shared", scene.device_class, annotations={PREALLOCATE: node}, count=2),
+    )
+    claim = wait_for("the controller to allocate the claim", lambda: allocated(rest, ns, "shared"), 60)
+    assert claim["metadata"]["annotations"][ALLOCATED_BY] == "dra-controller"
+    assert claim["status"]["allocation"]["nodeSelector"]["nodeSelectorTerms"][0]["matchFields"] == [
+        {"key": "metadata.name", "operator": "In", "values": [node]}
+    ]
+    devices = devices_of(claim)
+    assert devices == [(node, "gpu-0"), (node, "gpu-1")]
+    assert not (claim.get("status") or {}).get("reservedFor")
+
+    pods = {}
+    for name in ("consumer-a", "consumer-b"):
+        pods[name] = rest.create(f"/api/v1/namespaces/{ns}/pods", pod_body(name, "shared"))["metadata"]["uid"]
+
+    def both_reserved() -> dict[str, Any] | None:
+        current = get_claim(rest, ns, "shared")
+        reserved = {r["uid"] for r in ((current or {}).get("status") or {}).get("reservedFor") or []}
+        return current if reserved == set(pods.values()) else None
+
+    claim = wait_for("both pods in reservedFor", both_reserved, 60)
+    assert devices_of(claim) == devices  # the scheduler reused our allocation, devices unchanged
+    for name in pods:
+        pod = rest.get(f"/api/v1/namespaces/{ns}/pods/{name}")
+        assert pod["spec"]["nodeName"] == node
+    assert controller.metric("dra_controller_leader") == 1.0
+    assert controller.healthz() == 200
+
+    # Pods gone: kube-controller-manager deallocates (upstream's finalizer); the controller
+    # pins the claim again on the same node, with the same (only) devices.
+    for name in pods:
+        rest.request("DELETE", f"/api/v1/namespaces/{ns}/pods/{name}", {"gracePeriodSeconds": 0})
+
+    def pinned_again() -> dict[str, Any] | None:
+        if controller.metric('dra_controller_allocation_attempts_total{result="allocated"}') != 2.0:
+            return None
+        current = allocated(rest, ns, "shared")
+        return current if current is not None and not current["status"].get("reservedFor") else None
+
+    pinned = wait_for("the claim to be pinned again", pinned_again, 60)
+    assert devices_of(pinned) == devices
+    assert ALLOCATED_BY in pinned["metadata"]["annotations"]
+
+    # Deleting the unused claim: nothing holds it up.
+    rest.delete(f"{RESOURCE_V1}/namespaces/{ns}/resourceclaims/shared")
+    wait_for("the claim to be deleted", lambda: get_claim(rest, ns, "shared") is None, 60)
+    assert controller.terminate() == 0
+
+
+def test_stuck_claim_gets_event_naming_the_filter(scene: ControllerScene) -> None:
+    rest, ns = scene.rest, scene.namespace
+    controller = scene.start_controller("events")
+    rest.create(
+        f"{RESOURCE_V1}/namespaces/{ns}/resourceclaims",
+        claim_body(
+            "impossible",
+            scene.device_class,
+            selector='device.attributes["gpu.draplugin.dev"].model == "none"',
+        ),
+    )
+    rest.create(f"/api/v1/namespaces/{ns}/pods", pod_body("waiting", "impossible", containers=1))
+
+    def events() -> list[dict[str, Any]] | None:
+        found = [
+            e
+            for e in rest.get(f"/apis/events.k8s.io/v1/namespaces/{ns}/events").get("items") or []
+            if e.get("reason") == "CannotAllocate" and e["regarding"]["name"] == "impossible"
         ]
-        devices = devices_of(claim)
-        assert devices == [(node, "gpu-0"), (node, "gpu-1")]
-        assert not (claim.get("status") or {}).get("reservedFor")
+        return found or None
 
-        pods = {}
-        for name in ("consumer-a", "consumer-b"):
-            pods[name] = rest.create(f"/api/v1/namespaces/{ns}/pods", pod_body(name, "shared"))["metadata"][
-                "uid"
-            ]
-
-        def both_reserved() -> dict[str, Any] | None:
-            current = get_claim(rest, ns, "shared")
-            reserved = {r["uid"] for r in ((current or {}).get("status") or {}).get("reservedFor") or []}
-            return current if reserved == set(pods.values()) else None
-
-        claim = wait_for("both pods in reservedFor", both_reserved, 60)
-        assert devices_of(claim) == devices  # the scheduler reused our allocation, devices unchanged
-        for name in pods:
-            pod = rest.get(f"/api/v1/namespaces/{ns}/pods/{name}")
-            assert pod["spec"]["nodeName"] == node
-        assert controller.metric("dra_controller_leader") == 1.0
-        assert controller.healthz() == 200
-
-        # Pods gone: kube-controller-manager deallocates (upstream's finalizer); the controller
-        # pins the claim again on the same node, with the same (only) devices.
-        for name in pods:
-            rest.request("DELETE", f"/api/v1/namespaces/{ns}/pods/{name}", {"gracePeriodSeconds": 0})
-
-        def pinned_again() -> dict[str, Any] | None:
-            if controller.metric('dra_controller_allocation_attempts_total{result="allocated"}') != 2.0:
-                return None
-            current = allocated(rest, ns, "shared")
-            return current if current is not None and not current["status"].get("reservedFor") else None
-
-        pinned = wait_for("the claim to be pinned again", pinned_again, 60)
-        assert devices_of(pinned) == devices
-        assert ALLOCATED_BY in pinned["metadata"]["annotations"]
-
-        # Deleting the unused claim: nothing holds it up.
-        rest.delete(f"{RESOURCE_V1}/namespaces/{ns}/resourceclaims/shared")
-        wait_for("the claim to be deleted", lambda: get_claim(rest, ns, "shared") is None, 60)
-        assert controller.terminate() == 0
+    posted = wait_for("a CannotAllocate event on the claim", events, 60)
+    assert len(posted) == 1
+    event = posted[0]
+    assert event["type"] == "Warning"
+    assert event["regarding"]["kind"] == "ResourceClaim"
+    assert "request selector removed 2" in event["note"], event["note"]
+    assert event["reportingController"] == "gpu.draplugin.dev/dra-controller"
+    # Rate limit: passes keep running (every few seconds), but no second event within the interval.
+    wait_for(
+        "several reconcile passes",
+        lambda: (controller.metric('dra_controller_reconciles_total{result="success"}') or 0) >= 3,
+        30,
+    )
+    assert len(events() or []) == 1
+    assert controller.terminate() == 0
 
 
-def test_stuck_claim_gets_event_naming_the_filter(
-    kube_cluster: ControlPlane,
-    fake_node: Callable[..., str],
-    test_namespace: str,
-    gpu_device_class: str,
-    start_controller: StartController,
-) -> None:
-    ns = test_namespace
-    with kube_cluster.api_client() as api:
-        rest = KubeApi(api)
-        publish_two_gpus(rest, fake_node())
-        controller = start_controller("events")
+def test_two_replicas_one_leader_no_double_allocation(scene: ControllerScene) -> None:
+    rest, node, ns = scene.rest, scene.node, scene.namespace
+    first = scene.start_controller("replica-1")
+    second = scene.start_controller("replica-2")
+
+    def lease_holder() -> str | None:
+        leases = rest.get(f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases").get("items") or []
+        holder = leases[0]["spec"].get("holderIdentity") if leases else None
+        return str(holder) if holder else None
+
+    leader_id = wait_for("a leader", lease_holder, 60)
+    leader, follower = (first, second) if leader_id == first.identity else (second, first)
+    for i in range(3):  # three one-GPU claims on a two-GPU node: exactly two fit
         rest.create(
             f"{RESOURCE_V1}/namespaces/{ns}/resourceclaims",
-            claim_body(
-                "impossible",
-                gpu_device_class,
-                selector='device.attributes["gpu.draplugin.dev"].model == "none"',
-            ),
+            claim_body(f"pinned-{i}", scene.device_class, annotations={PREALLOCATE: "any"}),
         )
-        rest.create(f"/api/v1/namespaces/{ns}/pods", pod_body("waiting", "impossible", containers=1))
 
-        def events() -> list[dict[str, Any]] | None:
-            found = [
-                e
-                for e in rest.get(f"/apis/events.k8s.io/v1/namespaces/{ns}/events").get("items") or []
-                if e.get("reason") == "CannotAllocate" and e["regarding"]["name"] == "impossible"
-            ]
-            return found or None
+    def two_allocated() -> list[dict[str, Any]] | None:
+        claims = [allocated(rest, ns, f"pinned-{i}") for i in range(3)]
+        done = [c for c in claims if c is not None]
+        return done if len(done) == 2 else None
 
-        posted = wait_for("a CannotAllocate event on the claim", events, 60)
-        assert len(posted) == 1
-        event = posted[0]
-        assert event["type"] == "Warning"
-        assert event["regarding"]["kind"] == "ResourceClaim"
-        assert "request selector removed 2" in event["note"], event["note"]
-        assert event["reportingController"] == "gpu.draplugin.dev/dra-controller"
-        # Rate limit: passes keep running (every few seconds), but no second event within the interval.
-        wait_for(
-            "several reconcile passes",
-            lambda: (controller.metric('dra_controller_reconciles_total{result="success"}') or 0) >= 3,
-            30,
-        )
-        assert len(events() or []) == 1
-        assert controller.terminate() == 0
+    done = wait_for("two claims allocated", two_allocated, 60)
+    wait_for(
+        "a few more passes",
+        lambda: (leader.metric('dra_controller_reconciles_total{result="success"}') or 0) >= 3,
+        30,
+    )
+    assert len([c for i in range(3) if (c := allocated(rest, ns, f"pinned-{i}"))]) == 2
+    assert sorted(d for c in done for d in devices_of(c)) == [(node, "gpu-0"), (node, "gpu-1")]
+    assert leader.metric("dra_controller_leader") == 1.0
+    assert follower.metric("dra_controller_leader") == 0.0
+    assert leader.metric('dra_controller_allocation_attempts_total{result="allocated"}') == 2.0
+    assert follower.metric('dra_controller_allocation_attempts_total{result="allocated"}') == 0.0
+    assert follower.metric('dra_controller_reconciles_total{result="success"}') == 0.0
 
-
-def test_two_replicas_one_leader_no_double_allocation(
-    kube_cluster: ControlPlane,
-    fake_node: Callable[..., str],
-    test_namespace: str,
-    gpu_device_class: str,
-    start_controller: StartController,
-) -> None:
-    ns = test_namespace
-    with kube_cluster.api_client() as api:
-        rest = KubeApi(api)
-        node = fake_node()
-        publish_two_gpus(rest, node)
-        first = start_controller("replica-1")
-        second = start_controller("replica-2")
-
-        def lease_holder() -> str | None:
-            leases = rest.get(f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases").get("items") or []
-            holder = leases[0]["spec"].get("holderIdentity") if leases else None
-            return str(holder) if holder else None
-
-        leader_id = wait_for("a leader", lease_holder, 60)
-        leader, follower = (first, second) if leader_id == first.identity else (second, first)
-        for i in range(3):  # three one-GPU claims on a two-GPU node: exactly two fit
-            rest.create(
-                f"{RESOURCE_V1}/namespaces/{ns}/resourceclaims",
-                claim_body(f"pinned-{i}", gpu_device_class, annotations={PREALLOCATE: "any"}),
-            )
-
-        def two_allocated() -> list[dict[str, Any]] | None:
-            claims = [allocated(rest, ns, f"pinned-{i}") for i in range(3)]
-            done = [c for c in claims if c is not None]
-            return done if len(done) == 2 else None
-
-        done = wait_for("two claims allocated", two_allocated, 60)
-        wait_for(
-            "a few more passes",
-            lambda: (leader.metric('dra_controller_reconciles_total{result="success"}') or 0) >= 3,
-            30,
-        )
-        assert len([c for i in range(3) if (c := allocated(rest, ns, f"pinned-{i}"))]) == 2
-        assert sorted(d for c in done for d in devices_of(c)) == [(node, "gpu-0"), (node, "gpu-1")]
-        assert leader.metric("dra_controller_leader") == 1.0
-        assert follower.metric("dra_controller_leader") == 0.0
-        assert leader.metric('dra_controller_allocation_attempts_total{result="allocated"}') == 2.0
-        assert follower.metric('dra_controller_allocation_attempts_total{result="allocated"}') == 0.0
-        assert follower.metric('dra_controller_reconciles_total{result="success"}') == 0.0
-
-        # SIGTERM: the leader releases the Lease and exits 0; the follower takes over.
-        leases = f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases"
-        before = rest.get(leases)["items"][0]["spec"]
-        assert leader.terminate() == 0
-        wait_for("the follower to take the lease", lambda: lease_holder() == follower.identity, 30)
-        after = rest.get(leases)["items"][0]["spec"]
-        assert after["leaseTransitions"] == before["leaseTransitions"] + 1
-        assert any(m.get("msg") == "lease released" for m in leader.log_messages())
-        wait_for("the follower to lead", lambda: follower.metric("dra_controller_leader") == 1.0, 30)
-        assert follower.terminate() == 0
+    # SIGTERM: the leader releases the Lease and exits 0; the follower takes over.
+    leases = f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases"
+    before = rest.get(leases)["items"][0]["spec"]
+    assert leader.terminate() == 0
+    wait_for("the follower to take the lease", lambda: lease_holder() == follower.identity, 30)
+    after = rest.get(leases)["items"][0]["spec"]
+    assert after["leaseTransitions"] == before["leaseTransitions"] + 1
+    assert any(m.get("msg") == "lease released" for m in leader.log_messages())
+    wait_for("the follower to lead", lambda: follower.metric("dra_controller_leader") == 1.0, 30)
+    assert follower.terminate() == 0

@@ -120,7 +120,7 @@ def test_publishes_four_gpus_owned_by_the_node_taints_a_fault_and_cleans_up_on_s
             by_name = wait_for("a taint on gpu-1", tainted, timeout=30)
             (taint,) = by_name["gpu-1"]["taints"]
             assert (taint["key"], taint["value"]) == (f"{DRIVER}/unhealthy", "xid-48")
-            assert taint["effect"] == "NoExecute"
+            assert taint["effect"] == "NoSchedule"  # the default --health-taint-effect
             assert "timeAdded" in taint  # set by the API server: it stored our taint as a taint
             assert all("taints" not in by_name[name] for name in ("gpu-0", "gpu-2", "gpu-3"))
 

@@ -148,7 +148,7 @@ def last_log(api: KubeApi, pod: Mapping[str, Any], status: Mapping[str, Any], li
 
 
 def describe_pods(api: KubeApi, namespace: str) -> str:
-    """Phase, readiness, container states (with the log of any that exited) and recent events."""
+    """Phase, readiness, container states, the end of each container's log, and recent events."""
     lines = []
     for pod in api.get(f"/api/v1/namespaces/{namespace}/pods")["items"]:
         statuses = pod.get("status", {}).get("containerStatuses") or []
@@ -157,8 +157,7 @@ def describe_pods(api: KubeApi, namespace: str) -> str:
             f"{pod['metadata']['name']}: {pod['status'].get('phase')} ready={is_ready(pod)} {states}"
         )
         for status in statuses:
-            if status.get("restartCount") or "terminated" in (status.get("state") or {}):
-                lines.append(f"--- log of {status['name']} (last run):\n{last_log(api, pod, status)}")
+            lines.append(f"--- log of {status['name']} (last run):\n{last_log(api, pod, status)}")
     for event in api.get(f"/api/v1/namespaces/{namespace}/events")["items"][-15:]:
         lines.append(f"event {event['involvedObject']['name']}: {event.get('reason')} {event.get('message')}")
     return "\n".join(lines)
@@ -214,17 +213,18 @@ class ChartRelease:
                     raise ContainerFailed(f"plugin pod {pod['metadata']['name']}: {failure}")
             return found if len(found) == count and all(map(is_ready, found)) else None
 
-        return self._wait(f"{count} Ready kubelet plugin pod(s) of release {self.name}", ready)
+        return self.wait(f"{count} Ready kubelet plugin pod(s) of release {self.name}", ready)
 
     def wait_controller_ready(self) -> dict[str, Any]:
         selector = f"app.kubernetes.io/instance={self.name},{CONTROLLER_LABELS}"
-        return self._wait(
+        return self.wait(
             f"the controller pod of release {self.name} Ready",
             lambda: next((p for p in pods(self.api, self.namespace, selector) if is_ready(p)), None),
         )
 
-    def _wait(self, what: str, probe: Callable[[], T | None]) -> T:
-        """wait_for, but a ContainerFailed from the probe ends the wait at once."""
+    def wait(self, what: str, probe: Callable[[], T | None]) -> T:
+        """wait_for, reporting the release's pods and logs on timeout; a ContainerFailed from the
+        probe ends the wait at once."""
         failed: list[ContainerFailed] = []
 
         def checked() -> T | bool | None:

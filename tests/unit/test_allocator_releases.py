@@ -71,24 +71,22 @@ def test_1_35_compares_with_the_latest_device_of_each_request_only() -> None:
     assert results_of(outcome.allocations[0]) == [("a", "gpu-0"), ("a", "gpu-1"), ("a", "gpu-2")]
 
 
-def test_1_35_still_rejects_the_same_value_right_after() -> None:
-    # gpu-1 repeats gpu-0's value while gpu-0 is the request's latest: skipped for gpu-2.
+@pytest.mark.parametrize(
+    ("release", "second"),
+    [
+        # gpu-1 repeats gpu-0's value while gpu-0 is the request's latest: skipped for gpu-2.
+        pytest.param(35, "gpu-2", id="1.35-still-rejects-the-same-value-right-after"),
+        # 1.34 compared attribute pointers: equal numbers on different devices do not conflict.
+        pytest.param(34, "gpu-1", id="1.34-never-finds-two-different-devices-equal"),
+    ],
+)
+def test_a_value_repeated_right_after_the_latest_device(release: int, second: str) -> None:
     one_request = claim("c", [exactly("a", count=2)], constraints=[DISTINCT_NUMA])
-    outcome = allocate([one_request], on_node(numa_gpus(0, 0, 1)), Features.for_release(35))
-    assert results_of(outcome.allocations[0]) == [("a", "gpu-0"), ("a", "gpu-2")]
+    outcome = allocate([one_request], on_node(numa_gpus(0, 0, 1)), Features.for_release(release))
+    assert results_of(outcome.allocations[0]) == [("a", "gpu-0"), ("a", second)]
     across = claim("c", [exactly("a"), exactly("b")], constraints=[DISTINCT_NUMA])
-    outcome = allocate([across], on_node(numa_gpus(0, 0, 1)), Features.for_release(35))
-    assert results_of(outcome.allocations[0]) == [("a", "gpu-0"), ("b", "gpu-2")]
-
-
-def test_1_34_never_finds_two_different_devices_equal() -> None:
-    # 1.34 compared attribute pointers: equal numbers on different devices do not conflict.
-    one_request = claim("c", [exactly("a", count=2)], constraints=[DISTINCT_NUMA])
-    outcome = allocate([one_request], on_node(numa_gpus(0, 0, 1)), Features.for_release(34))
-    assert results_of(outcome.allocations[0]) == [("a", "gpu-0"), ("a", "gpu-1")]
-    across = claim("c", [exactly("a"), exactly("b")], constraints=[DISTINCT_NUMA])
-    outcome = allocate([across], on_node(numa_gpus(0, 0, 1)), Features.for_release(34))
-    assert results_of(outcome.allocations[0]) == [("a", "gpu-0"), ("b", "gpu-1")]
+    outcome = allocate([across], on_node(numa_gpus(0, 0, 1)), Features.for_release(release))
+    assert results_of(outcome.allocations[0]) == [("a", "gpu-0"), ("b", second)]
 
 
 def test_1_34_still_needs_the_attribute() -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import logging
 import os
 import shutil
 import signal
@@ -29,6 +28,9 @@ from tests.kubelet_client import FakeKubelet, StaticDriver
 REPO_ROOT = Path(__file__).resolve().parents[2]
 WAIT = 10.0
 
+# `run` configures the root logger (tests/unit/conftest.py puts it back after each test).
+pytestmark = pytest.mark.usefixtures("restore_root_logger")
+
 
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -36,16 +38,6 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for option in config.RUN_OPTIONS:
         monkeypatch.delenv(option.env, raising=False)
     monkeypatch.delenv(cli.DRIVER_FACTORY_ENV, raising=False)
-
-
-@pytest.fixture(autouse=True)
-def restore_logging() -> Iterator[None]:
-    """`run` configures the root logger; later tests must not inherit a handler on a closed capture."""
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
 
 
 @pytest.fixture

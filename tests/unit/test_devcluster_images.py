@@ -31,7 +31,7 @@ def test_workload_image_is_a_valid_oci_layout_named_by_its_content(tmp_path: Pat
             assert hashlib.sha256(data).hexdigest() == name.rsplit("/", 1)[1]
     manifest = json.loads(files[f"blobs/sha256/{entry['digest'].removeprefix('sha256:')}"])
     config = json.loads(files[f"blobs/sha256/{manifest['config']['digest'].removeprefix('sha256:')}"])
-    assert config["config"]["Entrypoint"] == [images.REPORT_PATH]
+    assert (config["config"]["Entrypoint"], config["config"]["Cmd"]) == ([], [images.REPORT_PATH])
     (layer,) = manifest["layers"]
     assert config["rootfs"]["diff_ids"] == [layer["digest"]]  # an uncompressed layer
     layer_bytes = files[f"blobs/sha256/{layer['digest'].removeprefix('sha256:')}"]

@@ -6,6 +6,7 @@ Size: one file because every test shares the same real gRPC server fixture.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import shutil
 import socket
@@ -24,6 +25,7 @@ from draplugin.kubelet.interface import (
     ClaimError,
     ClaimRef,
     DeviceHealth,
+    HealthSource,
     HealthStatus,
     PreparedDevice,
 )
@@ -133,6 +135,19 @@ async def plugin(kubelet_root: Path, server: KubeletPluginServer) -> AsyncIterat
         async with asyncio.timeout(WAIT):
             registered = await kubelet.register_plugin()
         yield registered
+
+
+@contextlib.asynccontextmanager
+async def registered_with_health(
+    kubelet_root: Path, driver: FakeDriver, health: HealthSource
+) -> AsyncIterator[RegisteredPlugin]:
+    """A server with this health source, registered with a fake kubelet; all within WAIT."""
+    async with (
+        KubeletPluginServer(driver, options(kubelet_root), health_source=health),
+        FakeKubelet(kubelet_root / "plugins_registry") as kubelet,
+        asyncio.timeout(WAIT),
+    ):
+        yield await kubelet.register_plugin()
 
 
 async def liveness(path: Path) -> int:
@@ -468,12 +483,7 @@ async def test_failing_health_source_ends_the_stream_with_its_reason(
             raise RuntimeError("NVML event set lost")
             yield []  # an async generator that fails on first use
 
-    async with (
-        KubeletPluginServer(driver, options(kubelet_root), health_source=BrokenHealth()),
-        FakeKubelet(kubelet_root / "plugins_registry") as kubelet,
-        asyncio.timeout(WAIT),
-    ):
-        plugin = await kubelet.register_plugin()
+    async with registered_with_health(kubelet_root, driver, BrokenHealth()) as plugin:
         stream = plugin.watch_health()
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await stream.read()
@@ -497,12 +507,7 @@ async def test_kubelet_leaving_the_health_stream_closes_the_source(
             finally:
                 closed.set()
 
-    async with (
-        KubeletPluginServer(driver, options(kubelet_root), health_source=WatchedHealth()),
-        FakeKubelet(kubelet_root / "plugins_registry") as kubelet,
-        asyncio.timeout(WAIT),
-    ):
-        plugin = await kubelet.register_plugin()
+    async with registered_with_health(kubelet_root, driver, WatchedHealth()) as plugin:
         stream = plugin.watch_health()
         assert await stream.read() != grpc.aio.EOF
         stream.cancel()

@@ -5,20 +5,10 @@ from __future__ import annotations
 import io
 import json
 import logging
-from collections.abc import Iterator
 
 import pytest
 
 from dracommon.logs import setup_logging
-
-
-@pytest.fixture
-def restore_root_logger() -> Iterator[None]:
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
 
 
 def emit(log_format: str) -> str:

@@ -210,7 +210,7 @@ async def test_waits_for_the_node_to_exist_while_already_serving_the_kubelet(roo
 async def test_an_injected_fault_taints_that_device_and_reaches_the_health_stream(
     root: Path, api: FakeSliceApi
 ) -> None:
-    settings = settings_for(root)
+    settings = settings_for(root, health_taint_effect="NoExecute")
     assert settings.fault_file == root / "state" / "fake-faults.yaml"
     node = daemon(settings, api)
     await node.start()

@@ -8,52 +8,23 @@ from pathlib import Path
 import pytest
 import yaml
 
+from controller.allocation.builders import device, resource_slice
 from controller.cli import main
 
-SLICE_1 = {
-    "apiVersion": "resource.k8s.io/v1",
-    "kind": "ResourceSlice",
-    "metadata": {"name": "node1-gpu"},
-    "spec": {
-        "driver": "gpu.example.com",
-        "pool": {"name": "node1", "generation": 1, "resourceSliceCount": 1},
-        "nodeName": "node1",
-        "devices": [
-            {
-                "name": "gpu-0",
-                "attributes": {"model": {"string": "H100"}},
-                "capacity": {"memory": {"value": "80Gi"}},
-            },
-            {
-                "name": "gpu-1",
-                "attributes": {"model": {"string": "A100"}},
-                "capacity": {"memory": {"value": "40Gi"}},
-            },
-        ],
-    },
-}
-SLICE_2 = {
-    "apiVersion": "resource.k8s.io/v1",
-    "kind": "ResourceSlice",
-    "metadata": {"name": "node2-gpu"},
-    "spec": {
-        "driver": "gpu.example.com",
-        "pool": {"name": "node2", "generation": 1, "resourceSliceCount": 1},
-        "nodeName": "node2",
-        "devices": [{"name": "gpu-0", "attributes": {"index": {"int": 0}}}],
-    },
-}
-OTHER_DRIVER = {
-    "apiVersion": "resource.k8s.io/v1",
-    "kind": "ResourceSlice",
-    "metadata": {"name": "nic"},
-    "spec": {
-        "driver": "nic.example.com",
-        "pool": {"name": "node1-nic", "generation": 1, "resourceSliceCount": 1},
-        "nodeName": "node1",
-        "devices": [{"name": "eth0", "attributes": {"model": {"string": "H100"}}}],
-    },
-}
+GPU = "gpu.example.com"
+SLICE_1 = resource_slice(
+    "node1-gpu",
+    [
+        device("gpu-0", {"model": "H100"}, {"memory": "80Gi"}),
+        device("gpu-1", {"model": "A100"}, {"memory": "40Gi"}),
+    ],
+    node="node1",
+    driver=GPU,
+)
+SLICE_2 = resource_slice("node2-gpu", [device("gpu-0", {"index": 0})], node="node2", driver=GPU)
+OTHER_DRIVER = resource_slice(
+    "nic", [device("eth0", {"model": "H100"})], node="node1", pool="node1-nic", driver="nic.example.com"
+)
 MODEL = 'device.attributes["gpu.example.com"].model == "H100"'
 
 
@@ -141,3 +112,7 @@ def test_unreadable_input_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[s
     wrong.write_text("kind: Pod\nspec: {}\n")
     assert main(["cel", "true", "-f", str(wrong)]) == 2
     assert "expected kind ResourceSlice" in capsys.readouterr().err
+    not_objects = tmp_path / "scalars.yaml"
+    not_objects.write_text("kind: List\nitems: [3]\n")
+    assert main(["cel", "true", "-f", str(not_objects)]) == 2
+    assert "expected a Kubernetes object, got int" in capsys.readouterr().err

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from controller.allocation.builders import device, device_class, resource_slice
 from controller.cel import ENGINES, CompileError, compile_selector
 from controller.cel.versions import VERSION_ENV, environment_version, library_available
 from controller.cli import main
@@ -117,24 +118,9 @@ def test_version_endpoint_answers() -> None:
 
 # ----- the command line ------------------------------------------------------------------------
 
-SLICE = {
-    "apiVersion": "resource.k8s.io/v1",
-    "kind": "ResourceSlice",
-    "metadata": {"name": "node1-gpu"},
-    "spec": {
-        "driver": "gpu.example.com",
-        "pool": {"name": "node1", "generation": 1, "resourceSliceCount": 1},
-        "nodeName": "node1",
-        "devices": [{"name": "gpu-0", "attributes": {"numa": {"int": 1}}}],
-    },
-}
+SLICE = resource_slice("node1-gpu", [device("gpu-0", {"numa": 1})], node="node1", driver="gpu.example.com")
 SORTING = '[2, 1].sort()[0] == 1 && device.attributes["gpu.example.com"].numa == 1'
-CLASS = {
-    "apiVersion": "resource.k8s.io/v1",
-    "kind": "DeviceClass",
-    "metadata": {"name": "sorted"},
-    "spec": {"selectors": [{"cel": {"expression": SORTING}}]},
-}
+CLASS = device_class("sorted", [SORTING])
 
 
 def test_cel_command_follows_the_chosen_release(
