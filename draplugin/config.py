@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
@@ -188,7 +188,7 @@ class Settings:
     driver_root_mount: Path | None = None
     # 0: no periodic re-discovery (NVML events still trigger one).
     rediscover_interval_s: float = 60.0
-    health_policy: HealthPolicy = HealthPolicy()
+    health_policy: HealthPolicy = field(default_factory=HealthPolicy)
 
     def backend_options(self) -> dict[str, object]:
         """Keyword options for `draplugin.devices.load_backend(self.backend, ...)`."""
@@ -375,7 +375,9 @@ def health_policy_setting(values: Mapping[str, str | None]) -> HealthPolicy:
             f"{_name_of('health_application_xids')} and {_name_of('health_fatal_xids')} both list "
             f"XID {', '.join(map(str, both))}: an XID is either the application's or fatal"
         )
-    effect = _choice("health_taint_effect", values.get("health_taint_effect") or DEFAULT_TAINT_EFFECT, TAINT_EFFECTS)
+    effect = _choice(
+        "health_taint_effect", values.get("health_taint_effect") or DEFAULT_TAINT_EFFECT, TAINT_EFFECTS
+    )
     try:
         recovery = Recovery.parse(values.get("health_recovery") or "on-reset")
     except ValueError as err:

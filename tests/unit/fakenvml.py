@@ -58,6 +58,8 @@ class FakeGpu:
     profiles: list[FakeProfile] = field(default_factory=list)
     migs: list[FakeMig | None] = field(default_factory=list)  # None = hole at that MIG index
     supported_events: int = pynvml.nvmlEventTypeXidCriticalError | pynvml.nvmlEventTypeDoubleBitEccError
+    # An NVML error code every per-device read of this GPU answers (GPU_IS_LOST: it fell off the bus).
+    error: int | None = None
 
 
 @dataclass
@@ -99,6 +101,10 @@ class FakeNvml:
         if code is not None:
             raise pynvml.NVMLError(code)
 
+    def _gpu_error(self, handle: FakeGpu | FakeMig) -> None:
+        if isinstance(handle, FakeGpu) and handle.error is not None:
+            raise pynvml.NVMLError(handle.error)
+
     # --- system ---
     def nvmlInit(self) -> None:
         if self.init_error is not None:
@@ -129,6 +135,7 @@ class FakeNvml:
 
     def nvmlDeviceGetUUID(self, handle: FakeGpu | FakeMig) -> str:
         self._check("nvmlDeviceGetUUID")
+        self._gpu_error(handle)
         return handle.uuid
 
     def nvmlDeviceGetName(self, gpu: FakeGpu) -> str:
@@ -145,6 +152,7 @@ class FakeNvml:
 
     def nvmlDeviceGetMinorNumber(self, gpu: FakeGpu) -> int:
         self._check("nvmlDeviceGetMinorNumber")
+        self._gpu_error(gpu)
         return gpu.minor
 
     def nvmlDeviceGetMemoryInfo(self, gpu: FakeGpu) -> Any:

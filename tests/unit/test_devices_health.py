@@ -41,7 +41,7 @@ def test_recovery_and_xid_settings_parse_or_say_what_is_wrong() -> None:
     assert Recovery.parse("after:10m") == Recovery("after", 600.0)
     assert str(Recovery.parse("after:90")) == "after:90s"
     for bad in ("sometimes", "after:", "after:-5s", "after:0", "after:10 minutes"):
-        with pytest.raises(ValueError, match="never, on-reset|after:<duration>"):
+        with pytest.raises(ValueError, match=r"never, on-reset|after:<duration>"):
             Recovery.parse(bad)
     assert parse_xids("13, 31,,43") == {13, 31, 43} and parse_xids("") == frozenset()
     with pytest.raises(ValueError, match="'x13' is not an XID"):

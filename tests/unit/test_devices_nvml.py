@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pynvml
 import pytest
 
-from draplugin.devices.health import HealthTracker
+from draplugin.devices.health import HealthPolicy, HealthTracker, Recovery
 from draplugin.devices.model import Version, validate_devices
 from draplugin.devices.nvml import (
     NvmlBackend,
@@ -166,7 +167,7 @@ def test_events_taint_the_right_devices() -> None:
         "NoSchedule",
         "xid-92",
     )
-    assert (faults["gpu-1"].effect, faults["gpu-1"].reason) == ("NoExecute", "ecc-double-bit")
+    assert (faults["gpu-1"].effect, faults["gpu-1"].reason) == ("NoSchedule", "ecc-double-bit")
     assert nvml.registered == {h100.uuid: h100.supported_events, other.uuid: other.supported_events}
 
 
@@ -174,7 +175,7 @@ def test_fatal_xid_on_whole_gpu_taints_all_its_mig_devices_no_execute() -> None:
     h100 = h100_with_mig()
     nvml = FakeNvml([h100])
     b = backend(nvml)
-    tracker = HealthTracker(DRIVER)
+    tracker = HealthTracker(DRIVER, HealthPolicy(fatal_effect="NoExecute"))
     nvml.events = [FakeEvent(h100, pynvml.nvmlEventTypeXidCriticalError, 79)]
     import threading
 
@@ -185,3 +186,115 @@ def test_fatal_xid_on_whole_gpu_taints_all_its_mig_devices_no_execute() -> None:
         "gpu-0-mig-3g40gb-0": "NoExecute",
         "gpu-0-mig-1g10gb-6": "NoExecute",
     }
+
+
+def test_fallen_off_the_bus_wakes_rediscovery() -> None:
+    h100 = h100_with_mig()
+    nvml = FakeNvml([h100])
+    tracker = HealthTracker(DRIVER)
+    woken: list[int] = []
+    nvml.events = [FakeEvent(h100, pynvml.nvmlEventTypeXidCriticalError, 79)]
+    stop = threading.Event()
+    nvml.on_wait_empty = stop.set
+    backend(nvml).monitor_health(tracker, stop, wait_ms=1, rediscover=lambda: woken.append(1))
+    assert woken == [1] and {f.effect for f in tracker.faults().values()} == {"NoSchedule"}
+
+
+def test_a_lost_gpu_stays_published_tainted_and_recovers_when_it_answers_again() -> None:
+    h100, other = h100_with_mig(), a10g()
+    nvml = FakeNvml([h100, other])
+    b = backend(nvml)
+    tracker = HealthTracker(DRIVER)
+    b.attach_health(tracker)
+    before = b.discover()
+
+    other.error = pynvml.NVML_ERROR_GPU_IS_LOST
+    assert b.refresh() is False  # kept as last read: the slices do not lose it
+    assert b.discover() == before
+    assert {n: (f.reason, f.effect) for n, f in tracker.faults().items()} == {
+        "gpu-1": ("gpu-lost", "NoSchedule")
+    }
+
+    other.error = None
+    assert b.refresh() is False
+    assert tracker.faults() == {}  # on-reset (default): it answers again, the taint goes
+
+
+def test_unknown_error_on_a_present_gpu_counts_as_lost_and_never_recovery_keeps_the_taint() -> None:
+    other = a10g()
+    nvml = FakeNvml([other])
+    b = backend(nvml)
+    tracker = HealthTracker(DRIVER, HealthPolicy(recovery=Recovery("never")))
+    b.attach_health(tracker)
+    other.error = pynvml.NVML_ERROR_UNKNOWN
+    b.refresh()
+    assert set(tracker.faults()) == {"gpu-0"}
+    other.error = None
+    b.refresh()
+    assert set(tracker.faults()) == {"gpu-0"}
+
+
+def test_a_gpu_nvml_no_longer_counts_leaves_and_a_mig_change_is_rediscovered() -> None:
+    h100, other = h100_with_mig(), a10g()
+    nvml = FakeNvml([h100, other])
+    b = backend(nvml)
+    assert [d.name for d in b.discover()] == ["gpu-0-mig-3g40gb-0", "gpu-0-mig-1g10gb-6", "gpu-1"]
+    nvml.gpus.remove(other)
+    assert b.refresh() is True
+    assert [d.name for d in b.discover()] == ["gpu-0-mig-3g40gb-0", "gpu-0-mig-1g10gb-6"]
+
+    # A MIG layout change: NVML says so with an event, the monitor wakes re-discovery.
+    tracker = HealthTracker(DRIVER)
+    woken: list[int] = []
+    h100.migs = [h100.migs[0]]  # the 1g.10gb MIG device was destroyed
+    nvml.events = [FakeEvent(h100, pynvml.nvmlEventMigConfigChange, 0)]
+    stop = threading.Event()
+    nvml.on_wait_empty = stop.set
+    h100.supported_events |= pynvml.nvmlEventMigConfigChange
+    b.monitor_health(tracker, stop, wait_ms=1, rediscover=lambda: woken.append(1))
+    assert woken == [1] and nvml.registered[h100.uuid] & pynvml.nvmlEventMigConfigChange
+    assert b.refresh() is True
+    assert [d.name for d in b.discover()] == ["gpu-0-mig-3g40gb-0"]
+
+
+def test_unavailable_gpu_event_taints_and_recovery_action_none_clears() -> None:
+    other = a10g()
+    nvml = FakeNvml([other])
+    b = backend(nvml)
+    tracker = HealthTracker(DRIVER)
+    woken: list[int] = []
+    nvml.events = [FakeEvent(other, pynvml.nvmlEventTypeGpuUnavailableError, 0)]
+    stop = threading.Event()
+    nvml.on_wait_empty = stop.set
+    b.monitor_health(tracker, stop, wait_ms=1, rediscover=lambda: woken.append(1))
+    assert woken == [1] and tracker.faults()["gpu-0"].reason == "gpu-lost"
+
+    reset_needed = pynvml.NVML_GPU_RECOVERY_ACTION_GPU_RESET
+    nvml.events = [
+        FakeEvent(other, pynvml.nvmlEventTypeGpuRecoveryAction, reset_needed),  # not yet
+        FakeEvent(other, pynvml.nvmlEventTypeGpuRecoveryAction, pynvml.NVML_GPU_RECOVERY_ACTION_NONE),
+    ]
+    stop.clear()
+    b.monitor_health(tracker, stop, wait_ms=1)
+    assert tracker.faults() == {}
+
+
+def test_gpus_found_by_rediscovery_get_their_events_registered() -> None:
+    h100 = h100_with_mig()
+    nvml = FakeNvml([h100])
+    b = backend(nvml)
+    late = a10g()
+    calls: list[int] = []
+    stop = threading.Event()
+
+    def on_empty() -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            nvml.gpus.append(late)  # a GPU that was reset comes back on the bus
+            b.refresh()
+        else:
+            stop.set()
+
+    nvml.on_wait_empty = on_empty
+    b.monitor_health(HealthTracker(DRIVER), stop, wait_ms=1)
+    assert set(nvml.registered) == {h100.uuid, late.uuid}

@@ -132,3 +132,46 @@ def test_run_exits_1_naming_the_backend_problem(capsys: pytest.CaptureFixture[st
     err = capsys.readouterr().err
     assert 'msg="cannot build the node daemon"' in err
     assert "unknown model 'no-such-gpu'" in err
+
+
+def test_rediscovery_and_health_settings_defaults_flags_and_environment() -> None:
+    default = config.load({"node_name": "n"}, environ={})
+    assert default.rediscover_interval_s == 60.0
+    policy = default.health_policy
+    assert policy.application_xids == {13, 31, 43, 45, 68, 109} and 79 in policy.fatal_xids
+    assert policy.fatal_effect == "NoSchedule" and str(policy.recovery) == "on-reset"
+
+    flags = parse(
+        "--node-name=n",
+        "--rediscover-interval=5m",
+        "--health-application-xids=13",
+        "--health-fatal-xids=79,48",
+        "--health-taint-effect=NoExecute",
+        "--health-recovery=after:10m",
+    )
+    chosen = config.load(flags, environ={})
+    assert chosen.rediscover_interval_s == 300.0
+    assert chosen.health_policy.application_xids == {13} and chosen.health_policy.fatal_xids == {48, 79}
+    assert chosen.health_policy.fatal_effect == "NoExecute"
+    assert chosen.health_policy.recovery.quiet_s == 600.0
+    environ = {"REDISCOVER_INTERVAL": "0", "HEALTH_RECOVERY": "never", "HEALTH_APPLICATION_XIDS": ""}
+    from_env = config.load({"node_name": "n"}, environ)
+    assert from_env.rediscover_interval_s == 0 and str(from_env.health_policy.recovery) == "never"
+    assert from_env.health_policy.application_xids == {13, 31, 43, 45, 68, 109}  # empty variable: unset
+
+
+@pytest.mark.parametrize(
+    ("flag", "message"),
+    [
+        ("--rediscover-interval=soon", r"--rediscover-interval \(REDISCOVER_INTERVAL\): 'soon'"),
+        ("--rediscover-interval=-5", "REDISCOVER_INTERVAL"),
+        ("--health-fatal-xids=79,x", r"HEALTH_FATAL_XIDS\): 'x' is not an XID"),
+        ("--health-application-xids=13,79", "both list XID 79"),
+        ("--health-taint-effect=None", "HEALTH_TAINT_EFFECT"),
+        ("--health-recovery=sometimes", "HEALTH_RECOVERY"),
+        ("--health-recovery=after:0s", r"HEALTH_RECOVERY\): after:<duration>"),
+    ],
+)
+def test_bad_rediscovery_and_health_settings_name_the_flag(flag: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        config.load(parse("--node-name=n", flag), environ={})
