@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -21,6 +21,7 @@ def running_plugin(
     state_dir: Path,
     *,
     delete_slices_on_shutdown: bool,
+    extra_env: Mapping[str, str] | None = None,
 ) -> Iterator[PluginProcess]:
     """`draplugin run` for the kubelet node, registered and with its slices published.
 
@@ -35,6 +36,7 @@ def running_plugin(
         state_dir=state_dir,
         fake_config=FAKE_GPUS,
         delete_slices_on_shutdown=delete_slices_on_shutdown,
+        extra_env=dict(extra_env or {}),
     )
     try:
         process.start()

@@ -1,0 +1,130 @@
+"""A CUDA workload's view: the driver's user-space files inside a real container.
+
+CUDA images do not ship the driver's libraries; the node's driver provides
+them and our CDI spec mounts them. Here the plugin runs with `--driver-root`
+pointing at a directory laid out like a Debian/Ubuntu driver install (real
+ELF files with real SONAMEs, `nvidia-smi` as a small script), and containerd
+applies the spec. From inside the container we check that `libcuda.so.1`,
+`libnvidia-ml.so.1` and the versioned names resolve on the default library
+path, are the driver's files and are read-only, that `nvidia-smi` runs, and
+that `NVIDIA_VISIBLE_DEVICES=void` keeps the legacy NVIDIA hook from adding
+GPUs the claim does not hold. A real GPU is not involved: `make gpu-check`
+is the check for that.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from devcluster import pods
+from devcluster.controlplane import ControlPlane
+from devcluster.demo import PluginProcess
+from devcluster.images import workload_image
+from devcluster.kubelet import KubeletNode
+from dracommon.kubeapi import KubeApi
+from tests.driverroot_layout import debian_layout
+from tests.e2e import inside
+from tests.e2e.cleanup import release_namespace
+from tests.e2e.plugin import running_plugin
+
+pytestmark = pytest.mark.kubelet
+
+RESOURCE = "/apis/resource.k8s.io/v1"
+LIB_DIR = "/usr/lib/x86_64-linux-gnu"
+POD_TIMEOUT = 120.0
+
+
+@pytest.fixture(scope="module")
+def driver_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return debian_layout().build(tmp_path_factory.mktemp("driver-root"))
+
+
+@pytest.fixture(scope="module")
+def plugin(
+    kube_cluster: ControlPlane,
+    kubelet_node: KubeletNode,
+    api: KubeApi,
+    driver_root: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[PluginProcess]:
+    with running_plugin(
+        kube_cluster,
+        kubelet_node,
+        api,
+        tmp_path_factory.mktemp("cuda-plugin"),
+        delete_slices_on_shutdown=True,
+        extra_env={"DRIVER_ROOT": str(driver_root)},
+    ) as process:
+        yield process
+
+
+def test_container_finds_libcuda_nvidia_smi_and_void_visible_devices(
+    api: KubeApi,
+    plugin: PluginProcess,
+    kubelet_node: KubeletNode,
+    test_namespace: str,
+    gpu_device_class: str,
+    driver_root: Path,
+) -> None:
+    ns = test_namespace
+    version = debian_layout().version
+    api.create(f"{RESOURCE}/namespaces/{ns}/resourceclaims", {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "gpu"},
+        "spec": {"devices": {"requests": [
+            {"name": "gpu", "exactly": {"deviceClassName": gpu_device_class}},
+        ]}},
+    })  # fmt: skip
+    api.create(f"/api/v1/namespaces/{ns}/pods", {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "cuda"},
+        "spec": {
+            "restartPolicy": "Never",
+            "resourceClaims": [{"name": "gpu", "resourceClaimName": "gpu"}],
+            "containers": [{
+                "name": "app",
+                "image": workload_image().name,
+                "imagePullPolicy": "Never",
+                "command": ["sh", "-c", "env; sleep 3600"],
+                "resources": {"claims": [{"name": "gpu"}]},
+            }],
+        },
+    })  # fmt: skip
+    try:
+        pods.wait_running(api, ns, "cuda", POD_TIMEOUT, kubelet_node.cdi_root)
+
+        env = inside.log_env(pods.container_log(api, ns, "cuda", "app"))
+        assert env.get("NVIDIA_VISIBLE_DEVICES") == "void", env
+
+        # Each name resolves to the driver's own file: an ELF object, byte for byte the host's.
+        host_cuda = (driver_root / "usr/lib/x86_64-linux-gnu" / f"libcuda.so.{version}").read_bytes()
+        for name in (
+            "libcuda.so.1",
+            f"libcuda.so.{version}",
+            "libnvidia-ml.so.1",
+            f"libnvidia-ml.so.{version}",
+        ):
+            code, out, err = pods.exec_in(api, ns, "cuda", "app", ["head", "-c", "4", f"{LIB_DIR}/{name}"])
+            assert code == 0, f"{LIB_DIR}/{name} in the container: {err}"
+            assert out == "\x7fELF", f"{LIB_DIR}/{name} is not an ELF file: {out!r}"
+        code, out, _ = pods.exec_in(api, ns, "cuda", "app", ["md5sum", f"{LIB_DIR}/libcuda.so.1"])
+        assert code == 0 and out.split()[0] == hashlib.md5(host_cuda).hexdigest(), out
+
+        # Read-only: a workload cannot replace the node's driver.
+        code, _, err = pods.exec_in(api, ns, "cuda", "app", ["sh", "-c", f"echo x > {LIB_DIR}/libcuda.so.1"])
+        assert code != 0, "libcuda.so.1 is writable from the container"
+        assert "Read-only" in err or "read-only" in err, err
+
+        code, out, err = pods.exec_in(api, ns, "cuda", "app", ["nvidia-smi"])
+        assert code == 0 and out.strip() == "nvidia-smi", (code, out, err)
+
+        mounts = inside.mounts_in(api, ns, "cuda", "app")
+        assert f"/lib/firmware/nvidia/{version}" in mounts, sorted(mounts)
+    finally:
+        release_namespace(api, plugin, ns, POD_TIMEOUT)
