@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 KUBE_BUILD := tests/cluster/build.sh
 
-.PHONY: venv kube lint unit test test-compat demo cluster bench proto clean-venv gpu-check
+.PHONY: venv kube kube-tools lint unit test test-compat demo cluster bench proto clean-venv gpu-check
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -15,12 +15,16 @@ $(VENV)/.installed: pyproject.toml
 
 venv: $(VENV)/.installed
 
-# Cached under ~/.cache/draplugin-kube/<version> (containerd and crictl under
-# runtime-<version>); a no-op when inputs are unchanged. runc, the CNI plugins
-# and busybox come from Debian (installed only when missing).
-kube:
-	tests/cluster/install_debs.sh
+# Cached under ~/.cache/draplugin-kube/<version>; a no-op when inputs are unchanged.
+kube: kube-tools
 	$(KUBE_BUILD) >/dev/null
+
+# What the tests need that does not depend on the Kubernetes release, built
+# once and shared by every release: containerd and crictl (runtime-<version>),
+# Helm (helm-<version>); runc, the CNI plugins and busybox come from Debian
+# (installed only when missing).
+kube-tools:
+	tests/cluster/install_debs.sh
 	tests/cluster/build_runtime.sh >/dev/null
 	tests/cluster/build_helm.sh >/dev/null
 
@@ -41,12 +45,14 @@ test: venv kube
 	$(MAKE) --no-print-directory lint
 	DRA_KUBE_BIN_DIR="$$($(KUBE_BUILD))" $(PY) -m pytest
 
-# The integration and end-to-end tests against the compatibility release,
-# the supported floor. A second cold Kubernetes build: not part of `make test`.
+# The integration and end-to-end tests against the supported floor, a second
+# Kubernetes build (~/.cache/draplugin-kube/<COMPAT_K8S_VERSION>) beside the
+# shared tools; .ci/run runs it after `make test`. COMPAT_MARKERS narrows it.
 COMPAT_K8S_VERSION ?= v1.34.4
-test-compat: venv
+COMPAT_MARKERS ?= cluster or kubelet
+test-compat: venv kube-tools
 	DRA_KUBE_BIN_DIR="$$(K8S_VERSION=$(COMPAT_K8S_VERSION) tests/cluster/build_compat.sh)" \
-	  $(PY) -m pytest tests/integration tests/e2e -m "cluster or kubelet"
+	  $(PY) -m pytest tests/integration tests/e2e -m "$(COMPAT_MARKERS)"
 
 # The main job on the embedded default: a local cluster with fake GPUs.
 demo: venv kube

@@ -47,7 +47,6 @@ from dracommon.quantity import parse_quantity
 from draplugin.cdi import driverfiles
 from draplugin.cdi.driverlayout import DriverRoot, DriverRootError, host_arch
 from draplugin.cdi.elf import read_elf
-from draplugin.cdi.preview import PREVIEW_CLAIM, preview_spec
 from draplugin.cdi.spec import Spec, claim_device_name
 from draplugin.devices.model import Device
 
@@ -192,6 +191,12 @@ REQUIRED_MOUNTS = ("libcuda.so.1", "libnvidia-ml.so.1")
 def render_specs(
     devices: Sequence[Device], files: driverfiles.DriverFiles | None
 ) -> tuple[list[Row], dict[str, Spec]]:
+    try:
+        # Imported here, not at the top: prepare's planning brings the opaque-config model
+        # (pydantic), and the discovery check must run on a machine that has only nvidia-ml-py.
+        from draplugin.cdi.preview import preview_spec
+    except ImportError as err:
+        return [Row("CDI spec", "all devices", f"cannot render: {err}", "a rendered spec", MISMATCH)], {}
     rows: list[Row] = []
     specs: dict[str, Spec] = {}
     by_name = {d.name: d for d in devices}
@@ -336,6 +341,8 @@ def listed_uuids(output: str) -> list[str]:
 
 
 def run_container(runc: str, spec: Spec, device: Device, nvidia_smi: Path) -> Row:
+    from draplugin.cdi.preview import PREVIEW_CLAIM  # loaded by render_specs already
+
     subject = device.name
     expected = [device.parent_uuid, device.uuid] if device.parent_uuid else [device.uuid]
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as work:

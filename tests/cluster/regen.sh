@@ -36,6 +36,7 @@ go get -tool "go.etcd.io/etcd/server/v3@${etcd_version}" \
   "k8s.io/kubernetes/cmd/kube-apiserver@${k8s_version}" \
   "k8s.io/kubernetes/cmd/kube-controller-manager@${k8s_version}" \
   "k8s.io/kubernetes/cmd/kube-scheduler@${k8s_version}" \
+  "k8s.io/kubernetes/cmd/kubectl@${k8s_version}" \
   "k8s.io/kubernetes/cmd/kubelet@${k8s_version}"
 
 # GODEBUG defaults come from the main module's go line: mirror upstream's so

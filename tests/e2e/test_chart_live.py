@@ -39,8 +39,10 @@ pytestmark = pytest.mark.kubelet
 
 DRIVER = "gpu.draplugin.dev"
 RESOURCE = "/apis/resource.k8s.io/v1"
-# The fake inventory of deploy/helm/values-fake-gpus.yaml: four whole GPUs.
-FAKE_GPUS = {"gpu-0", "gpu-1", "gpu-2", "gpu-3"}
+# What the node publishes for deploy/helm/values-fake-gpus.yaml: three whole
+# GPUs, and gpu-3 as its three MIG devices.
+WHOLE_GPUS = {"gpu-0", "gpu-1", "gpu-2"}
+PUBLISHED = WHOLE_GPUS | {"gpu-3-mig-1g10gb-0", "gpu-3-mig-1g10gb-1", "gpu-3-mig-2g20gb-2"}
 TIMEOUT_S = 120.0
 
 
@@ -161,12 +163,12 @@ def test_the_chart_runs_the_plugin_and_prepares_a_claim(
         assert sockets.dra.is_socket()
         # Its ResourceSlices: the fake inventory of values-fake-gpus.yaml.
         release.wait(
-            "the plugin pod's ResourceSlices", lambda: published_devices(api, kubelet_node.name) >= FAKE_GPUS
+            "the plugin pod's ResourceSlices", lambda: published_devices(api, kubelet_node.name) == PUBLISHED
         )
 
         create_gpu_pod(api, kubelet_node, release.namespace, "gpu-app")
         device = assert_container_got_its_gpu(api, kubelet_node, release.namespace, "gpu-app")
-        assert device in FAKE_GPUS
+        assert device in WHOLE_GPUS
         claim = claim_of(api, release.namespace, "gpu-app")
         assert cdi_specs(kubelet_node, claim["metadata"]["uid"]), "no CDI spec for the prepared claim"
         delete_pod_and_wait_unprepared(api, kubelet_node, release.namespace, "gpu-app")
@@ -181,7 +183,11 @@ def test_uninstall_removes_the_plugin_cleanly(
         wait_for("the plugin's slices", lambda: published_devices(api, kubelet_node.name) or None, TIMEOUT_S)
         release.uninstall()
 
-        assert not api.get(f"/api/v1/namespaces/{release.namespace}/pods")["items"]
+        # The pods go after their owners (garbage collection), each after its SIGTERM.
+        release.wait(
+            "the release's pods gone",
+            lambda: not api.get(f"/api/v1/namespaces/{release.namespace}/pods")["items"],
+        )
         for path in ("/apis/apps/v1/namespaces/{ns}/daemonsets", "/apis/apps/v1/namespaces/{ns}/deployments"):
             assert not api.get(path.format(ns=release.namespace))["items"], path
         selector = {"labelSelector": f"app.kubernetes.io/instance={release.name}"}

@@ -2,8 +2,8 @@
 schema checks, and every rendered object accepted by the real API server
 (server-side dry run).
 
-Helm is built from its Go module by tests/cluster/build_helm.sh into the same
-directory as the Kubernetes binaries; a missing binary fails the tests. The
+Helm is built from its Go module by tests/cluster/build_helm.sh into a
+directory shared by every Kubernetes release; a missing binary fails the tests. The
 chart running for real (our image, the plugin as its DaemonSet pod) is
 tests/e2e/test_chart_live.py.
 

@@ -37,7 +37,7 @@ import yaml
 from kubernetes import client as k8s
 
 from devcluster import images
-from devcluster.binaries import REPO_ROOT, bin_dir
+from devcluster.binaries import HELM_BUILD_COMMAND, REPO_ROOT, helm_path
 from devcluster.controlplane import ControlPlane, free_port
 from devcluster.kubelet import KubeletNode
 from devcluster.pods import ContainerFailed, runtime_failure
@@ -46,7 +46,6 @@ from dracommon.kubeapi import KubeApi
 
 CHART = REPO_ROOT / "deploy" / "helm" / "draplugin"
 FAKE_GPU_VALUES = REPO_ROOT / "deploy" / "helm" / "values-fake-gpus.yaml"
-HELM_BUILD_COMMAND = "tests/cluster/build_helm.sh"
 T = TypeVar("T")
 PLUGIN_LABELS = "app.kubernetes.io/component=kubelet-plugin"
 CONTROLLER_LABELS = "app.kubernetes.io/component=controller"
@@ -58,7 +57,7 @@ class HelmError(AssertionError):
 
 def helm_binary() -> Path:
     """The helm built by build_helm.sh; fails (never skips) when it is missing."""
-    path = bin_dir() / "helm"
+    path = helm_path()
     if not os.access(path, os.X_OK):
         pytest.fail(
             f"helm not found at {path}: build it with `{HELM_BUILD_COMMAND}` (part of `make kube`)",
@@ -114,8 +113,6 @@ def live_values(
             "hostNetwork": True,
             "healthcheckPort": free_port(),
             "extraEnv": api_env,
-            # Prepare and publish in debug detail: the pod log is the test's evidence.
-            "extraArgs": ["--log-level=debug"],
         },
         "controller": {"hostNetwork": True, "extraEnv": api_env},
         "metrics": {"port": 0},
