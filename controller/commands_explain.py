@@ -29,7 +29,9 @@ from controller.commands_common import (
     release_of,
     with_objects,
 )
+from controller import extendedclaim
 from controller.explain import Explanation, explain_claim
+from controller.extendedclaim import class_mappings, device_plugin_nodes, unmapped_extended_resources
 from controller.objects import ClusterObjects
 from controller.podclaims import PodClaim, PodClaims, candidate_nodes, no_node_reason, resolve_pods
 
@@ -51,12 +53,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 class _Explainer:
     """Explains claims against one loaded view of the cluster."""
 
-    def __init__(self, objects: ClusterObjects, allocator: Allocator, only: Node | None) -> None:
+    def __init__(
+        self, objects: ClusterObjects, allocator: Allocator, only: Node | None, *, extended_resources: bool = True
+    ) -> None:
         self.objects = objects
         self.allocator = allocator
         self.only = only
         self.known = cluster_nodes(objects, allocator)
-        self.pods = resolve_pods(objects.pods, objects.claims, objects.claim_templates)
+        self.extended_resources = extended_resources
+        classes = objects.device_classes if extended_resources else ()
+        self.pods = resolve_pods(objects.pods, objects.claims, objects.claim_templates, classes)
 
     def pod_nodes(self, pod: PodClaims) -> list[Node]:
         """--node, else the nodes the pod and its allocated claims allow."""
@@ -69,7 +75,21 @@ class _Explainer:
         """One claim of a pod as JSON and text."""
         ref = f"{pod.namespace}/{entry.claim_name}"
         extra: dict[str, Any] = {"pod": pod.ref, "generatedFrom": entry.template if entry.generated else None}
-        if entry.generated:
+        if entry.extended:
+            extra["extendedResources"] = [
+                {"container": m.container, "resource": m.resource, "count": m.count, "request": m.request,
+                 "deviceClass": m.device_class, "why": m.why}
+                for m in entry.extended
+            ]  # fmt: skip
+            made = "made here as kube-scheduler makes it" if entry.generated else "written by kube-scheduler"
+            header = f"ResourceClaim {ref}: the implicit claim for the extended resources of pod {pod.ref} ({made})"
+            header += "".join(
+                f"\n  {m.resource}: {m.count} for container {m.container} -> request {m.request} on DeviceClass "
+                f"{m.device_class}, mapped by {m.why}"
+                for m in entry.extended
+            )
+            header += self._device_plugin_note(entry)
+        elif entry.generated:
             header = (
                 f"ResourceClaim {ref}: generated here from ResourceClaimTemplate {entry.template} for pod "
                 f"{pod.ref} (in a cluster its name ends in a random suffix)"
@@ -87,6 +107,29 @@ class _Explainer:
             return data, f"{header}\n{summary}"
         explanation = explain_claim(self.allocator, entry.claim, nodes or None)
         return {**explanation.to_json(), **extra}, f"{header}\n{explanation.to_text()}"
+
+    def _device_plugin_note(self, entry: PodClaim) -> str:
+        """Nodes where a device plugin advertises the resource: the scheduler prefers it there."""
+        served = device_plugin_nodes(self.objects.nodes, sorted({m.resource for m in entry.extended}))
+        return "".join(
+            f"\n  node {node} advertises {', '.join(names)} in its allocatable (a device plugin): there the "
+            "scheduler serves the pod from the device plugin, not through this claim"
+            for node, names in sorted(served.items())
+        )
+
+    def unmapped_note(self, pod: PodClaims) -> str:
+        """Extended resources of the pod that no DeviceClass maps (only a device plugin can serve them)."""
+        if not self.extended_resources:
+            return ""
+        names = unmapped_extended_resources(pod.pod, class_mappings(self.objects.device_classes))
+        if not names:
+            return ""
+        return (
+            f"pod {pod.ref} also asks for {', '.join(names)}: no DeviceClass maps "
+            f"{'it' if len(names) == 1 else 'them'} (spec.extendedResourceName, or the implicit name "
+            "deviceclass.resource.kubernetes.io/<class>), so only a device plugin on a node can serve "
+            f"{'it' if len(names) == 1 else 'them'}"
+        )
 
     def find_pod(self, namespace: str, name: str) -> PodClaims | None:
         """The pod with its claims; a finished pod or one without claims has none."""
@@ -129,6 +172,9 @@ def _explain_pod(args: argparse.Namespace, explainer: _Explainer, name: str) -> 
         texts.append(text)
     if not pod.claims:
         texts.append(f"pod {pod.ref} has no resource claims to allocate (it names none, or it is finished)")
+    unmapped = explainer.unmapped_note(pod)
+    if unmapped:
+        texts.append(unmapped)
     emit(
         args, {"pod": pod.ref, "nodes": [n.name for n in nodes], "claims": claims}, lambda: "\n\n".join(texts)
     )
@@ -164,7 +210,9 @@ def _explain_claim(args: argparse.Namespace, explainer: _Explainer) -> int:
 def run(args: argparse.Namespace, objects: ClusterObjects) -> int:
     allocator = build_allocator(objects, release_of(args))
     only = find_node(objects, args.node) if args.node else None
-    explainer = _Explainer(objects, allocator, only)
+    explainer = _Explainer(
+        objects, allocator, only, extended_resources=extendedclaim.enabled_in(release_of(args)[1])
+    )
     if args.claim.startswith(POD_PREFIX):
         return _explain_pod(args, explainer, args.claim[len(POD_PREFIX) :])
     return _explain_claim(args, explainer)

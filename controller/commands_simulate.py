@@ -35,7 +35,9 @@ from controller.commands_common import (
     release_of,
     with_objects,
 )
+from controller import extendedclaim
 from controller.explain import explain_claim
+from controller.extendedclaim import Mapped
 from controller.objects import ClusterObjects
 from controller.podclaims import (
     PodClaim,
@@ -64,6 +66,8 @@ class ClaimResult:
     allocation: dict[str, Any] | None = None
     pod: str | None = None  # the pod whose scheduling allocated (or would allocate) the claim
     template: str | None = None  # set when the claim was generated here from this template
+    # Set for the scheduler's implicit claim: which extended resources map to which class.
+    extended: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -74,7 +78,19 @@ class ClaimResult:
             "nodeName": self.node_name,
             "reason": self.reason,
             "pod": self.pod,
+            **({"extendedResources": self.extended} if self.extended else {}),
         }
+
+
+def describe_extended(mapped: Sequence[Mapped]) -> str:
+    """`nvidia.com/gpu: 2 (container trainer, request container-0-request-1) -> DeviceClass X (why)`."""
+    parts = []
+    for m in mapped:
+        parts.append(
+            f"{m.resource}: {m.count} (container {m.container}, request {m.request}) -> DeviceClass "
+            f"{m.device_class} ({m.why})"
+        )
+    return "; ".join(parts)
 
 
 def pending_claims(claims: Sequence[JSON]) -> list[JSON]:
@@ -210,6 +226,7 @@ class Simulator:
                 pod=pod.name,
                 template=entry.template if entry.generated else None,
                 reason=entry.problem,
+                extended=describe_extended(entry.extended) if entry.extended else None,
             )
             for entry in [*missing, *(e for e, _ in pending)]
         }
@@ -269,10 +286,20 @@ class Simulator:
 
 
 def simulate(
-    objects: ClusterObjects, allocator: Allocator, nodes: Sequence[Node], only: Node | None = None
+    objects: ClusterObjects,
+    allocator: Allocator,
+    nodes: Sequence[Node],
+    only: Node | None = None,
+    *,
+    extended_resources: bool = True,
 ) -> list[ClaimResult]:
-    """Claims no pod uses and pre-allocated claims first, each alone; then every pod's claims."""
-    pods = resolve_pods(objects.pods, objects.claims, objects.claim_templates)
+    """Claims no pod uses and pre-allocated claims first, each alone; then every pod's claims.
+
+    With `extended_resources` (the DRAExtendedResource gate), a pod's extended resources that a
+    DeviceClass maps are one more claim of the pod, as kube-scheduler allocates them.
+    """
+    classes = objects.device_classes if extended_resources else ()
+    pods = resolve_pods(objects.pods, objects.claims, objects.claim_templates, classes)
     used_by_pods = {
         claim_ref(c.claim) for p in pods for c in p.claims if c.claim is not None and not c.generated
     }
@@ -290,6 +317,8 @@ def simulate(
 
 def _label(r: ClaimResult) -> str:
     name = f"{r.namespace}/{r.name}"
+    if r.extended is not None:
+        return f"{name} (the implicit claim for the extended resources of pod {r.pod}: {r.extended})"
     if r.template is not None:
         return f"{name} (generated from ResourceClaimTemplate {r.template} for pod {r.pod})"
     if r.pod is not None:
@@ -323,7 +352,8 @@ def run(args: argparse.Namespace, objects: ClusterObjects) -> int:
     allocator = build_allocator(objects, release_of(args))
     nodes = cluster_nodes(objects, allocator)
     only = find_node(objects, args.node) if args.node else None
-    results = simulate(objects, allocator, nodes, only)
+    release = release_of(args)
+    results = simulate(objects, allocator, nodes, only, extended_resources=extendedclaim.enabled_in(release[1]))
     emit(args, {"claims": [r.to_json() for r in results]}, lambda: to_text(results))
     return EXIT_OK if all(r.allocated for r in results) else EXIT_FAILURE
 

@@ -17,7 +17,7 @@ from controller.allocation.nodes import Node
 from controller.allocation.pools import DeviceID, pool_generation, pool_key
 from controller.allocation.requests import ALL, alternatives, blocking_taint, claim_ref, claim_requests
 from controller.allocation.search import RequestPlan, Search, pool_candidates
-from controller.allocation.selectors import SelectorError
+from controller.allocation.selectors import SelectorError, request_steps
 from controller.allocator import Allocator
 
 JSON = Mapping[str, Any]
@@ -210,19 +210,15 @@ def _device_verdict(
 ) -> str | None:
     """The first filter that removes the device, or None when it is usable."""
     device = candidate.device
-    driver = candidate.device_id.driver
+    steps = request_steps(plan.device_class, plan.request, claim_ref(search.claims[key[0]]))
     try:
-        for i, selector in enumerate((plan.device_class.get("spec") or {}).get("selectors") or []):
-            expression = str((selector.get("cel") or {}).get("expression", ""))
-            if not search.selectors.matches(expression, driver, device, f"class selector #{i}"):
-                return "class-selector"
-        for i, selector in enumerate(plan.request.selectors):
-            expression = str((selector.get("cel") or {}).get("expression", ""))
-            if not search.selectors.matches(expression, driver, device, f"request selector #{i}"):
-                return "request-selector"
+        failed = search.selectors.first_non_match(steps, candidate.device_id.driver, device)
     except SelectorError as err:
         report.cel_errors.append(err.message)
         return "cel-error"
+    if failed is not None:
+        class_steps = len((plan.device_class.get("spec") or {}).get("selectors") or [])
+        return "class-selector" if failed < class_steps else "request-selector"
     if not search.selectable(key, plan, candidate):
         return "node-selection"
     device_id: DeviceID = candidate.device_id

@@ -1,282 +1,253 @@
-"""Static and data-driven checks of CEL selectors in DeviceClasses and ResourceClaims.
+"""Checks of the CEL selectors in DeviceClasses, ResourceClaims and ResourceClaimTemplates,
+judged the way kube-scheduler evaluates them.
 
-Findings, per selector:
-* compile errors (with line and column) and estimated cost over the limit;
-* selectors that match none of the published devices;
-* attributes/capacities the expression reads that no published device has;
-* reads of attributes only some devices have, without a guard (`has(...)`,
-  `"x" in device.attributes["d"]`, or `.?x`): on the others such a read is a
-  runtime error, and a runtime error aborts allocation instead of skipping
-  the device.
+Selectors run through the allocator's own code (`request_steps` and
+`SelectorCache.first_non_match`): a request's DeviceClass selectors first, then its own,
+stopping at the first that does not match. So a selector is only judged on the devices the
+selectors before it let through: a request selector reading `profile` is never evaluated on
+a whole GPU that its MIG-only class already turned away, and is not faulted for it.
+
+Findings (errors fail `dra-controller lint`; warnings too with --strict):
+* compile-error (with line and column) and cost, for the chosen release's CEL environment;
+* runtime-error: evaluation fails on devices the selector is really evaluated on (the
+  scheduler treats that as an allocation error, not as a non-match);
+* unguarded-attribute (warning): the read behind such a failure, and how to guard it;
+* unknown-attribute (warning): an attribute or capacity no published device has;
+* no-match (warning): the class, or the class with the request's selectors, selects nothing;
+* unknown-class (error): the request names a DeviceClass that is not there;
+* untolerated-taint, all-mode-incomplete-pool, no-device-on-pod-nodes (warnings): where the
+  scheduler cannot place a request on the objects given (`controller.lint_placement`).
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from controller.allocation.pools import pool_generation, pool_key
-from controller.allocation.requests import alternatives, claim_ref, claim_requests
-from controller.allocation.selectors import Compiler, default_compiler
+from controller.allocation.requests import Request, alternatives, claim_ref, claim_requests
+from controller.allocation.selectors import SelectorCache, SelectorError, SelectorStep, request_steps
+from controller.allocator import Allocator
+from controller.cel.selector import MAX_COST
+from controller.commands_common import build_allocator
+from controller.lint_model import (
+    Finding,
+    PublishedDevice,
+    Report,
+    RequestOutcome,
+    published_devices,
+)
+from controller.lint_placement import placement_findings
+from controller.lint_reads import attribute_reads, device_has, is_guarded
+from controller.objects import ClusterObjects
+from controller.podclaims import claim_from_template
 
 JSON = Mapping[str, Any]
-MAX_COST = 1_000_000
 
-_STRING = r'"([^"\\]+)"|\'([^\'\\]+)\''
-_READ = re.compile(
-    r"device\.(attributes|capacity)\s*\[\s*(?:" + _STRING + r")\s*\]"
-    r"\s*(?:\.\??\s*([A-Za-z_][A-Za-z0-9_]*)|\[\s*(?:" + _STRING + r")\s*\])"
-)
+__all__ = ["Finding", "Report", "lint"]
 
-
-@dataclass(frozen=True)
-class Finding:
-    severity: str  # "error" | "warning"
-    code: str  # compile-error, cost, no-match, unknown-attribute, unguarded-attribute, runtime-error
-    object: str  # "DeviceClass/gpu" or "ResourceClaim/ns/name"
-    where: str  # "selector #0" or "request gpu, selector #1"
-    message: str
-    line: int | None = None
-    column: int | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        result: dict[str, Any] = {
-            "severity": self.severity,
-            "code": self.code,
-            "object": self.object,
-            "where": self.where,
-            "message": self.message,
-        }
-        if self.line is not None:
-            result["line"] = self.line
-            result["column"] = self.column
-        return result
-
-    def to_text(self) -> str:
-        position = f":{self.line}:{self.column}" if self.line is not None else ""
-        return f"{self.severity}: {self.object} {self.where}{position}: [{self.code}] {self.message}"
+_NO_REQUEST = Request(name="", parent="", spec={})  # request_steps of a class alone
 
 
 @dataclass
-class Report:
-    findings: list[Finding] = field(default_factory=list)
+class Trace:
+    """How the allocator's evaluation of one sequence of selectors went, device by device."""
 
-    @property
-    def errors(self) -> int:
-        return sum(1 for f in self.findings if f.severity == "error")
-
-    def to_json(self) -> dict[str, Any]:
-        return {"findings": [f.to_json() for f in self.findings], "errors": self.errors}
+    steps: Sequence[SelectorStep]
+    evaluated: list[list[PublishedDevice]]  # per step: the devices it ran on
+    failed: list[list[tuple[PublishedDevice, str]]]  # per step: devices it failed on, and why
+    matched: list[PublishedDevice]  # devices every step selected
 
 
-def attribute_reads(expression: str) -> list[tuple[str, str, str]]:
-    """(field, domain, id) of every literal `device.attributes["d"].id`-style read."""
-    reads: list[tuple[str, str, str]] = []
-    for match in _READ.finditer(expression):
-        kind = match.group(1)
-        domain = match.group(2) or match.group(3)
-        name = match.group(4) or match.group(5) or match.group(6)
-        reads.append((kind, domain, name))
-    return reads
-
-
-def is_guarded(expression: str, kind: str, domain: str, name: str) -> bool:
-    base = rf"device\.{kind}\s*\[\s*[\"']{re.escape(domain)}[\"']\s*\]"
-    patterns = (
-        rf"has\(\s*{base}\s*\.\s*{re.escape(name)}\s*\)",
-        rf"[\"']{re.escape(name)}[\"']\s+in\s+{base}",
-        rf"{base}\s*\.\?\s*{re.escape(name)}\b",
-    )
-    return any(re.search(p, expression) for p in patterns)
-
-
-def _published_devices(slices: Sequence[JSON]) -> list[tuple[str, JSON]]:
-    """(driver, device) of the newest generation of every pool."""
-    newest: dict[tuple[str, str], int] = {}
-    for slice_obj in slices:
-        key = pool_key(slice_obj)
-        newest[key] = max(newest.get(key, 0), pool_generation(slice_obj))
-    devices: list[tuple[str, JSON]] = []
-    for slice_obj in slices:
-        if pool_generation(slice_obj) != newest[pool_key(slice_obj)]:
-            continue
-        driver = pool_key(slice_obj)[0]
-        devices.extend((driver, d) for d in (slice_obj.get("spec") or {}).get("devices") or [])
-    return devices
-
-
-def _has(driver: str, device: JSON, kind: str, domain: str, name: str) -> bool:
-    values = device.get(kind) or {}
-    if f"{domain}/{name}" in values:
-        return True
-    return domain == driver and name in values
+def trace(
+    selectors: SelectorCache, steps: Sequence[SelectorStep], devices: Sequence[PublishedDevice]
+) -> Trace:
+    result = Trace(steps, [[] for _ in steps], [[] for _ in steps], [])
+    for device in devices:
+        try:
+            stop = selectors.first_non_match(steps, device.id.driver, device.device)
+        except SelectorError as err:
+            assert err.step is not None  # first_non_match always says which step
+            stop = err.step
+            cause = err.__cause__
+            result.failed[stop].append((device, str(getattr(cause, "cause", cause or err.message))))
+        else:
+            if stop is None:
+                result.matched.append(device)
+                stop = len(steps) - 1
+        for index in range(stop + 1):
+            result.evaluated[index].append(device)
+    return result
 
 
 class Linter:
-    def __init__(self, slices: Sequence[JSON], compiler: Compiler | None = None) -> None:
-        self.devices = _published_devices(slices)
-        self._compiler = compiler
-        self._compiled: dict[str, Any] = {}
+    def __init__(self, allocator: Allocator) -> None:
+        self.allocator = allocator
+        self.selectors = allocator.selectors
+        self.devices = published_devices(allocator.slices)
+        self.report = Report()
+        # Per class name: its trace, or None when one of its selectors does not compile.
+        self.class_traces: dict[str, Trace | None] = {}
 
-    def _compile(self, expression: str) -> Any:
-        if expression not in self._compiled:
-            compiler: Callable[[str], Any] = self._compiler or default_compiler()
-            try:
-                self._compiled[expression] = compiler(expression)
-            except Exception as err:  # reported as a compile finding
-                self._compiled[expression] = err
-        return self._compiled[expression]
+    def add(self, severity: str, code: str, obj: str, where: str, message: str, **position: Any) -> None:
+        self.report.findings.append(Finding(severity, code, obj, where, message, **position))
 
-    def check_selectors(self, obj_name: str, where: str, expressions: Sequence[str], report: Report) -> None:
-        """Check a conjunction of selectors (a class's, or a class's plus a request's)."""
-        programs: list[Any] = []
-        for index, expression in enumerate(expressions):
-            program = self._compile(expression)
-            label = f"{where}selector #{index}"
-            if isinstance(program, Exception):
-                report.findings.append(
-                    Finding(
-                        "error",
-                        "compile-error",
-                        obj_name,
-                        label,
-                        str(getattr(program, "message", program)),
-                        getattr(program, "line", None),
-                        getattr(program, "column", None),
-                    )
-                )
-                return
-            cost = getattr(program, "estimated_cost", None)
-            if isinstance(cost, int) and cost > MAX_COST:
-                report.findings.append(
-                    Finding(
-                        "error",
-                        "cost",
-                        obj_name,
-                        label,
-                        f"estimated cost {cost} exceeds the limit of {MAX_COST}",
-                    )
-                )
-            programs.append(program)
-            self._check_reads(obj_name, label, expression, report)
-        if not self.devices:
+    def lint_class(self, device_class: JSON) -> None:
+        name = str((device_class.get("metadata") or {}).get("name", ""))
+        obj = f"DeviceClass/{name}"
+        steps = request_steps(device_class, _NO_REQUEST, "")
+        labels = [f"selector #{i}" for i in range(len(steps))]
+        if not self._compiles(obj, labels, steps):
+            self.class_traces[name] = None
             return
-        matched = 0
-        for driver, device in self.devices:
-            try:
-                if all(p.matches(driver, device) for p in programs):
-                    matched += 1
-            except Exception as err:  # a runtime error on some device is a finding, not a crash
-                report.findings.append(
-                    Finding(
-                        "error",
-                        "runtime-error",
-                        obj_name,
-                        f"{where}selectors",
-                        f"evaluation fails on device {device.get('name')} of {driver}: {err}",
-                    )
-                )
-                return
-        if matched == 0:
-            report.findings.append(
-                Finding(
-                    "warning",
-                    "no-match",
-                    obj_name,
-                    f"{where}selectors",
-                    f"match none of the {len(self.devices)} published devices",
-                )
+        class_trace = trace(self.selectors, steps, self.devices)
+        self.class_traces[name] = class_trace
+        self._evaluation_findings(obj, class_trace, 0, labels)
+        if self.devices and not class_trace.matched and not any(class_trace.failed):
+            self.add(
+                "warning",
+                "no-match",
+                obj,
+                "selectors",
+                f"match none of the {len(self.devices)} published devices",
             )
 
-    def _check_reads(self, obj_name: str, label: str, expression: str, report: Report) -> None:
+    def lint_request(self, subject: str, claim: JSON, option: Request) -> RequestOutcome | None:
+        """Selector findings of one request; its outcome for the placement checks, or None when
+        it cannot be evaluated (no such class, or a selector that does not compile)."""
+        where = f"request {option.result_name}"
+        device_class = self.allocator.classes.get(option.device_class_name)
+        if device_class is None:
+            self.add(
+                "error",
+                "unknown-class",
+                subject,
+                where,
+                f"device class {option.device_class_name} does not exist",
+            )
+            return None
+        steps = request_steps(device_class, option, claim_ref(claim))
+        first = len(steps) - len(option.selectors)
+        labels = [f"{where}, selector #{i}" for i in range(len(option.selectors))]
+        own_compile = self._compiles(subject, labels, steps[first:])
+        class_trace = self.class_traces.get(option.device_class_name)
+        if not own_compile or class_trace is None:
+            return None  # a class that does not compile is reported on the class
+        request_trace = trace(self.selectors, steps, self.devices)
+        self._evaluation_findings(subject, request_trace, first, labels)
+        if class_trace.matched and not request_trace.matched and not any(request_trace.failed[first:]):
+            self.add(
+                "warning",
+                "no-match",
+                subject,
+                f"{where}, selectors",
+                f"match none of the {len(class_trace.matched)} devices that class "
+                f"{option.device_class_name} selects",
+            )
+        return RequestOutcome(subject, claim, option, class_trace.matched, request_trace.matched)
+
+    def _compiles(self, obj: str, labels: Sequence[str], steps: Sequence[SelectorStep]) -> bool:
+        compiled = True
+        for label, step in zip(labels, steps, strict=True):
+            program = self.selectors.program(step.expression)
+            if isinstance(program, Exception):
+                compiled = False
+                message = str(getattr(program, "message", program))
+                line, column = getattr(program, "line", None), getattr(program, "column", None)
+                self.add("error", "compile-error", obj, label, message, line=line, column=column)
+                continue
+            cost = getattr(program, "estimated_cost", None)
+            if isinstance(cost, int) and cost > MAX_COST:
+                self.add(
+                    "error", "cost", obj, label, f"estimated cost {cost} exceeds the limit of {MAX_COST}"
+                )
+        return compiled
+
+    def _evaluation_findings(self, obj: str, steps_trace: Trace, first: int, labels: Sequence[str]) -> None:
+        """Findings for steps first.. of the trace (the others belong to the class)."""
+        for offset, label in enumerate(labels):
+            index = first + offset
+            evaluated, failed = steps_trace.evaluated[index], steps_trace.failed[index]
+            self._read_findings(obj, label, steps_trace.steps[index].expression, evaluated, failed)
+            if failed:
+                device, cause = failed[0]
+                self.add(
+                    "error",
+                    "runtime-error",
+                    obj,
+                    label,
+                    f"evaluation fails on {len(failed)} of the {len(evaluated)} devices it is evaluated on, "
+                    f"first on device {device}: {cause}; the scheduler treats this as an allocation error "
+                    "for every pod with this claim, not as a non-match",
+                )
+
+    def _read_findings(
+        self,
+        obj: str,
+        label: str,
+        expression: str,
+        evaluated: Sequence[PublishedDevice],
+        failed: Sequence[tuple[PublishedDevice, str]],
+    ) -> None:
+        failed_ids = {device.id for device, _ in failed}
         for kind, domain, name in dict.fromkeys(attribute_reads(expression)):
-            having = sum(1 for driver, d in self.devices if _has(driver, d, kind, domain, name))
-            in_domain = [
-                (driver, d)
-                for driver, d in self.devices
-                if driver == domain or any(k.startswith(f"{domain}/") for k in (d.get(kind) or {}))
-            ]
-            singular = kind[:-1] if kind == "attributes" else kind
-            if self.devices and having == 0:
-                report.findings.append(
-                    Finding(
-                        "warning",
-                        "unknown-attribute",
-                        obj_name,
-                        label,
-                        f"{singular} {domain}/{name} is not published by any device",
-                    )
+            singular = "attribute" if kind == "attributes" else kind
+            if self.devices and not any(
+                device_has(d.id.driver, d.device, kind, domain, name) for d in self.devices
+            ):
+                self.add(
+                    "warning",
+                    "unknown-attribute",
+                    obj,
+                    label,
+                    f"{singular} {domain}/{name} is not published by any device",
                 )
-            elif 0 < having < len(in_domain) and not is_guarded(expression, kind, domain, name):
-                report.findings.append(
-                    Finding(
-                        "warning",
-                        "unguarded-attribute",
-                        obj_name,
-                        label,
-                        f"{singular} {domain}/{name} exists on {having} of {len(in_domain)} devices of that "
-                        f'domain; guard it (has(device.{kind}["{domain}"].{name}) or '
-                        f'"{name}" in device.{kind}["{domain}"]): on the others the read is a runtime '
-                        "error that blocks allocation",
-                    )
-                )
+                continue
+            if is_guarded(expression, kind, domain, name):
+                continue
+            lacking = [d for d in evaluated if not device_has(d.id.driver, d.device, kind, domain, name)]
+            # Only where the read really failed: a device the expression turns away before the read
+            # (another guard, such as a type check) is not at risk.
+            if not any(d.id in failed_ids for d in lacking):
+                continue
+            self.add(
+                "warning",
+                "unguarded-attribute",
+                obj,
+                label,
+                f"{singular} {domain}/{name} exists on {len(evaluated) - len(lacking)} of the "
+                f"{len(evaluated)} devices this selector is evaluated on; guard it "
+                f'(has(device.{kind}["{domain}"].{name}) or "{name}" in device.{kind}["{domain}"]): '
+                "on the others the read is a runtime error that blocks allocation",
+            )
 
 
-def _selector_expressions(selectors: Sequence[JSON]) -> list[str]:
-    return [str((s.get("cel") or {}).get("expression", "")) for s in selectors]
+def _subjects(objects: ClusterObjects) -> list[tuple[str, JSON]]:
+    """(finding object name, claim) of every claim, and of the claim each template stands for."""
+    subjects: list[tuple[str, JSON]] = [(f"ResourceClaim/{claim_ref(c)}", c) for c in objects.claims]
+    for template in objects.claim_templates:
+        meta = template.get("metadata") or {}
+        namespace, name = str(meta.get("namespace") or "default"), str(meta.get("name", ""))
+        subjects.append(
+            (f"ResourceClaimTemplate/{namespace}/{name}", claim_from_template(template, namespace, name))
+        )
+    return subjects
 
 
-def lint(
-    device_classes: Sequence[JSON],
-    claims: Sequence[JSON],
-    slices: Sequence[JSON],
-    compiler: Compiler | None = None,
-) -> Report:
-    linter = Linter(slices, compiler)
-    report = Report()
-    classes: dict[str, JSON] = {}
-    for device_class in device_classes:
-        name = str((device_class.get("metadata") or {}).get("name", ""))
-        classes[name] = device_class
-        expressions = _selector_expressions((device_class.get("spec") or {}).get("selectors") or [])
-        linter.check_selectors(f"DeviceClass/{name}", "", expressions, report)
-    for claim in claims:
-        obj_name = f"ResourceClaim/{claim_ref(claim)}"
+def lint(objects: ClusterObjects, allocator: Allocator | None = None) -> Report:
+    """Lint the DeviceClasses, ResourceClaims and ResourceClaimTemplates of `objects` against its
+    ResourceSlices (and DeviceTaintRules, Nodes and Pods, where given). `allocator` carries the
+    release's CEL environment and feature gates (default: `build_allocator(objects)`)."""
+    allocator = allocator or build_allocator(objects)
+    linter = Linter(allocator)
+    for device_class in objects.device_classes:
+        linter.lint_class(device_class)
+    outcomes: list[RequestOutcome] = []
+    for subject, claim in _subjects(objects):
         for request in claim_requests(claim):
             for option in alternatives(request):
-                request_class = classes.get(option.device_class_name)
-                if request_class is None:
-                    report.findings.append(
-                        Finding(
-                            "error",
-                            "unknown-class",
-                            obj_name,
-                            f"request {option.result_name}",
-                            f"device class {option.device_class_name} does not exist",
-                        )
-                    )
-                    continue
-                own = _selector_expressions(option.selectors)
-                if not own:
-                    continue
-                class_exprs = _selector_expressions((request_class.get("spec") or {}).get("selectors") or [])
-                # Compile and read checks for the request's own selectors; the match check
-                # combines them with the class selectors, as allocation does.
-                before = len(report.findings)
-                linter.check_selectors(obj_name, f"request {option.result_name}, ", own, report)
-                if len(report.findings) == before or all(
-                    f.code != "compile-error" for f in report.findings[before:]
-                ):
-                    report.findings[before:] = [f for f in report.findings[before:] if f.code != "no-match"]
-                    scratch = Report()
-                    linter.check_selectors(
-                        obj_name, f"request {option.result_name}, ", class_exprs + own, scratch
-                    )
-                    report.findings.extend(
-                        f for f in scratch.findings if f.code in ("no-match", "runtime-error")
-                    )
-    # A runtime error reported twice (own selectors, then class + own) is one finding.
-    report.findings = list(dict.fromkeys(report.findings))
-    return report
+                outcome = linter.lint_request(subject, claim, option)
+                if outcome is not None:
+                    outcomes.append(outcome)
+    linter.report.findings.extend(placement_findings(objects, allocator, outcomes))
+    return linter.report

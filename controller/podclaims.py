@@ -24,6 +24,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from controller.allocation.nodes import Node, NodeSelectorError, selector_matches
+from controller.extendedclaim import (
+    ClassMapping,
+    Mapped,
+    build_extended_claim,
+    class_mappings,
+    existing_extended_claim,
+)
 
 JSON = Mapping[str, Any]
 
@@ -41,6 +48,8 @@ class PodClaim:
     template: str | None = None  # the ResourceClaimTemplate, for template entries
     generated: bool = False  # made here from the template: no such object exists yet
     problem: str | None = None
+    # The scheduler's implicit claim for the pod's extended resources: what maps to which class.
+    extended: tuple[Mapped, ...] = ()
 
     @property
     def allocated(self) -> bool:
@@ -221,20 +230,54 @@ def _resolve_entry(pod: JSON, namespace: str, entry: JSON, index: ClaimIndex) ->
     return PodClaim(pod_claim_name, name, claim, template=template, generated=True)
 
 
-def resolve_pod(pod: JSON, index: ClaimIndex) -> PodClaims:
+EXTENDED_POD_CLAIM_NAME = "<extended-resources>"  # upstream's in-memory name; no spec entry has it
+
+
+def _extended_entry(pod: JSON, index: ClaimIndex, mappings: Mapping[str, ClassMapping]) -> PodClaim | None:
+    """The implicit claim for the pod's mapped extended resources: the one the scheduler already
+    wrote, else one made here (named `<pod>-extended-resources`)."""
+    built = build_extended_claim(pod, mappings)
+    if built is None:
+        return None
+    existing = existing_extended_claim(pod, list(index.claims.values()))
+    if existing is not None:
+        return PodClaim(EXTENDED_POD_CLAIM_NAME, str(_meta(existing).get("name", "")), existing, extended=built.mapped)
+    namespace = str(_meta(pod).get("namespace") or "default")
+    name = index.unique_name(namespace, str(built.claim["metadata"]["name"]))
+    claim = {**built.claim, "metadata": {**built.claim["metadata"], "name": name}}
+    return PodClaim(EXTENDED_POD_CLAIM_NAME, name, claim, generated=True, extended=built.mapped)
+
+
+def resolve_pod(pod: JSON, index: ClaimIndex, mappings: Mapping[str, ClassMapping] | None = None) -> PodClaims:
+    """The pod's claims in spec order; with `mappings` (extended resource -> DeviceClass), then the
+    implicit claim for its mapped extended resources, as the scheduler adds it."""
     namespace = str(_meta(pod).get("namespace") or "default")
     resolved = PodClaims(pod)
     for entry in (pod.get("spec") or {}).get("resourceClaims") or []:
         claim = _resolve_entry(pod, namespace, entry, index)
         if claim is not None:
             resolved.claims.append(claim)
+    if mappings:
+        extended = _extended_entry(pod, index, mappings)
+        if extended is not None:
+            resolved.claims.append(extended)
     return resolved
 
 
-def resolve_pods(pods: Sequence[JSON], claims: Sequence[JSON], templates: Sequence[JSON]) -> list[PodClaims]:
-    """Every pod that is not finished or being deleted, with its claims; pods without claims left out."""
+def resolve_pods(
+    pods: Sequence[JSON],
+    claims: Sequence[JSON],
+    templates: Sequence[JSON],
+    device_classes: Sequence[JSON] = (),
+) -> list[PodClaims]:
+    """Every pod that is not finished or being deleted, with its claims; pods without claims left out.
+
+    With `device_classes` (pass them where the DRAExtendedResource gate is on), a pod's extended
+    resources that a class maps become its implicit claim (`controller.extendedclaim`).
+    """
     index = ClaimIndex(claims, templates)
-    resolved = [resolve_pod(pod, index) for pod in pods if is_schedulable_pod(pod)]
+    mappings = class_mappings(device_classes) if device_classes else None
+    resolved = [resolve_pod(pod, index, mappings) for pod in pods if is_schedulable_pod(pod)]
     return [p for p in resolved if p.claims]
 
 
@@ -312,6 +355,7 @@ def no_node_reason(pod: PodClaims, allocated: Sequence[JSON], known: Sequence[No
 
 
 __all__ = [
+    "EXTENDED_POD_CLAIM_NAME",
     "POD_CLAIM_NAME_ANNOTATION",
     "ClaimIndex",
     "NodeSelectorError",

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from draplugin.cdi.spec import atomic_write
+from draplugin.cdi.spec import atomic_write, remove_stale_temp_files
 
 log = logging.getLogger(__name__)
 
@@ -183,6 +183,10 @@ class CheckpointStore:
         atomic_write(self.path, self._render(), 0o600)
         self._written = self._version
 
+    def remove_stale_temp_files(self, before: float) -> list[Path]:
+        """Temp files of our interrupted writes (`.checkpoint.json.*.tmp`) older than `before`."""
+        return remove_stale_temp_files(self.path.parent, f".{self.path.name}.", "", before)
+
     def _render(self) -> bytes:
         doc = {
             "version": CURRENT_VERSION,
@@ -243,8 +247,10 @@ def parse(raw: bytes) -> tuple[int, str, list[ClaimRecord]]:
     """Decode any known checkpoint format into (version, boot ID, records)."""
     try:
         doc = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise CheckpointFormatError(f"not JSON: {err}") from None
+    except (ValueError, RecursionError) as err:
+        # ValueError covers decode errors, bad UTF-8 and integers past the digit limit; deep
+        # nesting ends in RecursionError. All of them are a corrupt file, never a crash loop.
+        raise CheckpointFormatError(f"not JSON: {type(err).__name__}: {err}") from None
     if not isinstance(doc, dict):
         raise CheckpointFormatError("top level is not an object")
     version = doc.get("version")

@@ -34,6 +34,10 @@ DEFAULT_METRICS_PORT: Final = 8080
 BACKENDS: Final = ("nvml", "fake")
 # Devices are re-read this often (and at once on NVML events that signal a change).
 DEFAULT_REDISCOVER_INTERVAL: Final = "60s"
+# A prepare waits this long for the API server at most: under the kubelet's 45 s deadline for
+# NodePrepareResources, so the kubelet hears our specific error instead of its own timeout.
+DEFAULT_PREPARE_API_DEADLINE: Final = "40s"
+PREPARE_API_DEADLINE_MAX_S: Final = 600.0
 
 # Kubernetes limits: a node name is a DNS-1123 subdomain (at most 253). The driver
 # name's rule (a subdomain of at most 63) is dracommon.drivername's.
@@ -145,6 +149,13 @@ RUN_OPTIONS: Final = (
         "that long), never",
     ),
     Option(
+        "--prepare-api-deadline",
+        "PREPARE_API_DEADLINE",
+        DEFAULT_PREPARE_API_DEADLINE,
+        "longest a prepare waits for the API server (retrying within it), e.g. 40s; "
+        "the kubelet's own deadline for the call wins when sooner",
+    ),
+    Option(
         "--kubernetes-version",
         "KUBERNETES_VERSION",
         None,
@@ -188,6 +199,7 @@ class Settings:
     driver_root_mount: Path | None = None
     # 0: no periodic re-discovery (NVML events still trigger one).
     rediscover_interval_s: float = 60.0
+    prepare_api_deadline_s: float = 40.0
     health_policy: HealthPolicy = field(default_factory=HealthPolicy)
 
     def backend_options(self) -> dict[str, object]:
@@ -392,6 +404,13 @@ def _interval(dest: str, raw: str) -> float:
         raise ConfigError(f"{_name_of(dest)}: {raw!r} {err}") from None
 
 
+def _deadline(dest: str, raw: str, maximum: float) -> float:
+    seconds = _interval(dest, raw)
+    if not 0 < seconds <= maximum:
+        raise ConfigError(f"{_name_of(dest)}: {raw!r} must be more than 0 and at most {maximum:g}s")
+    return seconds
+
+
 def validate(values: Mapping[str, str | None]) -> Settings:
     """Turn resolved raw values into `Settings`, or raise `ConfigError` naming the bad setting."""
 
@@ -450,6 +469,11 @@ def validate(values: Mapping[str, str | None]) -> Settings:
             "rediscover_interval", values.get("rediscover_interval") or DEFAULT_REDISCOVER_INTERVAL
         ),
         health_policy=health_policy_setting(values),
+        prepare_api_deadline_s=_deadline(
+            "prepare_api_deadline",
+            values.get("prepare_api_deadline") or DEFAULT_PREPARE_API_DEADLINE,
+            PREPARE_API_DEADLINE_MAX_S,
+        ),
     )
 
 

@@ -21,6 +21,10 @@ AFTER_CHECKPOINT_COMPLETED = "after-checkpoint-completed"
 BEFORE_RETURN = "before-return"
 UNPREPARE_AFTER_CDI_REMOVE = "unprepare-after-cdi-remove"
 UNPREPARE_AFTER_RELEASE = "unprepare-after-release"
+# Sharing side effects, each right after the GPU changed and before the ledger records it.
+AFTER_MIG_CREATE = "after-mig-create"
+AFTER_MPS_START = "after-mps-start"
+AFTER_TIMESLICE_SET = "after-timeslice-set"
 
 POINTS: tuple[str, ...] = (
     AFTER_CHECKPOINT_STARTED,
@@ -29,6 +33,9 @@ POINTS: tuple[str, ...] = (
     BEFORE_RETURN,
     UNPREPARE_AFTER_CDI_REMOVE,
     UNPREPARE_AFTER_RELEASE,
+    AFTER_MIG_CREATE,
+    AFTER_MPS_START,
+    AFTER_TIMESLICE_SET,
 )
 
 

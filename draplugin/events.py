@@ -17,15 +17,28 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
+from urllib.parse import quote
 
 from dracommon.kubeapi import ApiError, KubeApi
+from dracommon.kubenames import DNS_SUBDOMAIN_MAX
 from draplugin.kubelet.interface import ClaimRef
 
 log = logging.getLogger(__name__)
 
 NOTE_LIMIT = 1024  # events.k8s.io/v1 rejects longer notes
 REPEAT_WINDOW_S = 300.0
+# Event names are `<object name>.<16 hex>` like the kubelet's; the object part is cut to fit the
+# DNS subdomain limit (a claim name may use all 253 characters).
+_NAME_SUFFIX_HEX: Final = 16
+_NAME_PREFIX_MAX: Final = DNS_SUBDOMAIN_MAX - 1 - _NAME_SUFFIX_HEX
+
+
+def event_name(object_name: str) -> str:
+    """A fresh valid Event name for an object whose name is a DNS subdomain."""
+    # A cut may end on '.' or '-', which no DNS subdomain part may end with.
+    prefix = object_name[:_NAME_PREFIX_MAX].rstrip(".-") or "object"
+    return f"{prefix}.{secrets.token_hex(_NAME_SUFFIX_HEX // 2)}"
 
 
 class EventSink(Protocol):
@@ -103,7 +116,7 @@ class KubeEvents:
         body = {
             "apiVersion": "events.k8s.io/v1",
             "kind": "Event",
-            "metadata": {"name": f"{object_name}.{secrets.token_hex(8)}", "namespace": namespace},
+            "metadata": {"name": event_name(object_name), "namespace": namespace},
             "eventTime": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
             "reportingController": self._driver,
             "reportingInstance": self._node,
@@ -120,7 +133,7 @@ class KubeEvents:
 
     def _post(self, namespace: str, body: dict[str, Any]) -> None:
         try:
-            self._api.create(f"/apis/events.k8s.io/v1/namespaces/{namespace}/events", body)
+            self._api.create(f"/apis/events.k8s.io/v1/namespaces/{quote(namespace, safe='')}/events", body)
         except ApiError as err:
             log.warning(
                 "posting event failed",

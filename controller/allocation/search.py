@@ -24,7 +24,7 @@ from controller.allocation.nodes import Node, node_matches
 from controller.allocation.pools import DeviceID, Pool
 from controller.allocation.requests import ALL, EXACT_COUNT, Request, alternatives, blocking_taint, claim_ref
 from controller.allocation.result import ChosenDevice
-from controller.allocation.selectors import SelectorCache
+from controller.allocation.selectors import SelectorCache, request_steps
 from controller.allocation.state import AllocatedState
 from dracommon.quantity import Quantity
 
@@ -74,6 +74,29 @@ def pool_candidates(pool: Pool) -> list[Candidate]:
         for s in pool.slices_on_node
         for d in (s.get("spec") or {}).get("devices") or []
     ]
+
+
+def available_on_node(candidate: Candidate, node: Node | None) -> bool:
+    """Per-device node selection: in a slice with `perDeviceNodeSelection`, each device names
+    its own node(s); other slices were already matched to the node as a whole (gather_pools)."""
+    if not (candidate.slice.get("spec") or {}).get("perDeviceNodeSelection"):
+        return True
+    device = candidate.device
+    return node_matches(
+        node, str(device.get("nodeName") or ""), bool(device.get("allNodes")), device.get("nodeSelector")
+    )
+
+
+def all_mode_blocker(pool: Pool) -> str | None:
+    """Why this pool stops an `All` request from being sized on its node, or None.
+
+    Any incomplete or invalid pool on the node counts, whatever its devices: "all" is not
+    known then, and the scheduler reports an error (not "unschedulable")."""
+    if pool.incomplete:
+        return f"resource pool {pool.id} is currently being updated"
+    if pool.invalid:
+        return f"resource pool {pool.id} is currently invalid"
+    return None
 
 
 class Search:
@@ -187,15 +210,10 @@ class Search:
         devices: list[Candidate] = []
         key = (claim_index, request_index, self._sizing_index(request, alt_index))
         for pool_index, pool in enumerate(self.pools):
-            if pool.incomplete:
+            blocker = all_mode_blocker(pool)
+            if blocker is not None:
                 raise AllocationError(
-                    f"claim {ref}, request {request.name}: asks for all devices, "
-                    f"but resource pool {pool.id} is currently being updated"
-                )
-            if pool.invalid:
-                raise AllocationError(
-                    f"claim {ref}, request {request.name}: asks for all devices, "
-                    f"but resource pool {pool.id} is currently invalid"
+                    f"claim {ref}, request {request.name}: asks for all devices, but {blocker}"
                 )
             for candidate in self.candidates[pool_index]:
                 if not self.selectable(key, plan, candidate):
@@ -229,28 +247,10 @@ class Search:
         cached = self._matches.get(cache_key)
         if cached is not None:
             return cached
-        driver = candidate.device_id.driver
-        class_name = str((plan.device_class.get("metadata") or {}).get("name", ""))
-        result = True
-        for i, selector in enumerate((plan.device_class.get("spec") or {}).get("selectors") or []):
-            expression = str((selector.get("cel") or {}).get("expression", ""))
-            if not self.selectors.matches(expression, driver, device, f"class {class_name}: selector #{i}"):
-                result = False
-                break
+        steps = request_steps(plan.device_class, plan.request, claim_ref(self.claims[key[0]]))
+        result = self.selectors.first_non_match(steps, candidate.device_id.driver, device) is None
         if result:
-            ref = claim_ref(self.claims[key[0]])
-            for i, selector in enumerate(plan.request.selectors):
-                expression = str((selector.get("cel") or {}).get("expression", ""))
-                if not self.selectors.matches(expression, driver, device, f"claim {ref}: selector #{i}"):
-                    result = False
-                    break
-        if result and (candidate.slice.get("spec") or {}).get("perDeviceNodeSelection"):
-            result = node_matches(
-                self.node,
-                str(device.get("nodeName") or ""),
-                bool(device.get("allNodes")),
-                device.get("nodeSelector"),
-            )
+            result = available_on_node(candidate, self.node)
         self._matches[cache_key] = result
         return result
 

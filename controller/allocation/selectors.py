@@ -6,8 +6,11 @@ scheduler aborts the allocation attempt, and so do we (`SelectorError`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
+
+from controller.allocation.requests import Request
 
 
 class SelectorProgram(Protocol):
@@ -20,10 +23,34 @@ Compiler = Callable[[str], SelectorProgram]
 class SelectorError(Exception):
     """A CEL compile or runtime error while checking a device."""
 
-    def __init__(self, message: str, *, compile_error: bool) -> None:
+    def __init__(self, message: str, *, compile_error: bool, step: int | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.compile_error = compile_error
+        self.step = step  # which of the steps given to `first_non_match` failed, when known
+
+
+@dataclass(frozen=True)
+class SelectorStep:
+    """One selector in evaluation order; `where` names it in error messages as kube-scheduler does."""
+
+    expression: str
+    where: str
+
+
+def request_steps(device_class: Mapping[str, Any], request: Request, claim: str) -> list[SelectorStep]:
+    """What the allocator evaluates on a device for `request`: the class's selectors, then the
+    request's own (kube-scheduler's `isSelectable`); `claim` is "namespace/name"."""
+    class_name = str((device_class.get("metadata") or {}).get("name", ""))
+    steps = [
+        SelectorStep(str((s.get("cel") or {}).get("expression", "")), f"class {class_name}: selector #{i}")
+        for i, s in enumerate((device_class.get("spec") or {}).get("selectors") or [])
+    ]
+    steps.extend(
+        SelectorStep(str((s.get("cel") or {}).get("expression", "")), f"claim {claim}: selector #{i}")
+        for i, s in enumerate(request.selectors)
+    )
+    return steps
 
 
 def default_compiler() -> Compiler:
@@ -65,3 +92,19 @@ class SelectorCache:
                 f"{where} on device {device.get('name', '')}: CEL runtime error: {err}", compile_error=False
             ) from err
         return bool(result)
+
+    def first_non_match(
+        self, steps: Sequence[SelectorStep], driver: str, device: Mapping[str, Any]
+    ) -> int | None:
+        """The index of the first step that does not match, None when all do. Evaluation stops
+        at the first non-match, so later selectors never run on that device (and cannot fail on
+        it); a compile or runtime error raises SelectorError with `step` set."""
+        for index, step in enumerate(steps):
+            try:
+                matched = self.matches(step.expression, driver, device, step.where)
+            except SelectorError as err:
+                err.step = index
+                raise
+            if not matched:
+                return index
+        return None

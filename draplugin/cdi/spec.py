@@ -18,13 +18,16 @@ import json
 import logging
 import os
 import re
+import stat
 import tempfile
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from dracommon.drivername import DEFAULT_DRIVER_NAME, cdi_kind, cdi_vendor
+from dracommon.kubenames import uid_problem
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +43,10 @@ _VERSION_ORDER = ("0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0", "0.8.0", "1.0.0",
 _VENDOR_OR_CLASS = re.compile(r"^[A-Za-z]([A-Za-z0-9_.-]*[A-Za-z0-9])?$")
 _DEVICE_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_UID = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.-]*[A-Za-z0-9])?$")
+# Wall-clock time this module was loaded, about when the process started: a temp file of ours older
+# than that belongs to a write that a dead process never finished.
+PROCESS_STARTED = time.time()
+TEMP_SUFFIX = ".tmp"
 
 
 class CdiError(ValueError):
@@ -224,10 +230,15 @@ class SpecStore:
         self._prefix = f"{cdi_vendor(driver_name)}-claim_"
 
     def path_for(self, claim_uid: str) -> Path:
-        if not _UID.match(claim_uid):
+        problem = uid_problem(claim_uid)
+        if problem is not None:
             # The UID becomes part of a file name: refuse anything that could escape the directory.
-            raise CdiError(f"claim UID {claim_uid!r} cannot be used in a file name")
+            raise CdiError(f"claim UID {claim_uid!r} cannot be used in a file name: it {problem}")
         return self.root / f"{self._prefix}{claim_uid}.json"
+
+    def remove_stale_temp_files(self, before: float) -> list[Path]:
+        """Our temp files (`.<prefix><uid>.json.*.tmp`) last changed before `before`: interrupted writes."""
+        return remove_stale_temp_files(self.root, f".{self._prefix}", ".json.", before)
 
     def write(self, claim_uid: str, spec: Spec) -> bool:
         """Write the claim's spec unless an identical file is already there. Returns True if written."""
@@ -269,7 +280,7 @@ class SpecStore:
 def atomic_write(path: Path, content: bytes, mode: int = 0o644) -> None:
     """Replace `path` with `content` all at once, durably: temp file, fsync, rename, fsync directory."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TEMP_SUFFIX)
     try:
         with os.fdopen(fd, "wb") as tmp:
             tmp.write(content)
@@ -282,6 +293,32 @@ def atomic_write(path: Path, content: bytes, mode: int = 0o644) -> None:
             os.unlink(tmp_name)
         raise
     _fsync_dir(path.parent)
+
+
+def remove_stale_temp_files(directory: Path, prefix: str, infix: str, before: float) -> list[Path]:
+    """Remove the temp files `atomic_write` left in `directory` for targets named `prefix...`
+    (`infix` is the end of the target's name plus the dot `mkstemp` adds), if last changed before
+    `before`. Younger ones may be writes in flight of the other plugin process in a rolling update."""
+    removed: list[Path] = []
+    try:
+        entries = list(directory.iterdir())
+    except FileNotFoundError:
+        return removed
+    for entry in entries:
+        name = entry.name
+        if not (name.startswith(prefix) and name.endswith(TEMP_SUFFIX) and infix in name[len(prefix) :]):
+            continue
+        try:
+            info = entry.lstat()
+            if not stat.S_ISREG(info.st_mode) or info.st_mtime >= before:
+                continue
+            entry.unlink()
+        except FileNotFoundError:
+            continue
+        removed.append(entry)
+    if removed:
+        _fsync_dir(directory)
+    return removed
 
 
 def _fsync_dir(directory: Path) -> None:

@@ -16,6 +16,7 @@ Size: one module on purpose: it is the only code that talks to NVML.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
@@ -25,6 +26,14 @@ from pathlib import Path
 from typing import Any
 
 from draplugin.devices.health import GPU_LOST_REASON, HealthTracker
+from draplugin.devices.mig import (
+    MIG_ERROR,
+    MIG_MODE_DISABLED,
+    MIG_PLACEMENT_TAKEN,
+    CreatedMig,
+    MigOperationError,
+    MigPlacement,
+)
 from draplugin.devices.model import CounterSet, Device
 from draplugin.devices.schema import (
     NVIDIA_CONTROL_NODES,
@@ -87,6 +96,9 @@ _LOST_ERRORS = ("NVML_ERROR_GPU_IS_LOST", "NVML_ERROR_UNKNOWN", "NVML_ERROR_NOT_
 # Events that say the devices may have changed, besides XIDs; older libraries lack some.
 _CHANGE_EVENTS = ("nvmlEventMigConfigChange", "nvmlEventTypeGpuUnavailableError")
 _RECOVERY_EVENT = "nvmlEventTypeGpuRecoveryAction"
+# GPU instance IDs are small (under 32 on every MIG GPU so far): probing them by ID avoids
+# NVML's out-array of opaque handles and finds a bare GPU instance (no compute instance) too.
+_MAX_GPU_INSTANCE_ID = 32
 
 
 class NvmlUnavailableError(RuntimeError):
@@ -443,6 +455,166 @@ class NvmlBackend:
                     nodes.append(f"/dev/nvidia-caps/nvidia-cap{int(value)}")
         return tuple(nodes)
 
+    # --- dynamic MIG (draplugin.devices.mig.MigPartitioner) ---------------------------------------------
+
+    def mig_check_free(self, placement: MigPlacement) -> None:
+        nvml = self._nvml
+        try:
+            handle = self._mig_parent(placement)
+            size = self._placement_size(handle, placement)
+            for gi_handle in self._gpu_instances(handle):
+                info = nvml.nvmlGpuInstanceGetInfo(gi_handle)
+                start, length = int(info.placement.start), int(info.placement.size)
+                if start < placement.start + size and placement.start < start + length:
+                    raise MigOperationError(
+                        MIG_PLACEMENT_TAKEN,
+                        f"MIG placement {placement.profile}@{placement.start} on GPU {placement.parent_uuid} "
+                        f"overlaps existing GPU instance {int(info.id)} "
+                        f"(slices {start}..{start + length - 1}), "
+                        "which this claim did not create",
+                    )
+        except nvml.NVMLError as err:
+            raise MigOperationError(MIG_ERROR, f"NVML: checking MIG placement failed: {err}") from None
+
+    def mig_create(self, placement: MigPlacement) -> CreatedMig:
+        nvml = self._nvml
+        try:
+            handle = self._mig_parent(placement)
+            profile = self._gi_profile(handle, placement)
+            where = nvml.c_nvmlGpuInstancePlacement_t()
+            where.start = placement.start
+            where.size = self._placement_size(handle, placement)
+            gi_handle = nvml.nvmlDeviceCreateGpuInstanceWithPlacement(handle, int(profile.id), where)
+        except nvml.NVMLError as err:
+            reason = MIG_PLACEMENT_TAKEN if _is(nvml, err, "NVML_ERROR_INSUFFICIENT_RESOURCES") else MIG_ERROR
+            raise MigOperationError(
+                reason,
+                f"NVML: creating GPU instance {placement.profile}@"
+                f"{placement.start} on {placement.parent_uuid} failed: {err}",
+            ) from None
+        try:
+            ci_profile = nvml.nvmlGpuInstanceGetComputeInstanceProfileInfo(
+                gi_handle,
+                int(getattr(nvml, f"NVML_COMPUTE_INSTANCE_PROFILE_{int(profile.sliceCount)}_SLICE")),
+                nvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED,
+            )
+            nvml.nvmlGpuInstanceCreateComputeInstance(gi_handle, int(ci_profile.id))
+            created = self._created(placement, gi_handle)
+            if len(created.cap_nodes) != 2:
+                raise MigOperationError(
+                    MIG_ERROR,
+                    f"the nvidia-caps access files of GPU instance {created.gpu_instance_id} are missing "
+                    f"under {self._proc_root}/driver/nvidia/capabilities: a container could not use it",
+                )
+            return created
+        except (nvml.NVMLError, AttributeError, MigOperationError) as err:
+            # Never leave a half-made MIG device behind: nobody could use it, and it blocks the slices.
+            self._undo_create(gi_handle)
+            raise MigOperationError(
+                MIG_ERROR, f"NVML: creating the compute instance on {placement.parent_uuid} failed: {err}"
+            ) from None
+
+    def _undo_create(self, gi_handle: Any) -> None:
+        nvml = self._nvml
+        try:
+            with contextlib.suppress(nvml.NVMLError_NotFound):
+                nvml.nvmlComputeInstanceDestroy(nvml.nvmlGpuInstanceGetComputeInstanceById(gi_handle, 0))
+            nvml.nvmlGpuInstanceDestroy(gi_handle)
+        except nvml.NVMLError as undo:
+            log.error("cannot destroy half-created GPU instance error=%s", undo)
+
+    def mig_find(self, placement: MigPlacement) -> CreatedMig | None:
+        nvml = self._nvml
+        try:
+            handle = self._mig_parent(placement, require_mig_mode=False)
+            profile_id = int(self._gi_profile(handle, placement).id)
+            for gi_handle in self._gpu_instances(handle):
+                info = nvml.nvmlGpuInstanceGetInfo(gi_handle)
+                if int(info.profileId) == profile_id and int(info.placement.start) == placement.start:
+                    return self._created(placement, gi_handle, bare_ok=True)
+        except nvml.NVMLError as err:
+            raise MigOperationError(MIG_ERROR, f"NVML: reading MIG instances failed: {err}") from None
+        return None
+
+    def mig_destroy(self, placement: MigPlacement, gpu_instance_id: int | None) -> bool:
+        nvml = self._nvml
+        found = self.mig_find(placement)
+        if found is None or (gpu_instance_id is not None and found.gpu_instance_id != gpu_instance_id):
+            return True  # gone already, or someone else's instance now sits there: not ours
+        try:
+            handle = self._mig_parent(placement, require_mig_mode=False)
+            gi_handle = nvml.nvmlDeviceGetGpuInstanceById(handle, found.gpu_instance_id)
+            if found.compute_instance_id >= 0:
+                ci_handle = nvml.nvmlGpuInstanceGetComputeInstanceById(gi_handle, found.compute_instance_id)
+                nvml.nvmlComputeInstanceDestroy(ci_handle)
+            nvml.nvmlGpuInstanceDestroy(gi_handle)
+        except nvml.NVMLError as err:
+            raise MigOperationError(
+                MIG_ERROR,
+                f"NVML: destroying GPU instance {found.gpu_instance_id} on {placement.parent_uuid} failed "
+                f"(processes still running on it?): {err}",
+            ) from None
+        return True
+
+    def _mig_parent(self, placement: MigPlacement, *, require_mig_mode: bool = True) -> Any:
+        nvml = self._nvml
+        handle = nvml.nvmlDeviceGetHandleByUUID(placement.parent_uuid)
+        if require_mig_mode and not self._mig_mode(handle)[1]:
+            raise MigOperationError(
+                MIG_MODE_DISABLED,
+                f"GPU {placement.parent_uuid} has MIG mode off; enable it (nvidia-smi -i <gpu> -mig 1) "
+                "before MIG devices can be created",
+            )
+        return handle
+
+    def _gi_profile(self, handle: Any, placement: MigPlacement) -> Any:
+        nvml = self._nvml
+        for profile_index in range(nvml.NVML_GPU_INSTANCE_PROFILE_COUNT):
+            try:
+                info = nvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, profile_index)
+            except (nvml.NVMLError_NotSupported, nvml.NVMLError_InvalidArgument):
+                continue
+            if _text(info.name).removeprefix("MIG ").strip() == placement.profile:
+                return info
+        raise MigOperationError(
+            MIG_ERROR, f"GPU {placement.parent_uuid} has no MIG profile {placement.profile}"
+        )
+
+    def _placement_size(self, handle: Any, placement: MigPlacement) -> int:
+        profile = self._gi_profile(handle, placement)
+        for start, size in self._placements(handle, int(profile.id), int(profile.instanceCount)):
+            if start == placement.start:
+                return size
+        raise MigOperationError(
+            MIG_ERROR, f"MIG profile {placement.profile} cannot be placed at slice {placement.start}"
+        )
+
+    def _gpu_instances(self, handle: Any) -> list[Any]:
+        nvml = self._nvml
+        found = []
+        for gi in range(_MAX_GPU_INSTANCE_ID):
+            try:
+                found.append(nvml.nvmlDeviceGetGpuInstanceById(handle, gi))
+            except (nvml.NVMLError_NotFound, nvml.NVMLError_InvalidArgument):
+                continue
+        return found
+
+    def _created(self, placement: MigPlacement, gi_handle: Any, *, bare_ok: bool = False) -> CreatedMig:
+        """The MIG device of a GPU instance: its full compute instance (ID 0), UUID and caps nodes."""
+        nvml = self._nvml
+        gi = int(nvml.nvmlGpuInstanceGetInfo(gi_handle).id)
+        try:
+            ci_handle = nvml.nvmlGpuInstanceGetComputeInstanceById(gi_handle, 0)
+        except nvml.NVMLError_NotFound:
+            if not bare_ok:
+                raise
+            # A GPU instance without compute instance (a crash between the two creates).
+            return CreatedMig(gi, -1, "", self._mig_caps(placement.parent_minor, gi, -1))
+        info = nvml.nvmlComputeInstanceGetInfo(ci_handle)
+        ci = int(info.id)
+        uuid = _text(nvml.nvmlDeviceGetUUID(info.device))
+        return CreatedMig(gi, ci, uuid, self._mig_caps(placement.parent_minor, gi, ci))
+
     # --- health -----------------------------------------------------------------------------------------
 
     def monitor_health(
@@ -561,6 +733,10 @@ def _gi_of(device: Device, gpus: list[GpuInfo]) -> int | None:
             if instance.uuid and instance.uuid == device.uuid:
                 return instance.gpu_instance_id
     return None
+
+
+def _is(nvml: Any, err: Any, code_name: str) -> bool:
+    return getattr(err, "value", None) == getattr(nvml, code_name, object())
 
 
 def _text(value: Any) -> str:

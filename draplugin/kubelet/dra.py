@@ -4,7 +4,11 @@ The kubelet sends a batch of claim references and expects one answer per claim
 UID. A bad reference, a duplicate, or a driver failure becomes that claim's
 `error`; the RPC itself only fails when the request cannot be answered at all.
 Claims of one batch run concurrently, bounded so thousands of claims do not
-flood the driver.
+flood the driver; prepares and unprepares have separate bounds, so an
+unprepare (which needs no API server) never waits behind prepares stuck on
+one. Claim references are checked against Kubernetes' name rules before any
+use. With a gRPC deadline, every claim is answered before it: one still
+running then gets an error saying so and finishes in the background.
 """
 
 from __future__ import annotations
@@ -16,15 +20,17 @@ import time
 from collections import Counter as Tally
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Final, Protocol
+from typing import Any, Final, Protocol
 
 import grpc
 from prometheus_client import Counter, Histogram
 
+from dracommon.kubenames import dns_label_problem, dns_subdomain_problem, uid_problem
 from draplugin.kubelet._proto.dra.v1 import api_pb2 as v1
 from draplugin.kubelet._proto.dra.v1 import api_pb2_grpc as v1_grpc
 from draplugin.kubelet._proto.dra.v1beta1 import api_pb2 as v1beta1
 from draplugin.kubelet._proto.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
+from draplugin.kubelet.deadline import CALL_DEADLINE, deadline_from_remaining
 from draplugin.kubelet.interface import ClaimError, ClaimRef, Driver, PreparedDevice
 from draplugin.kubelet.serialize import CallSerializer
 
@@ -65,8 +71,27 @@ class ClaimOutcome:
     error: str = ""
 
 
-def _validate_batch(claims: Sequence[ClaimMessage]) -> tuple[list[ClaimRef], dict[str, str]]:
-    """Split a request into claims to run and per-UID errors for the ones that cannot run."""
+def _name_problem(claim: ClaimMessage) -> str | None:
+    """Why a reference cannot name a real ResourceClaim (the API server enforces these rules)."""
+    for field, value, problem in (
+        ("namespace", claim.namespace, dns_label_problem(claim.namespace)),
+        ("name", claim.name, dns_subdomain_problem(claim.name)),
+        ("uid", claim.uid, uid_problem(claim.uid)),
+    ):
+        if problem is not None:
+            shown = value if len(value) <= 80 else value[:80] + "..."
+            return f"{field} {shown!r} {problem}"
+    return None
+
+
+def _validate_batch(
+    claims: Sequence[ClaimMessage], *, check_names: bool
+) -> tuple[list[ClaimRef], dict[str, str]]:
+    """Split a request into claims to run and per-UID errors for the ones that cannot run.
+
+    `check_names`: refuse references that break Kubernetes' rules (prepare, which puts them in
+    URLs and file names). Unprepare needs neither, and must succeed for anything unknown.
+    """
     errors: dict[str, list[str]] = {}
     seen = Tally(c.uid for c in claims)
     runnable: list[ClaimRef] = []
@@ -88,6 +113,8 @@ def _validate_batch(claims: Sequence[ClaimMessage]) -> tuple[list[ClaimRef], dic
                 errors.setdefault(claim.uid, []).append(msg)
         elif missing:
             errors[claim.uid] = [f"claim {where} (uid {claim.uid}) is missing {', '.join(missing)}"]
+        elif check_names and (problem := _name_problem(claim)) is not None:
+            errors[claim.uid] = [f"claim {where[:200]} is not a valid ResourceClaim reference: {problem}"]
         else:
             runnable.append(ClaimRef(namespace=claim.namespace, uid=claim.uid, name=claim.name))
     return runnable, {uid: "; ".join(msgs) for uid, msgs in errors.items()}
@@ -167,37 +194,51 @@ class ClaimRunner:
             raise ValueError("max_concurrent_claims must be at least 1")
         self._driver = driver
         self._serializer = serializer
-        self._limit = asyncio.Semaphore(max_concurrent_claims)
+        # Separate bounds: prepares wait on the API server, unprepares never do.
+        self._limits = {
+            "prepare": asyncio.Semaphore(max_concurrent_claims),
+            "unprepare": asyncio.Semaphore(max_concurrent_claims),
+        }
         self._per_claim = ClaimLocks()
         self._batches: set[asyncio.Future[list[tuple[str, ClaimOutcome]]]] = set()
+        # Claims answered at the deadline whose work goes on; kept so shutdown can wait for them.
+        self._background: set[asyncio.Future[tuple[str, ClaimOutcome]]] = set()
 
-    async def prepare(self, claims: Sequence[ClaimMessage]) -> dict[str, ClaimOutcome]:
+    async def prepare(
+        self, claims: Sequence[ClaimMessage], deadline: float | None = None
+    ) -> dict[str, ClaimOutcome]:
+        """`deadline`: the `time.monotonic()` instant by which every claim is answered (None: none)."""
+
         async def one(claim: ClaimRef) -> ClaimOutcome:
             return ClaimOutcome(devices=_check_devices(await self._driver.prepare_claim(claim)))
 
-        return await self._run("prepare", claims, one)
+        return await self._run("prepare", claims, one, deadline)
 
-    async def unprepare(self, claims: Sequence[ClaimMessage]) -> dict[str, ClaimOutcome]:
+    async def unprepare(
+        self, claims: Sequence[ClaimMessage], deadline: float | None = None
+    ) -> dict[str, ClaimOutcome]:
         async def one(claim: ClaimRef) -> ClaimOutcome:
             await self._driver.unprepare_claim(claim)
             return ClaimOutcome()
 
-        return await self._run("unprepare", claims, one)
+        return await self._run("unprepare", claims, one, deadline)
 
     async def _run(
         self,
         operation: str,
         claims: Sequence[ClaimMessage],
         action: Callable[[ClaimRef], Awaitable[ClaimOutcome]],
+        deadline: float | None,
     ) -> dict[str, ClaimOutcome]:
-        runnable, invalid = _validate_batch(claims)
+        runnable, invalid = _validate_batch(claims, check_names=operation == "prepare")
+        limit = self._limits[operation]
         outcomes = {uid: ClaimOutcome(error=msg) for uid, msg in invalid.items()}
         for uid, msg in invalid.items():
             log.warning("rejected claim in request", extra={"operation": operation, "uid": uid, "error": msg})
 
         async def guarded(claim: ClaimRef) -> tuple[str, ClaimOutcome]:
             # Claim lock first: waiting for the same claim must not occupy a concurrency slot.
-            async with self._per_claim.hold(claim.uid), self._limit:
+            async with self._per_claim.hold(claim.uid), limit:
                 try:
                     return claim.uid, await action(claim)
                 except Exception as exc:
@@ -205,14 +246,40 @@ class ClaimRunner:
                         log.exception("driver raised", extra={"operation": operation, "claim": str(claim)})
                     return claim.uid, ClaimOutcome(error=_error_text(exc))
 
+        async def answered(claim: ClaimRef) -> tuple[str, ClaimOutcome]:
+            work = asyncio.ensure_future(guarded(claim))
+            if deadline is None:
+                return await work
+            done, _ = await asyncio.wait({work}, timeout=max(0.0, deadline - time.monotonic()))
+            if work in done:
+                return work.result()
+            # Stopping it half-way helps nobody: it finishes, and the kubelet's retry (which waits
+            # for it on the claim lock) gets its result.
+            self._background.add(work)
+            work.add_done_callback(self._background.discard)
+            log.warning(
+                "claim answered at the deadline, still running",
+                extra={"operation": operation, "claim": str(claim)},
+            )
+            return claim.uid, ClaimOutcome(
+                error=f"{operation} of claim {claim.namespace}/{claim.name} did not finish before the "
+                "kubelet's deadline (waiting for the API server or for an earlier call for the same "
+                "claim); it goes on in the background and a retry gets its result"
+            )
+
         async def serialized() -> list[tuple[str, ClaimOutcome]]:
             if self._serializer is None or not runnable:
-                return await asyncio.gather(*(guarded(c) for c in runnable))
+                return await asyncio.gather(*(answered(c) for c in runnable))
             async with self._serializer.hold():
                 self._driver.reload_state()
-                return await asyncio.gather(*(guarded(c) for c in runnable))
+                return await asyncio.gather(*(answered(c) for c in runnable))
 
-        batch: asyncio.Future[list[tuple[str, ClaimOutcome]]] = asyncio.ensure_future(serialized())
+        # The driver bounds its own API work by this deadline too (tasks copy the context).
+        token = CALL_DEADLINE.set(deadline)
+        try:
+            batch: asyncio.Future[list[tuple[str, ClaimOutcome]]] = asyncio.ensure_future(serialized())
+        finally:
+            CALL_DEADLINE.reset(token)
         self._batches.add(batch)
         batch.add_done_callback(self._batches.discard)
         try:
@@ -231,7 +298,7 @@ class ClaimRunner:
 
     async def aclose(self, grace: float) -> None:
         """Give in-flight batches `grace` seconds to finish, then cancel the rest."""
-        pending = list(self._batches)
+        pending: list[asyncio.Future[Any]] = [*self._batches, *self._background]
         if not pending:
             return
         _, still_running = await asyncio.wait(pending, timeout=grace)
@@ -270,7 +337,9 @@ class DRAPluginV1(v1_grpc.DRAPluginServicer):
         context: grpc.aio.ServicerContext[v1.NodePrepareResourcesRequest, v1.NodePrepareResourcesResponse],
     ) -> v1.NodePrepareResourcesResponse:
         started = time.monotonic()
-        outcomes = await self._runner.prepare(request.claims)
+        outcomes = await self._runner.prepare(
+            request.claims, deadline_from_remaining(context.time_remaining())
+        )
         response = v1.NodePrepareResourcesResponse()
         for uid, outcome in outcomes.items():
             entry = response.claims[uid]
@@ -297,7 +366,9 @@ class DRAPluginV1(v1_grpc.DRAPluginServicer):
         ],
     ) -> v1.NodeUnprepareResourcesResponse:
         started = time.monotonic()
-        outcomes = await self._runner.unprepare(request.claims)
+        outcomes = await self._runner.unprepare(
+            request.claims, deadline_from_remaining(context.time_remaining())
+        )
         response = v1.NodeUnprepareResourcesResponse()
         for uid, outcome in outcomes.items():
             response.claims[uid].error = outcome.error
@@ -319,7 +390,9 @@ class DRAPluginV1Beta1(v1beta1_grpc.DRAPluginServicer):
         ],
     ) -> v1beta1.NodePrepareResourcesResponse:
         started = time.monotonic()
-        outcomes = await self._runner.prepare(request.claims)
+        outcomes = await self._runner.prepare(
+            request.claims, deadline_from_remaining(context.time_remaining())
+        )
         response = v1beta1.NodePrepareResourcesResponse()
         for uid, outcome in outcomes.items():
             entry = response.claims[uid]
@@ -344,7 +417,9 @@ class DRAPluginV1Beta1(v1beta1_grpc.DRAPluginServicer):
         ],
     ) -> v1beta1.NodeUnprepareResourcesResponse:
         started = time.monotonic()
-        outcomes = await self._runner.unprepare(request.claims)
+        outcomes = await self._runner.unprepare(
+            request.claims, deadline_from_remaining(context.time_remaining())
+        )
         response = v1beta1.NodeUnprepareResourcesResponse()
         for uid, outcome in outcomes.items():
             response.claims[uid].error = outcome.error

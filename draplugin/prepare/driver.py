@@ -13,7 +13,16 @@ never runs two calls for one claim UID at once, so there is no lock here):
 
 Unprepare: remove the CDI spec first (a runtime must never resolve a device
 we are about to give away), then release sharing state, then forget the claim.
-An unknown claim is a success.
+An unknown claim is a success, and so is one whose UID cannot name a file
+(nothing of it can be on disk; a checkpoint record of it is forgotten).
+
+The API read is bounded by a deadline: the plugin's setting, or the kubelet's
+own deadline for the call when that comes sooner (`draplugin.kubelet.deadline`).
+
+Start-up (`recover`) removes our temp files of interrupted writes, restores
+specs from the checkpoint, and when the checkpoint was lost rebuilds its
+records from the surviving CDI specs and the API server, so the devices of
+running claims stay taken and their specs stay on disk.
 
 Every step is safe to repeat, so a crash anywhere is repaired by the
 kubelet's retry: see `crashpoints` for the named points the tests kill at.
@@ -22,6 +31,7 @@ kubelet's retry: see `crashpoints` for the named points the tests kill at.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -29,16 +39,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dracommon.kubeapi import ApiError
+from dracommon.kubenames import is_safe_uid
 from draplugin import crashpoints
 from draplugin.cdi import spec as cdi
 from draplugin.cdi.driverfiles import DriverFiles
 from draplugin.cdi.driverlayout import DriverRootError
-from draplugin.checkpoint import CheckpointStore, ClaimRecord, ClaimState
+from draplugin.checkpoint import CheckpointStore, ClaimRecord, ClaimState, DeviceRecord
 from draplugin.devices.model import Device
 from draplugin.events import EventSink
+from draplugin.kubelet.deadline import call_deadline
 from draplugin.kubelet.interface import ClaimError, ClaimRef, PreparedDevice
 from draplugin.metrics import ClaimMetrics
-from draplugin.prepare.api import ClaimReader
+from draplugin.prepare.api import (
+    DEFAULT_API_DEADLINE_S,
+    MAX_JSON_DEPTH,
+    ApiDeadlineExceeded,
+    ClaimReader,
+    holds_too_deep,
+    iter_opaque_configs,
+)
 from draplugin.prepare.plan import (
     ClaimPlan,
     PlanError,
@@ -50,6 +69,12 @@ from draplugin.prepare.plan import (
 from draplugin.prepare.sharing import SharingState
 
 log = logging.getLogger(__name__)
+
+# Names for a claim rebuilt from its CDI spec alone: the spec holds only the UID and devices, and the
+# checkpoint needs non-empty names. The kubelet's next prepare of the claim writes the real ones.
+UNKNOWN_NAME = "(unknown)"
+# What a prepare still does after its API read, reserved out of the kubelet's deadline.
+LOCAL_WORK_S = 0.3
 
 
 @dataclass
@@ -64,6 +89,10 @@ class RecoveryReport:
     specs_restored: list[str] = field(default_factory=list)
     specs_removed: list[str] = field(default_factory=list)
     demoted: list[str] = field(default_factory=list)
+    # After a lost checkpoint: claims recorded again from the API, or from their spec alone.
+    rebuilt_from_api: list[str] = field(default_factory=list)
+    rebuilt_from_specs: list[str] = field(default_factory=list)
+    temp_files_removed: list[str] = field(default_factory=list)
 
 
 class GpuDriver:
@@ -82,6 +111,8 @@ class GpuDriver:
         events: EventSink,
         metrics: ClaimMetrics,
         driver_files: DriverFiles | None = None,
+        api_deadline_s: float = DEFAULT_API_DEADLINE_S,
+        started_at: float = cdi.PROCESS_STARTED,
     ) -> None:
         self.driver_name = driver_name
         self.node_name = node_name
@@ -96,6 +127,10 @@ class GpuDriver:
         self.cdi_kind = cdi_store.kind
         # The driver's user-space files for CUDA containers; None: specs carry no driver files.
         self.driver_files = driver_files
+        # The longest a prepare waits for the API server; the kubelet's own deadline may be sooner.
+        self.api_deadline_s = api_deadline_s
+        # Temp files older than this (wall clock) are left over from a process that is gone.
+        self.started_at = started_at
 
     # --- start-up ---------------------------------------------------------------------------------
 
@@ -109,13 +144,22 @@ class GpuDriver:
             corrupt_reason=loaded.corrupt_reason,
             moved_to=loaded.moved_to,
         )
+        report.temp_files_removed = [
+            str(path)
+            for path in self.cdi.remove_stale_temp_files(self.started_at)
+            + self.checkpoint.remove_stale_temp_files(self.started_at)
+        ]
+        if report.temp_files_removed:
+            log.info(
+                "removed temp files of interrupted writes", extra={"files": len(report.temp_files_removed)}
+            )
         if loaded.corrupt_reason is not None:
             note = (
                 f"checkpoint {self.checkpoint.path} is unreadable ({loaded.corrupt_reason}); moved to "
-                f"{loaded.moved_to} and starting empty: the kubelet's retries prepare running claims again"
+                f"{loaded.moved_to}; its claims are rebuilt from the surviving CDI specs and the API server"
             )
             log.error(
-                "checkpoint corrupt: moved aside, starting empty",
+                "checkpoint corrupt: moved aside, rebuilding",
                 extra={
                     "path": str(self.checkpoint.path),
                     "reason": loaded.corrupt_reason,
@@ -148,15 +192,15 @@ class GpuDriver:
                     )
                 )
                 report.demoted.append(record.uid)
+        if loaded.corrupt_reason is not None:
+            self._rebuild_lost_records(report)
         known = {record.uid for record in self.checkpoint.records()}
         unexplained = [uid for uid in self.cdi.claim_uids() if uid not in known]
         if loaded.corrupt_reason is not None:
-            # The records are lost, not absent: these specs may belong to running pods whose
-            # containers still need them to restart. The kubelet's unprepare removes each one.
+            # Specs the rebuild could not read: they may still belong to running pods, so they stay
+            # until the kubelet's unprepare removes them.
             if unexplained:
-                log.warning(
-                    "keeping CDI specs the lost checkpoint knew about", extra={"specs": len(unexplained)}
-                )
+                log.warning("keeping CDI specs the rebuild could not read", extra={"specs": len(unexplained)})
         else:
             for uid in unexplained:
                 # With an intact checkpoint every spec has a record (it is written first), so a
@@ -164,9 +208,10 @@ class GpuDriver:
                 log.info("removing leaked CDI spec", extra={"uid": uid})
                 self.cdi.remove(uid)
                 report.specs_removed.append(uid)
-        for uid in list(self.sharing.claim_uids()):
-            if uid not in known:
-                self.sharing.release(uid)
+        if loaded.corrupt_reason is None:
+            # MIG instances, MPS daemons, time-slices of claims that are not prepared: orphans. With
+            # the records lost they may serve running pods: kept, as their CDI specs are.
+            self.sharing.release_orphans({r.uid for r in self.checkpoint.records() if r.completed})
         self.checkpoint.save()
         self.metrics.prepared_claims.set(len(self.checkpoint))
         log.info(
@@ -179,9 +224,109 @@ class GpuDriver:
                 "specs_restored": len(report.specs_restored),
                 "specs_removed": len(report.specs_removed),
                 "demoted": len(report.demoted),
+                "rebuilt_from_api": len(report.rebuilt_from_api),
+                "rebuilt_from_specs": len(report.rebuilt_from_specs),
             },
         )
         return report
+
+    def _rebuild_lost_records(self, report: RecoveryReport) -> None:
+        """Record again the claims the lost checkpoint knew, so their devices stay taken.
+
+        Source one, the API server: claims with results of ours in our pool and reserved for a
+        pod (a pod using node-local devices runs here) are planned as a prepare would, their spec
+        (re)written, and recorded as completed. Source two, the surviving CDI specs: a spec names
+        its claim's UID and devices; one the API could not explain (unreachable, or the claim no
+        longer plans) is recorded as started, which holds its devices exclusively until the
+        kubelet prepares or unprepares it. A spec of a claim the API server says is gone, or in
+        use by no pod, is removed: no running pod uses it.
+        """
+        surviving = set(self.cdi.claim_uids())
+        try:
+            docs: list[dict[str, object]] | None = self.claims.list_claims(self.api_deadline_s)
+        except ApiError as err:
+            log.warning(
+                "cannot list claims to rebuild the checkpoint: keeping what the CDI specs say",
+                extra={"error": str(err)},
+            )
+            docs = None
+        listed: set[str] = set()
+        for doc in docs or []:
+            uid = self._rebuild_from_api(doc)
+            if uid is None:
+                continue
+            listed.add(uid)
+            if self.checkpoint.get(uid) is not None:
+                report.rebuilt_from_api.append(uid)
+        for uid in sorted(surviving):
+            if self.checkpoint.get(uid) is not None:
+                continue
+            if docs is not None and uid not in listed:
+                log.info("removing CDI spec of a claim the API says is gone or unused", extra={"uid": uid})
+                self.cdi.remove(uid)
+                report.specs_removed.append(uid)
+            elif self._rebuild_from_spec(uid):
+                report.rebuilt_from_specs.append(uid)
+        self.metrics.prepared_claims.set(len(self.checkpoint))
+
+    def _rebuild_from_api(self, doc: dict[str, object]) -> str | None:
+        """Record one listed claim if it runs here; its UID when it is allocated here and reserved."""
+        meta = doc.get("metadata")
+        status = doc.get("status")
+        if not isinstance(meta, dict) or not isinstance(status, dict) or not status.get("reservedFor"):
+            return None
+        uid, namespace, name = meta.get("uid"), meta.get("namespace"), meta.get("name")
+        if not (isinstance(uid, str) and isinstance(namespace, str) and isinstance(name, str)):
+            return None
+        if not is_safe_uid(uid):
+            return None
+        ref = ClaimRef(namespace, uid, name)
+        try:
+            plan = self._plan(ref, doc)
+            if not plan.devices:
+                return None
+            check_sharing(plan, self.checkpoint.records())
+            self._materialize(plan)
+        except (PlanError, OSError, cdi.CdiError, ValueError) as err:
+            log.warning(
+                "cannot rebuild a running claim from the API; its spec (if any) decides",
+                extra={"claim": f"{namespace}/{name}", "uid": uid, "error": str(err)},
+            )
+            return uid
+        self.checkpoint.put(
+            ClaimRecord(uid, namespace, name, ClaimState.PREPARE_COMPLETED, plan.device_records())
+        )
+        return uid
+
+    def _rebuild_from_spec(self, uid: str) -> bool:
+        """Record a claim from its spec alone (devices `<uid>-<device>`), as started."""
+        try:
+            raw = self.cdi.read(uid)
+            spec = json.loads(raw) if raw is not None else None
+            names = [d.get("name") for d in spec.get("devices", [])] if isinstance(spec, dict) else []
+        except (OSError, ValueError, RecursionError, AttributeError, cdi.CdiError) as err:
+            log.warning("unreadable CDI spec of a lost claim: kept", extra={"uid": uid, "error": str(err)})
+            return False
+        prefix = f"{uid}-"
+        devices = tuple(
+            DeviceRecord(
+                request_names=(),
+                pool=self.node_name,
+                device=name.removeprefix(prefix),
+                cdi_ids=(f"{self.cdi_kind}={name}",),
+            )
+            for name in names
+            if isinstance(name, str) and name.startswith(prefix) and len(name) > len(prefix)
+        )
+        if not devices:
+            return False
+        self.checkpoint.put(ClaimRecord(uid, UNKNOWN_NAME, UNKNOWN_NAME, ClaimState.PREPARE_STARTED, devices))
+        log.warning(
+            "claim rebuilt from its CDI spec alone: its devices stay taken until the kubelet "
+            "prepares or unprepares it",
+            extra={"uid": uid, "devices": ",".join(d.device for d in devices)},
+        )
+        return True
 
     def reload_state(self) -> None:
         """Re-read the checkpoint, which another plugin process on this node may have changed.
@@ -236,7 +381,8 @@ class GpuDriver:
                 raise ClaimError(str(err)) from None
             except ApiError as err:
                 message = f"reading claim {claim.namespace}/{claim.name} from the API server failed: {err}"
-                self._failed("prepare", claim, "APIError", message)
+                reason = "APIServerTimeout" if isinstance(err, ApiDeadlineExceeded) else "APIError"
+                self._failed("prepare", claim, reason, message)
                 raise ClaimError(message) from None
             except Exception as err:
                 message = f"preparing claim {claim.namespace}/{claim.name} failed: {err}"
@@ -267,13 +413,31 @@ class GpuDriver:
 
     # --- the work ---------------------------------------------------------------------------------
 
-    async def _prepare(self, claim: ClaimRef) -> list[PreparedDevice]:
-        doc = await self.claims.get_claim(claim.namespace, claim.name)
-        if doc is None:
-            raise PlanError("ClaimNotFound", f"claim {claim.namespace}/{claim.name} does not exist")
-        plan = plan_claim(
+    def _deadline(self) -> float:
+        """When this prepare's API work must end: the setting, or the kubelet's deadline if sooner
+        (less the local work that follows: planning, the CDI spec, the checkpoint's fsync)."""
+        own = time.monotonic() + self.api_deadline_s
+        kubelet = call_deadline()
+        return own if kubelet is None else min(own, kubelet - LOCAL_WORK_S)
+
+    def _plan(self, claim: ClaimRef, doc: dict[str, object]) -> ClaimPlan:
+        for where, source, parameters in iter_opaque_configs(doc, self.driver_name):
+            if holds_too_deep(parameters):
+                origin = "DeviceClass" if source == "FromClass" else "claim"
+                raise PlanError(
+                    "InvalidConfig",
+                    f"claim {claim.namespace}/{claim.name}: invalid {origin} config: "
+                    f"{where}.opaque.parameters is nested more than {MAX_JSON_DEPTH} levels deep",
+                )
+        return plan_claim(
             claim, doc, driver=self.driver_name, pool=self.node_name, devices=self.devices, kind=self.cdi_kind
         )
+
+    async def _prepare(self, claim: ClaimRef) -> list[PreparedDevice]:
+        doc = await self.claims.get_claim(claim.namespace, claim.name, self._deadline())
+        if doc is None:
+            raise PlanError("ClaimNotFound", f"claim {claim.namespace}/{claim.name} does not exist")
+        plan = self._plan(claim, doc)
         if not plan.devices:
             log.info("no devices of this node in the claim", extra={"claim": str(claim)})
             return []
@@ -335,14 +499,18 @@ class GpuDriver:
             except DriverRootError as err:
                 message = f"CUDA containers cannot get the NVIDIA driver files: {err}"
                 raise PlanError(err.reason, message) from None
-        self.sharing.apply(plan)
+        plan = self.sharing.apply(plan)  # the plan as realized: created MIG devices filled in
         return render_spec(plan, self.sharing.host_dir_for(plan), self.cdi_kind, driver_edits)
 
     async def _unprepare(self, claim: ClaimRef) -> None:
-        removed = await asyncio.to_thread(self.cdi.remove, claim.uid)
-        crashpoints.reach(crashpoints.UNPREPARE_AFTER_CDI_REMOVE)
-        await asyncio.to_thread(self.sharing.release, claim.uid)
-        crashpoints.reach(crashpoints.UNPREPARE_AFTER_RELEASE)
+        removed = False
+        # A UID that cannot name a file was never prepared into one (prepare refuses it at the
+        # edge): only a record of it, from an older release, can exist, and it is forgotten.
+        if is_safe_uid(claim.uid):
+            removed = await asyncio.to_thread(self.cdi.remove, claim.uid)
+            crashpoints.reach(crashpoints.UNPREPARE_AFTER_CDI_REMOVE)
+            await asyncio.to_thread(self.sharing.release, claim.uid)
+            crashpoints.reach(crashpoints.UNPREPARE_AFTER_RELEASE)
         known = self.checkpoint.forget(claim.uid)
         if known:
             self.metrics.prepared_claims.set(len(self.checkpoint))

@@ -1,15 +1,24 @@
 """Node-side state behind the sharing strategies, created on prepare and released on unprepare.
 
-MPS: each claim that uses MPS gets a directory `<root>/<claim uid>/` with the
-`pipe/` and `log/` directories its containers share (mounted through CDI at
-`/var/run/draplugin/mps`) and a `mps.json` with the limits, which is what an
-MPS control daemon for the claim is started from. Time-slicing and exclusive
-use need no files: the scheduler's allocation and the checkpoint's device
-holders are the whole state.
+`SharingState` is the one place the driver calls for it (`apply`, `release`,
+`claim_uids`); the work is in one module per mechanism:
+
+- dynamic MIG (`draplugin.prepare.mig`): a partitionable MIG device allocated
+  to a claim is created on the GPU; the claim's CDI device gets its UUID and
+  its own `nvidia-caps` nodes;
+- MPS: each claim that uses MPS gets a directory `<root>/mps/<claim uid>/` with
+  the `pipe/` and `log/` directories its containers share (mounted through CDI
+  at `/var/run/draplugin/mps`) and a `mps.json` with the limits.
+
+What exists on the GPU because of a claim is in the sharing ledger
+(`draplugin.prepare.ledger`), written around every side effect, so start-up
+can undo what no completed claim holds (`release` of each `claim_uids()` the
+checkpoint does not hold as prepared).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
@@ -17,31 +26,52 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 
+from dracommon.kubenames import is_safe_uid
 from draplugin.cdi.spec import atomic_write
+from draplugin.devices.mig import MigPartitioner
+from draplugin.prepare import mig
 from draplugin.prepare.claimconfig import SharingStrategy
-from draplugin.prepare.plan import ClaimPlan
+from draplugin.prepare.ledger import FILE_NAME as LEDGER_FILE
+from draplugin.prepare.ledger import SharingLedger
+from draplugin.prepare.plan import ClaimPlan, PlanError
 
 log = logging.getLogger(__name__)
 
-_UID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-
 
 class SharingState:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, mig_partitioner: MigPartitioner | None = None) -> None:
         self.root = root
+        self.ledger = SharingLedger(root / LEDGER_FILE)
+        # None: the backend cannot create MIG devices; a claim on a partitionable slice then fails.
+        self.mig = mig_partitioner
 
     def mps_dir(self, claim_uid: str) -> Path:
-        if not _UID.match(claim_uid):
+        if not is_safe_uid(claim_uid):
             raise ValueError(f"claim UID {claim_uid!r} cannot be used in a path")
         return self.root / "mps" / claim_uid
 
     def host_dir_for(self, plan: ClaimPlan) -> PurePosixPath | None:
         return PurePosixPath(self.mps_dir(plan.claim.uid)) if plan.uses_mps else None
 
-    def apply(self, plan: ClaimPlan) -> None:
-        """Create what the plan's sharing needs. Idempotent: a re-prepare rewrites the same state."""
-        if not plan.uses_mps:
-            return
+    def apply(self, plan: ClaimPlan) -> ClaimPlan:
+        """Create what the plan's sharing needs; the plan as realized (created MIG devices filled in).
+
+        Idempotent: a re-prepare finds and reuses the same state. On failure
+        (a `PlanError`), nothing this call created is left behind.
+        """
+        if any(mig.needs_instance(d.device) for d in plan.devices):
+            if self.mig is None:
+                raise PlanError(
+                    "MigUnavailable",
+                    f"claim {plan.claim.namespace}/{plan.claim.name}: this node's device backend "
+                    "cannot create MIG devices",
+                )
+            plan = mig.create_for_claim(plan, self.mig, self.ledger)
+        if plan.uses_mps:
+            self._write_mps(plan)
+        return plan
+
+    def _write_mps(self, plan: ClaimPlan) -> None:
         directory = self.mps_dir(plan.claim.uid)
         (directory / "pipe").mkdir(parents=True, exist_ok=True)
         (directory / "log").mkdir(parents=True, exist_ok=True)
@@ -54,14 +84,39 @@ class SharingState:
         atomic_write(directory / "mps.json", (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode())
 
     def release(self, claim_uid: str) -> None:
+        """Undo everything `apply` did for the claim. Safe to repeat; unknown claims are a no-op."""
+        if self.ledger.entries(claim_uid, mig.KIND):
+            if self.mig is None:
+                log.error(
+                    "MIG devices recorded for a claim but no MIG backend to destroy them",
+                    extra={"claim_uid": claim_uid},
+                )
+            else:
+                mig.destroy_for_claim(claim_uid, self.mig, self.ledger)
         directory = self.mps_dir(claim_uid)
         if directory.exists():
             shutil.rmtree(directory)
             log.info("sharing state released", extra={"claim_uid": claim_uid, "strategy": "MPS"})
 
+    def release_orphans(self, prepared: set[str]) -> list[str]:
+        """Start-up: release the state of every claim that is not prepared (a crash mid-prepare, a
+        lost unprepare). Never raises: what cannot be undone now is logged and tried next start."""
+        released = []
+        for uid in list(self.claim_uids()):
+            if uid in prepared:
+                continue
+            try:
+                self.release(uid)
+                released.append(uid)
+            except (PlanError, OSError, ValueError) as err:
+                log.error(
+                    "cannot release orphaned sharing state", extra={"claim_uid": uid, "error": str(err)}
+                )
+        return released
+
     def claim_uids(self) -> Iterator[str]:
-        """Claims that have sharing state on disk (to clean up what no record explains)."""
-        try:
-            yield from (entry.name for entry in (self.root / "mps").iterdir() if entry.is_dir())
-        except FileNotFoundError:
-            return
+        """Claims that have sharing state on disk or on the GPU (to clean up what no record explains)."""
+        uids = set(self.ledger.claim_uids())
+        with contextlib.suppress(FileNotFoundError):
+            uids.update(entry.name for entry in (self.root / "mps").iterdir() if entry.is_dir())
+        yield from sorted(uids)

@@ -20,6 +20,10 @@ from draplugin.cdi.spec import SpecStore
 from draplugin.checkpoint import DEFAULT_BOOT_ID_PATH, CheckpointStore, read_boot_id
 from draplugin.config import Settings
 from draplugin.devices import DeviceBackend, load_backend
+from draplugin.devices.fakemig import STATE_FILE as FAKE_MIG_FILE
+from draplugin.devices.fakemig import FakeMigHardware
+from draplugin.devices.mig import MigPartitioner
+from draplugin.devices.nvml import NvmlBackend
 from draplugin.events import KubeEvents
 from draplugin.metrics import ClaimMetrics
 from draplugin.prepare.api import DEFAULT_WORKERS, REQUEST_TIMEOUT_S, KubeClaimReader
@@ -73,6 +77,18 @@ def _driver_files(
     return files
 
 
+def _mig_partitioner(settings: Settings, backend: DeviceBackend) -> MigPartitioner | None:
+    """Who creates MIG devices at prepare: NVML itself, or the fake GPUs' MIG state file."""
+    if isinstance(backend, NvmlBackend):
+        return backend
+    if backend.name == "fake":
+        device_dir = settings.backend_options().get("device_dir")
+        return FakeMigHardware(
+            settings.state_dir / FAKE_MIG_FILE, Path(str(device_dir)) if device_dir else None
+        )
+    return None
+
+
 def driver_from_settings(settings: Settings, backend: DeviceBackend | None = None) -> GpuDriver:
     """Everything the driver needs, then start-up recovery (checkpoint, CDI specs) before serving.
 
@@ -93,13 +109,15 @@ def driver_from_settings(settings: Settings, backend: DeviceBackend | None = Non
         driver_name=settings.driver_name,
         node_name=settings.node_name,
         devices=devices,
-        claims=KubeClaimReader(AsyncKubeApi(api, DEFAULT_WORKERS)),
+        # retries=0: the reader retries within the prepare's deadline; urllib3's own would outlast it.
+        claims=KubeClaimReader(AsyncKubeApi(api, DEFAULT_WORKERS, retries=0)),
         cdi_store=SpecStore(settings.cdi_root, settings.driver_name),
         checkpoint=CheckpointStore(settings.state_dir / CHECKPOINT_FILE, boot_id),
-        sharing=SharingState(settings.state_dir),
+        sharing=SharingState(settings.state_dir, mig_partitioner=_mig_partitioner(settings, backend)),
         events=events,
         metrics=ClaimMetrics(),
         driver_files=_driver_files(settings, backend, events),
+        api_deadline_s=settings.prepare_api_deadline_s,
     )
     driver.recover()
     log.info(

@@ -15,6 +15,7 @@ old and the new plugin pod share the gRPC health port during the rollout.
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 import time
 import uuid
@@ -67,7 +68,11 @@ def release(
         # Other tests' nodes (fake Node objects, the fake-CRI kubelet) never run a pod.
         {"kubeletPlugin": {"nodeSelector": {"kubernetes.io/hostname": kubelet_node.name}}},
     )
-    yield ChartRelease(api, kube_cluster.kubeconfig, home, test_namespace, values)
+    try:
+        yield ChartRelease(api, kube_cluster.kubeconfig, home, test_namespace, values)
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+        shutil.rmtree(state_dir, ignore_errors=True)
 
 
 def node_slices(api: KubeApi, node: str) -> list[dict[str, Any]]:

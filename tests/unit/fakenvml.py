@@ -91,6 +91,7 @@ class FakeNvml:
         self.initialized = False
         self.nvmlLib: Any = None
         self.on_wait_empty: Callable[[], None] | None = None
+        self.mig_serial = 0
 
     def __getattr__(self, name: str) -> Any:
         # Constants, structures and error classes come from the real binding.
@@ -207,7 +208,7 @@ class FakeNvml:
 
     def nvmlDeviceGetMigDeviceHandleByIndex(self, gpu: FakeGpu, index: int) -> FakeMig:
         mig = gpu.migs[index] if index < len(gpu.migs) else None
-        if mig is None:
+        if mig is None or mig.compute_instance_id < 0:  # a GPU instance is a MIG device once it has a CI
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
         return mig
 
@@ -231,6 +232,73 @@ class FakeNvml:
         info.placement.size = mig.size
         return info
 
+    # --- dynamic MIG: create and destroy instances as the driver does (placement conflicts included) ---
+    def nvmlDeviceGetHandleByUUID(self, uuid: str | bytes) -> FakeGpu:
+        text = uuid.decode() if isinstance(uuid, bytes) else uuid
+        for gpu in self.gpus:
+            if gpu.uuid == text:
+                return gpu
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+
+    def nvmlDeviceCreateGpuInstanceWithPlacement(
+        self, gpu: FakeGpu, profile_id: int, placement: Any
+    ) -> FakeMig:
+        self._check("nvmlDeviceCreateGpuInstanceWithPlacement")
+        if gpu.mig_mode is None or gpu.mig_mode[0] != pynvml.NVML_DEVICE_MIG_ENABLE:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        profile = next((p for p in gpu.profiles if p.id == profile_id), None)
+        if profile is None or (int(placement.start), int(placement.size)) not in profile.placements:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        start, size = int(placement.start), int(placement.size)
+        for mig in gpu.migs:
+            if mig is not None and mig.start < start + size and start < mig.start + mig.size:
+                raise pynvml.NVMLError(pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES)
+        used = {m.gpu_instance_id for m in gpu.migs if m is not None}
+        gi = next(n for n in range(1, 32) if n not in used)
+        self.mig_serial += 1
+        mig = FakeMig(f"MIG-ffffffff-0000-0000-0000-{self.mig_serial:012d}", gi, -1, profile_id, start, size)
+        holes = [i for i, m in enumerate(gpu.migs) if m is None]
+        if holes:
+            gpu.migs[holes[0]] = mig
+        else:
+            gpu.migs.append(mig)
+        return mig
+
+    def nvmlGpuInstanceGetComputeInstanceProfileInfo(
+        self, gi: FakeMig, profile: int, eng_profile: int, version: int = 2
+    ) -> Any:
+        info = pynvml.c_nvmlComputeInstanceProfileInfo_v2_t()
+        info.id = profile
+        return info
+
+    def nvmlGpuInstanceCreateComputeInstance(self, gi: FakeMig, profile_id: int) -> FakeMig:
+        self._check("nvmlGpuInstanceCreateComputeInstance")
+        if gi.compute_instance_id >= 0:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES)
+        gi.compute_instance_id = 0
+        return gi
+
+    def nvmlGpuInstanceGetComputeInstanceById(self, gi: FakeMig, ci: int) -> FakeMig:
+        if gi.compute_instance_id < 0 or gi.compute_instance_id != ci:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+        return gi
+
+    def nvmlComputeInstanceGetInfo(self, ci: FakeMig) -> Any:
+        return FakeComputeInstanceInfo(device=ci, id=ci.compute_instance_id)
+
+    def nvmlComputeInstanceDestroy(self, ci: FakeMig) -> None:
+        self._check("nvmlComputeInstanceDestroy")
+        ci.compute_instance_id = -1
+
+    def nvmlGpuInstanceDestroy(self, gi: FakeMig) -> None:
+        self._check("nvmlGpuInstanceDestroy")
+        if gi.compute_instance_id >= 0:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_IN_USE)  # the driver refuses while a CI exists
+        for gpu in self.gpus:
+            for i, mig in enumerate(gpu.migs):
+                if mig is gi:
+                    gpu.migs[i] = None
+
     # --- events ---
     def nvmlEventSetCreate(self) -> str:
         return "event-set"
@@ -252,6 +320,14 @@ class FakeNvml:
 
     def nvmlEventSetFree(self, event_set: str) -> None:
         return None
+
+
+@dataclass
+class FakeComputeInstanceInfo:
+    """The fields of c_nvmlComputeInstanceInfo_t the adapter reads, holding a fake MIG device handle."""
+
+    device: FakeMig
+    id: int
 
 
 @dataclass

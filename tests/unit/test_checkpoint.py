@@ -108,6 +108,10 @@ def test_newer_version_with_v2_core_is_read_with_warning(
             "unknown state",
         ),
         (b'{"version": 4, "somethingElse": []}', "claims is not a list"),
+        # Deep nesting makes the JSON parser recurse until RecursionError: corruption, not a crash.
+        (b"[" * 100_000 + b"]" * 100_000, "not JSON"),
+        (b'{"version": 2, "claims": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "not JSON"),
+        (b'{"version": 2, "claims": [], "x": ' + b"9" * 5000 + b"}", "not JSON"),
     ],
 )
 def test_corrupt_file_is_moved_aside_and_store_starts_empty(

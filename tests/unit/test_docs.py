@@ -40,12 +40,28 @@ RUN_HERE: frozenset[str] = frozenset({
     " -f examples/resourceslices/fake-node.yaml",
     "dra-controller lint --objects examples/deviceclasses.yaml examples/resourceslices/"
     " examples/04-select-by-model-and-memory/",
+    "dra-controller lint --objects examples/deviceclasses.yaml examples/",
+    # docs/deviceclasses.md shows a warning each (exit 0); tests/unit/test_lint_examples.py
+    # checks that each gives exactly the finding the page shows.
+    "dra-controller lint --objects examples/deviceclasses.yaml examples/resourceslices/"
+    " docs/lint/untolerated-taint.yaml",
+    "dra-controller lint --objects examples/deviceclasses.yaml examples/resourceslices/"
+    " examples/07-all-gpus-on-node/ docs/lint/incomplete-pool.yaml",
+    "dra-controller lint --objects examples/deviceclasses.yaml examples/resourceslices/"
+    " docs/lint/pod-nodes.yaml",
     "dra-controller explain --namespace default team-gpu --objects examples/deviceclasses.yaml"
     " examples/resourceslices/ examples/03-preallocated-shared-claim/",
     "dra-controller explain --namespace default pod/gpu-pair --objects examples/deviceclasses.yaml"
     " examples/resourceslices/ examples/05-same-pcie-root/",
     "dra-controller simulate --objects examples/deviceclasses.yaml examples/resourceslices/"
     " examples/01-single-gpu/ examples/05-same-pcie-root/",
+    # docs/migration.md
+    "dra-controller migrate -f examples/device-plugin/",
+    "dra-controller migrate -f examples/device-plugin/job.yaml --diff",
+    "dra-controller migrate -f examples/device-plugin/deployment.yaml -o json",
+    "dra-controller simulate --objects examples/device-plugin/extended-resource/ examples/resourceslices/",
+    "dra-controller explain pod/four-gpus --objects examples/device-plugin/extended-resource/"
+    " examples/resourceslices/",
 })  # fmt: skip
 
 # RUN_HERE commands the docs show failing on purpose, with the exit status they must give.
@@ -53,6 +69,10 @@ EXPECTED_EXIT: dict[str, int] = {
     # docs/troubleshooting.md: example 01 takes gpu-0, so example 05's pair cannot be allocated.
     "dra-controller simulate --objects examples/deviceclasses.yaml examples/resourceslices/"
     " examples/01-single-gpu/ examples/05-same-pcie-root/": 1,
+    # docs/migration.md: the fake node has three whole GPUs; four-gpus asks for four.
+    "dra-controller simulate --objects examples/device-plugin/extended-resource/ examples/resourceslices/": 1,
+    "dra-controller explain pod/four-gpus --objects examples/device-plugin/extended-resource/"
+    " examples/resourceslices/": 1,
 }
 
 _KUBECTL_EXAMPLES = (
@@ -76,7 +96,7 @@ NOT_RUN: dict[str, str] = {
     "make lint": _MAKE,
     "make cluster": "starts a local cluster that runs until Ctrl-C",
     "make bench": "benchmarks are kept out of the test suite by design",
-    "make test-compat": "a second cold Kubernetes build (1.34) and the integration suite; by hand, not CI",
+    "make test-compat": "the integration and e2e suites on a second Kubernetes build (1.34); run by .ci/run",
     "K8S_VERSION=v1.34.4 tests/cluster/regen.sh": "re-pins the Go build and downloads modules (network)",
     'draplugin run --node-name "$(hostname)" --backend fake --fake-config examples/fake-gpus.yaml': (
         "a daemon that needs a kubelet and an API server; tests/e2e/test_examples.py runs it with this "

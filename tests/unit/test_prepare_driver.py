@@ -37,13 +37,25 @@ class FakeClaims:
         self.max_active: dict[str, int] = {}
         self.gate: asyncio.Event | None = None
         self.error: Exception | None = None
+        # What a cluster-wide list at start-up recovery answers: the docs, or this error.
+        self.list_error: Exception | None = None
+        self.lists = 0
 
     def add(self, doc: dict[str, Any]) -> ClaimRef:
         meta = doc["metadata"]
         self.docs[(meta["namespace"], meta["name"])] = doc
         return ClaimRef(meta["namespace"], meta["uid"], meta["name"])
 
-    async def get_claim(self, namespace: str, name: str) -> dict[str, Any] | None:
+    def list_claims(self, timeout_s: float) -> list[dict[str, Any]]:
+        self.lists += 1
+        if self.list_error is not None:
+            raise self.list_error
+        return list(self.docs.values())
+
+    def remove(self, ref: ClaimRef) -> None:
+        del self.docs[(ref.namespace, ref.name)]
+
+    async def get_claim(self, namespace: str, name: str, deadline: float) -> dict[str, Any] | None:
         self.gets += 1
         self.active[name] = self.active.get(name, 0) + 1
         self.max_active[name] = max(self.max_active.get(name, 0), self.active[name])
@@ -372,17 +384,18 @@ async def test_new_boot_redoes_prepare_and_unprepare_still_works(node: Node) -> 
 
 
 async def test_corrupt_checkpoint_is_reported_and_rebuilt(node: Node) -> None:
-    running = node.claims.add(two_gpu_claim(uid="uid-running", name="running"))
+    doc = two_gpu_claim(uid="uid-running", name="running")
+    doc["status"]["reservedFor"] = [{"resource": "pods", "name": "pod", "uid": "pod-uid"}]
+    running = node.claims.add(doc)
     await node.driver().prepare_claim(running)
     node.checkpoint_path.write_text('{"version": 2, "claims": [')
     driver = node.driver()
-    # the running claim's spec stays (its containers may restart); the kubelet's unprepare removes it
+    # the running claim's spec stays (its containers may restart), and its record is rebuilt
     assert node.spec_files() == ["gpu.draplugin.dev-claim_uid-running.json"]
     assert [reason for reason, _ in node.events.node_events] == ["CheckpointCorrupted"]
     assert "moved to" in node.events.node_events[0][1]
     assert len(list(node.checkpoint_path.parent.glob("checkpoint.json.corrupt-*"))) == 1
-    assert json.loads(node.checkpoint_path.read_text())["claims"] == []
-    # and the kubelet's retry fills it again
+    assert [c["uid"] for c in json.loads(node.checkpoint_path.read_text())["claims"]] == ["uid-running"]
     await driver.prepare_claim(node.claims.add(claim_doc(uid="uid-1", results=[result("gpu", "gpu-3")])))
     assert driver.checkpoint.get("uid-1") is not None
     await driver.unprepare_claim(running)
