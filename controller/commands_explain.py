@@ -17,6 +17,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from controller import extendedclaim
 from controller.allocation.nodes import Node, NodeSelectorError
 from controller.allocator import Allocator
 from controller.cli import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, Subcommand, register_subcommand
@@ -29,7 +30,6 @@ from controller.commands_common import (
     release_of,
     with_objects,
 )
-from controller import extendedclaim
 from controller.explain import Explanation, explain_claim
 from controller.extendedclaim import class_mappings, device_plugin_nodes, unmapped_extended_resources
 from controller.objects import ClusterObjects
@@ -54,7 +54,12 @@ class _Explainer:
     """Explains claims against one loaded view of the cluster."""
 
     def __init__(
-        self, objects: ClusterObjects, allocator: Allocator, only: Node | None, *, extended_resources: bool = True
+        self,
+        objects: ClusterObjects,
+        allocator: Allocator,
+        only: Node | None,
+        *,
+        extended_resources: bool = True,
     ) -> None:
         self.objects = objects
         self.allocator = allocator
@@ -82,9 +87,11 @@ class _Explainer:
                 for m in entry.extended
             ]  # fmt: skip
             made = "made here as kube-scheduler makes it" if entry.generated else "written by kube-scheduler"
-            header = f"ResourceClaim {ref}: the implicit claim for the extended resources of pod {pod.ref} ({made})"
+            header = f"ResourceClaim {ref}: the implicit claim for the extended resources of pod {pod.ref}"
+            header += f" ({made})"
             header += "".join(
-                f"\n  {m.resource}: {m.count} for container {m.container} -> request {m.request} on DeviceClass "
+                f"\n  {m.resource}: {m.count} for container {m.container} -> request {m.request} "
+                f"on DeviceClass "
                 f"{m.device_class}, mapped by {m.why}"
                 for m in entry.extended
             )

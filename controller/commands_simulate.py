@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from controller import extendedclaim
 from controller.allocation.nodes import Node, NodeSelectorError
 from controller.allocation.requests import claim_ref
 from controller.allocator import AllocationOutcome, Allocator, Failure
@@ -35,7 +36,6 @@ from controller.commands_common import (
     release_of,
     with_objects,
 )
-from controller import extendedclaim
 from controller.explain import explain_claim
 from controller.extendedclaim import Mapped
 from controller.objects import ClusterObjects
@@ -353,7 +353,9 @@ def run(args: argparse.Namespace, objects: ClusterObjects) -> int:
     nodes = cluster_nodes(objects, allocator)
     only = find_node(objects, args.node) if args.node else None
     release = release_of(args)
-    results = simulate(objects, allocator, nodes, only, extended_resources=extendedclaim.enabled_in(release[1]))
+    results = simulate(
+        objects, allocator, nodes, only, extended_resources=extendedclaim.enabled_in(release[1])
+    )
     emit(args, {"claims": [r.to_json() for r in results]}, lambda: to_text(results))
     return EXIT_OK if all(r.allocated for r in results) else EXIT_FAILURE
 

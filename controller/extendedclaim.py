@@ -67,7 +67,8 @@ def is_extended_resource_name(name: str) -> bool:
 @dataclass(frozen=True, slots=True)
 class ClassMapping:
     device_class: str
-    why: str  # "its spec.extendedResourceName" or "the implicit name deviceclass.resource.kubernetes.io/<class>"
+    # "its spec.extendedResourceName", or "the implicit name deviceclass.resource.kubernetes.io/<class>"
+    why: str
 
 
 def class_mappings(device_classes: Sequence[JSON]) -> dict[str, ClassMapping]:
@@ -149,8 +150,12 @@ def _containers(pod: JSON) -> tuple[list[JSON], int]:
     return [*init, *(spec.get("containers") or [])], len(init)
 
 
-def _request_for(index: int, container: JSON, resource: str, device_class: str,
-                 reusable: Sequence[dict[str, Any] | None]) -> tuple[dict[str, Any] | None, list[tuple[str, str]]]:  # fmt: skip
+Request = dict[str, Any]
+
+
+def _request_for(
+    index: int, container: JSON, resource: str, device_class: str, reusable: Sequence[Request | None]
+) -> tuple[Request | None, list[tuple[str, str]]]:
     """createResourceRequestAndMappings: the request (None if reused or nothing asked) and
     (container, request name) mappings."""
     requests = container_requests(container)
@@ -253,12 +258,15 @@ def build_extended_claim(pod: JSON, mappings: Mapping[str, ClassMapping]) -> Ext
 def unmapped_extended_resources(pod: JSON, mappings: Mapping[str, ClassMapping]) -> list[str]:
     """Extended resources the pod asks for that no DeviceClass maps: only a device plugin serves them."""
     return sorted(
-        name for name, n in _pod_requests(pod).items() if n > 0 and is_extended_resource_name(name) and name not in mappings
+        name
+        for name, n in _pod_requests(pod).items()
+        if n > 0 and is_extended_resource_name(name) and name not in mappings
     )
 
 
 def existing_extended_claim(pod: JSON, claims: Sequence[JSON]) -> JSON | None:
-    """The claim the scheduler already wrote for the pod: named in its status, or annotated and owned by it."""
+    """The claim the scheduler already wrote for the pod: named in its status, or annotated and
+    owned by it."""
     meta = pod.get("metadata") or {}
     namespace = str(meta.get("namespace") or "default")
     recorded = ((pod.get("status") or {}).get("extendedResourceClaimStatus") or {}).get("resourceClaimName")
@@ -271,7 +279,11 @@ def existing_extended_claim(pod: JSON, claims: Sequence[JSON]) -> JSON | None:
         if (claim_meta.get("annotations") or {}).get(EXTENDED_RESOURCE_CLAIM_ANNOTATION) != "true":
             continue
         for owner in claim_meta.get("ownerReferences") or []:
-            if owner.get("name") == meta.get("name") and owner.get("controller") and owner.get("uid") == meta.get("uid"):
+            if (
+                owner.get("name") == meta.get("name")
+                and owner.get("controller")
+                and owner.get("uid") == meta.get("uid")
+            ):
                 return claim
     return None
 

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from controller.allocation.nodes import Node, NodeSelectorError
-from controller.allocation.pools import DeviceID
+from controller.allocation.pools import DeviceID, Pool
 from controller.allocation.requests import ALL, blocking_taint
 from controller.allocation.search import all_mode_blocker, available_on_node, pool_candidates
 from controller.allocator import Allocator
@@ -47,15 +47,23 @@ class NodeView:
         self.nodes = list(nodes)
         self._devices: dict[str, set[DeviceID]] = {}
 
+    def pools(self, node: Node) -> list[Pool]:
+        try:
+            return self.allocator.pools(node)
+        except NodeSelectorError:
+            return []  # a slice node selector the scheduler refuses: nothing is usable there
+
     def devices_on(self, node: Node) -> set[DeviceID]:
         cached = self._devices.get(node.name)
         if cached is None:
             cached = set()
-            for pool in self.allocator.pools(node):
-                try:
-                    cached.update(c.device_id for c in pool_candidates(pool) if available_on_node(c, node))
-                except NodeSelectorError:
-                    continue  # a device node selector the scheduler refuses: not usable there
+            for pool in self.pools(node):
+                for candidate in pool_candidates(pool):
+                    try:
+                        if available_on_node(candidate, node):
+                            cached.add(candidate.device_id)
+                    except NodeSelectorError:
+                        continue  # a device node selector the scheduler refuses: not usable there
             self._devices[node.name] = cached
         return cached
 
@@ -122,7 +130,7 @@ def _all_mode_findings(view: NodeView, outcome: RequestOutcome, nodes: Sequence[
         return []
     blockers: dict[str, list[str]] = {}
     for node in nodes:
-        for pool in view.allocator.pools(node):
+        for pool in view.pools(node):
             reason = all_mode_blocker(pool)
             if reason is not None:
                 blockers.setdefault(reason, []).append(node.name)

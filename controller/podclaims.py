@@ -241,14 +241,18 @@ def _extended_entry(pod: JSON, index: ClaimIndex, mappings: Mapping[str, ClassMa
         return None
     existing = existing_extended_claim(pod, list(index.claims.values()))
     if existing is not None:
-        return PodClaim(EXTENDED_POD_CLAIM_NAME, str(_meta(existing).get("name", "")), existing, extended=built.mapped)
+        return PodClaim(
+            EXTENDED_POD_CLAIM_NAME, str(_meta(existing).get("name", "")), existing, extended=built.mapped
+        )
     namespace = str(_meta(pod).get("namespace") or "default")
     name = index.unique_name(namespace, str(built.claim["metadata"]["name"]))
     claim = {**built.claim, "metadata": {**built.claim["metadata"], "name": name}}
     return PodClaim(EXTENDED_POD_CLAIM_NAME, name, claim, generated=True, extended=built.mapped)
 
 
-def resolve_pod(pod: JSON, index: ClaimIndex, mappings: Mapping[str, ClassMapping] | None = None) -> PodClaims:
+def resolve_pod(
+    pod: JSON, index: ClaimIndex, mappings: Mapping[str, ClassMapping] | None = None
+) -> PodClaims:
     """The pod's claims in spec order; with `mappings` (extended resource -> DeviceClass), then the
     implicit claim for its mapped extended resources, as the scheduler adds it."""
     namespace = str(_meta(pod).get("namespace") or "default")

@@ -105,6 +105,14 @@ RUN_OPTIONS: Final = (
     ),
     Option("--nvml-lib-path", "NVML_LIB_PATH", None, "nvml backend: libnvidia-ml.so.1 or the driver root"),
     Option(
+        "--partitionable-mig",
+        "PARTITIONABLE_MIG",
+        "false",
+        "publish MIG-capable GPUs as partitionable (every MIG placement, shared counters); prepare "
+        "creates the allocated MIG device and unprepare destroys it",
+        boolean=True,
+    ),
+    Option(
         "--driver-root",
         "DRIVER_ROOT",
         None,
@@ -192,6 +200,8 @@ class Settings:
     fake_fault_file: Path | None = None
     fake_device_dir: Path | None = None
     nvml_lib_path: str | None = None
+    # Dynamic MIG: devices for every MIG placement, created at prepare (draplugin.prepare.mig).
+    partitionable_mig: bool = False
     # None: the API server's own release, read with GET /version.
     kubernetes_version: KubernetesVersion | None = None
     # The driver root on the host (paths in CDI specs) and where we read it; None: no driver files.
@@ -216,6 +226,8 @@ class Settings:
             options["device_dir"] = str(self.fake_device_dir or self.state_dir / FAKE_DEVICE_DIR_NAME)
         elif self.nvml_lib_path is not None:
             options["lib_path"] = self.nvml_lib_path
+        if self.partitionable_mig:
+            options["partitionable"] = True
         return options
 
     @property
@@ -456,6 +468,7 @@ def validate(values: Mapping[str, str | None]) -> Settings:
         pod_uid=pod_uid,
         healthcheck_port=healthcheck_port or None,
         delete_slices_on_shutdown=_boolean("delete_slices_on_shutdown", delete_raw),
+        partitionable_mig=_boolean("partitionable_mig", values.get("partitionable_mig") or "false"),
         fake_gpus=chosen.fake_gpus,
         fake_model=chosen.fake_model,
         fake_config=chosen.fake_config,

@@ -50,7 +50,9 @@ def _name(obj: Mapping[str, Any]) -> str:
     return f"{obj.get('kind', '(no kind)')} {namespace + '/' if namespace else ''}{name}"
 
 
-def _convert_one(converter: Converter, obj: Mapping[str, Any], where: str, outcome: Outcome) -> tuple[list[dict[str, Any]], bool]:
+def _convert_one(
+    converter: Converter, obj: Mapping[str, Any], where: str, outcome: Outcome
+) -> tuple[list[dict[str, Any]], bool]:
     result = converter.convert(obj)
     outcome.report.extend(f"{where}: {_name(obj)}: {message}" for message in result.messages)
     if result.changed:
@@ -65,7 +67,9 @@ def migrate(documents: Sequence[Document], mappings: Mapping[str, ResourceMappin
     for document in documents:
         if document.error is not None:
             outcome.unreadable += 1
-            outcome.report.append(f"{document.where if document.index else document.source}: {document.error}: left out")
+            outcome.report.append(
+                f"{document.where if document.index else document.source}: {document.error}: left out"
+            )
             continue
         data: dict[str, Any] = document.data
         items = data.get("items")
@@ -77,7 +81,9 @@ def migrate(documents: Sequence[Document], mappings: Mapping[str, ResourceMappin
                     outcome.report.append(f"{document.where} item {position}: not an object: kept as it is")
                     converted.append(item)
                     continue
-                objects, item_changed = _convert_one(converter, item, f"{document.where} item {position}", outcome)
+                objects, item_changed = _convert_one(
+                    converter, item, f"{document.where} item {position}", outcome
+                )
                 converted.extend(objects)
                 changed = changed or item_changed
             outcome.documents.append((document, [{**data, "items": converted}], changed))
@@ -114,7 +120,11 @@ def write_diff(outcome: Outcome, out: TextIO) -> None:
         before = document.text.strip("\n").splitlines(keepends=True)
         after = _yaml(objects).splitlines(keepends=True)
         before = [line if line.endswith("\n") else line + "\n" for line in before]
-        out.writelines(difflib.unified_diff(before, after, f"{document.where} (device plugin)", f"{document.where} (claims)"))
+        out.writelines(
+            difflib.unified_diff(
+                before, after, f"{document.where} (device plugin)", f"{document.where} (claims)"
+            )
+        )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -139,7 +149,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("-o", "--output", choices=OUTPUT_FORMATS, default="yaml", help="output format")
     parser.add_argument(
-        "--diff", action="store_true", help="print a unified diff of each changed document instead of the manifests"
+        "--diff",
+        action="store_true",
+        help="print a unified diff of each changed document instead of the manifests",
     )
 
 

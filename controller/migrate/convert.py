@@ -114,6 +114,12 @@ def _dns_label(text: str) -> str:
     return re.sub(r"-{2,}", "-", label)[:MAX_NAME].strip("-") or "gpu"
 
 
+def _dict_at(parent: Mapping[str, Any], key: str) -> dict[str, Any]:
+    """parent[key] when it is a mapping we may edit, else an empty (detached) one."""
+    value = parent.get(key)
+    return value if isinstance(value, dict) else {}
+
+
 def _count(value: object) -> int:
     """A whole, non-negative device count; ValueError saying why not."""
     try:
@@ -145,7 +151,9 @@ def _translate_requirement(
         out.messages.append(f"dropped {text}: every device of the class has it")
         return True, None
     out.mig = out.mig or term.mig
-    out.messages.append(f"{text} became the device selector {term.cel}" + (f" ({term.note})" if term.note else ""))
+    out.messages.append(
+        f"{text} became the device selector {term.cel}" + (f" ({term.note})" if term.note else "")
+    )
     return True, term.cel
 
 
@@ -199,7 +207,9 @@ def _translate_terms(terms: list[dict[str, Any]], out: _NodeSelection) -> bool:
         cels = []
         for expression in expressions:
             values = [str(v) for v in expression.get("values") or []]
-            done, cel = _translate_requirement(str(expression["key"]), str(expression.get("operator", "")), values, trial)
+            done, cel = _translate_requirement(
+                str(expression["key"]), str(expression.get("operator", "")), values, trial
+            )
             if not done:
                 return False
             if cel:
@@ -234,13 +244,13 @@ def _translate_affinity(spec: dict[str, Any], out: _NodeSelection) -> None:
         del node_affinity["requiredDuringSchedulingIgnoredDuringExecution"]
     else:
         out.messages.append(
-            f"kept required node affinity as it is: its {len(terms)} terms are ORed and not every requirement "
-            "in them has a device equivalent, so no device selector means the same"
+            f"kept required node affinity as it is: its {len(terms)} terms are ORed and not every "
+            "requirement in them has a device equivalent, so no device selector means the same"
         )
         return
     if not node_affinity:
-        del affinity["nodeAffinity"]
-    if not affinity:
+        del spec["affinity"]["nodeAffinity"]
+    if not spec["affinity"]:
         del spec["affinity"]
 
 
@@ -248,7 +258,9 @@ def _tolerates(spec: Mapping[str, Any], key: str) -> bool:
     for toleration in spec.get("tolerations") or []:
         if not isinstance(toleration, Mapping):
             continue
-        key_ok = toleration.get("key") == key or (not toleration.get("key") and toleration.get("operator") == "Exists")
+        key_ok = toleration.get("key") == key or (
+            not toleration.get("key") and toleration.get("operator") == "Exists"
+        )
         if key_ok and toleration.get("effect") in (None, "", "NoSchedule"):
             return True
     return False
@@ -263,7 +275,9 @@ def _template_name(ask: _Ask, device_class: str, selectors: Sequence[str]) -> st
     return name
 
 
-def _template(name: str, namespace: str | None, device_class: str, count: int, selectors: Sequence[str]) -> dict[str, Any]:
+def _template(
+    name: str, namespace: str | None, device_class: str, count: int, selectors: Sequence[str]
+) -> dict[str, Any]:
     exactly: dict[str, Any] = {"deviceClassName": device_class, "count": count}
     if selectors:
         exactly["selectors"] = [{"cel": {"expression": s}} for s in selectors]
@@ -298,11 +312,15 @@ class Converter:
         asks = self._asks(spec, messages)
         if not asks:
             if _mentions_gfd(spec):
-                messages.append("selects nodes by GPU Feature Discovery labels but asks for no GPU: left as is")
+                messages.append(
+                    "selects nodes by GPU Feature Discovery labels but asks for no GPU: left as is"
+                )
             return Conversion([result], bool(messages and _resources_changed(obj, result)), messages)
         if spec.get("resourceClaims"):
             names = ", ".join(str(c.get("name")) for c in spec["resourceClaims"] if isinstance(c, Mapping))
-            messages.append(f"already uses resource claims ({names}): kept; the GPU claims are added next to them")
+            messages.append(
+                f"already uses resource claims ({names}): kept; the GPU claims are added next to them"
+            )
         selection = _NodeSelection()
         _translate_node_selector(spec, selection)
         _translate_affinity(spec, selection)
@@ -312,8 +330,10 @@ class Converter:
 
     def _passed_through(self, obj: Mapping[str, Any], kind: str) -> list[str]:
         if GPU_RESOURCE in json.dumps(obj):
-            return [f"kind {kind or '(none)'} is not a workload migrate knows, yet it mentions {GPU_RESOURCE}: "
-                    "passed through unchanged, convert it by hand"]  # fmt: skip
+            return [
+                f"kind {kind or '(none)'} is not a workload migrate knows, yet it mentions {GPU_RESOURCE}: "
+                "passed through unchanged, convert it by hand"
+            ]
         return [f"kind {kind or '(none)'} has no pod template: passed through unchanged"]
 
     def _asks(self, spec: dict[str, Any], messages: list[str]) -> list[_Ask]:
@@ -330,8 +350,8 @@ class Converter:
         resources = container.get("resources")
         if not isinstance(resources, dict):
             return []
-        limits = resources.get("limits") if isinstance(resources.get("limits"), dict) else {}
-        requests = resources.get("requests") if isinstance(resources.get("requests"), dict) else {}
+        limits = _dict_at(resources, "limits")
+        requests = _dict_at(resources, "requests")
         asks = []
         for resource in sorted({*limits, *requests}):
             mapping = mapping_for(str(resource), self.mappings)
@@ -343,7 +363,11 @@ class Converter:
                     )
                 continue
             raw = limits.get(resource, requests.get(resource))
-            if resource in limits and resource in requests and str(limits[resource]) != str(requests[resource]):
+            if (
+                resource in limits
+                and resource in requests
+                and str(limits[resource]) != str(requests[resource])
+            ):
                 messages.append(
                     f"container {name}: kept {resource}: requests {requests[resource]!r} and limits "
                     f"{limits[resource]!r} differ (the API server refuses that for extended resources)"
@@ -386,7 +410,9 @@ class Converter:
                 self._templates.add(key)
                 templates.append(_template(name, namespace, device_class, ask.count, selectors))
             claim_name = self._pod_claim_name(ask, len(asks), taken)
-            spec.setdefault("resourceClaims", []).append({"name": claim_name, "resourceClaimTemplateName": name})
+            spec.setdefault("resourceClaims", []).append(
+                {"name": claim_name, "resourceClaimTemplateName": name}
+            )
             ask.container.setdefault("resources", {}).setdefault("claims", []).append({"name": claim_name})
             messages.append(
                 f"container {ask.container_name}: {ask.resource}: {ask.count} became claim {claim_name} from "
@@ -398,10 +424,12 @@ class Converter:
             if _tolerates(spec, resource):
                 messages.append(f"kept the toleration for {resource}")
                 continue
-            spec.setdefault("tolerations", []).append({"key": resource, "operator": "Exists", "effect": "NoSchedule"})
+            spec.setdefault("tolerations", []).append(
+                {"key": resource, "operator": "Exists", "effect": "NoSchedule"}
+            )
             messages.append(
                 f"added toleration {resource}:NoSchedule (Exists): the ExtendedResourceToleration admission "
-                f"plugin added it for pods asking for {resource}; it is harmless where GPU nodes are not tainted"
+                f"plugin added it for pods asking for {resource}; harmless where GPU nodes are not tainted"
             )
         return templates
 

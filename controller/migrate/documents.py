@@ -79,12 +79,16 @@ def split_documents(source: str, text: str) -> Iterator[Document]:
             continue
         index += 1
         if not isinstance(data, dict):
-            yield Document(source, index, chunk, data, error=f"not a Kubernetes object but a {type(data).__name__}")
+            yield Document(
+                source, index, chunk, data, error=f"not a Kubernetes object but a {type(data).__name__}"
+            )
             continue
         yield Document(source, index, chunk, data)
 
 
-def read_documents(sources: Iterable[str], *, recursive: bool = False, stdin: TextIO | None = None) -> Iterator[Document]:
+def read_documents(
+    sources: Iterable[str], *, recursive: bool = False, stdin: TextIO | None = None
+) -> Iterator[Document]:
     """Every document of every source, in order; a source that cannot be read is one Document
     with `error` set (index 0), and the other sources are still read."""
     for raw in sources:

@@ -114,7 +114,7 @@ def _product(value: str) -> DeviceTerm:
     model, mig, profile = value.rpartition(_MIG_SUFFIX)
     if mig and model and profile:
         cel = (
-            f"{ATTRIBUTES}.productName.replace(\" \", \"-\") == {_quote(model)}"
+            f'{ATTRIBUTES}.productName.replace(" ", "-") == {_quote(model)}'
             f' && {ATTRIBUTES}.type == "mig" && {ATTRIBUTES}.profile == {_quote(profile)}'
         )
         return DeviceTerm(cel, mig=True, note=note)
@@ -165,13 +165,17 @@ def _family(value: str) -> DeviceTerm:
         )
     low, high = FAMILIES[value]
     cc = f"{ATTRIBUTES}.cudaComputeCapability"
-    return DeviceTerm(f'{_compare(cc, ">=", f"semver({_quote(low)})")} && {_compare(cc, "<", f"semver({_quote(high)})")}')
+    return DeviceTerm(
+        f"{_compare(cc, '>=', f'semver({_quote(low)})')} && {_compare(cc, '<', f'semver({_quote(high)})')}"
+    )
 
 
 # ----- versions: one part, or the whole version -------------------------------------------------
 
 
-def _version_part(attribute: str, part: str, what: str) -> tuple[Callable[[str], DeviceTerm], Callable[[str, int], str]]:
+def _version_part(
+    attribute: str, part: str, what: str
+) -> tuple[Callable[[str], DeviceTerm], Callable[[str, int], str]]:
     def equals(value: str) -> DeviceTerm:
         # GFD writes "" for the revision of a two-part driver version; we publish it as .0.
         number = 0 if value == "" and part == "patch" else _integer(value, what)
@@ -189,7 +193,9 @@ def _full_version(attribute: str, what: str) -> Callable[[str], DeviceTerm]:
             version = Semver.parse(value, normalize=True)
         except SemverError as err:
             raise LabelError(f"{what} value {value!r} is not a version: {err}") from None
-        return DeviceTerm(_compare(f"{ATTRIBUTES}.{attribute}", "==", f"semver({_quote(version.canonical())})"))
+        return DeviceTerm(
+            _compare(f"{ATTRIBUTES}.{attribute}", "==", f"semver({_quote(version.canonical())})")
+        )
 
     return equals
 
@@ -234,22 +240,37 @@ ROWS: tuple[Row, ...] = (
     Row(
         "nvidia.com/gpu.family",
         "`cudaComputeCapability` (version), as a range",
-        "GFD derives the family from the compute capability (" + ", ".join(
-            f"{name} {low.removesuffix('.0')}-{high.removesuffix('.0')}" for name, (low, high) in FAMILIES.items()
-        ) + "); not our `architecture`, which is NVML's name",
+        "GFD derives the family from the compute capability ("
+        + ", ".join(
+            f"{name} {low.removesuffix('.0')}-{high.removesuffix('.0')}"
+            for name, (low, high) in FAMILIES.items()
+        )
+        + "); not our `architecture`, which is NVML's name",
         "hopper",
         _family,
     ),
     _row_version_part("nvidia.com/gpu.compute.major", (), "cudaComputeCapability", "major", "9"),
     _row_version_part("nvidia.com/gpu.compute.minor", (), "cudaComputeCapability", "minor", "0"),
     _row_version_part(
-        "nvidia.com/cuda.driver.major", ("nvidia.com/cuda.driver-version.major",), "driverVersion", "major", "580"
+        "nvidia.com/cuda.driver.major",
+        ("nvidia.com/cuda.driver-version.major",),
+        "driverVersion",
+        "major",
+        "580",
     ),
     _row_version_part(
-        "nvidia.com/cuda.driver.minor", ("nvidia.com/cuda.driver-version.minor",), "driverVersion", "minor", "65"
+        "nvidia.com/cuda.driver.minor",
+        ("nvidia.com/cuda.driver-version.minor",),
+        "driverVersion",
+        "minor",
+        "65",
     ),
     _row_version_part(
-        "nvidia.com/cuda.driver.rev", ("nvidia.com/cuda.driver-version.revision",), "driverVersion", "patch", "06"
+        "nvidia.com/cuda.driver.rev",
+        ("nvidia.com/cuda.driver-version.revision",),
+        "driverVersion",
+        "patch",
+        "06",
     ),
     Row(
         "nvidia.com/cuda.driver-version.full",
@@ -279,11 +300,16 @@ ROWS: tuple[Row, ...] = (
         "13.0",
         _full_version("cudaDriverVersion", "nvidia.com/cuda.runtime-version.full"),
     ),
-    _none("nvidia.com/gpu.count", "8", f"how many GPUs the node has: {_NODE_FACT}; the claim's `count` asks for GPUs"),
+    _none(
+        "nvidia.com/gpu.count",
+        "8",
+        f"how many GPUs the node has: {_NODE_FACT}; the claim's `count` asks for GPUs",
+    ),
     _none(
         "nvidia.com/mig.strategy",
         "mixed",
-        f"how the device plugin exposes MIG: {_NODE_FACT}; with claims the DeviceClass chooses (MIG class or not)",
+        f"how the device plugin exposes MIG: {_NODE_FACT}; with claims the DeviceClass chooses "
+        "(MIG class or not)",
     ),
     _none("nvidia.com/mig.capable", "true", f"whether any GPU of the node can do MIG: {_NODE_FACT}"),
     _none("nvidia.com/mig.config", "all-1g.10gb", f"the MIG manager's layout: {_NODE_FACT}"),
@@ -298,7 +324,11 @@ ROWS: tuple[Row, ...] = (
         "4",
         f"device-plugin sharing: {_NODE_FACT}; with claims, sharing is the claim's config",
     ),
-    _none("nvidia.com/gpu.sharing-strategy", "time-slicing", "device-plugin sharing; with claims, the claim's config"),
+    _none(
+        "nvidia.com/gpu.sharing-strategy",
+        "time-slicing",
+        "device-plugin sharing; with claims, the claim's config",
+    ),
     _none("nvidia.com/mps.capable", "true", "device-plugin MPS sharing; with claims, the claim's config"),
     _none("nvidia.com/gpu.mode", "compute", f"the PCI class of the node's GPUs: {_NODE_FACT}"),
     _none("nvidia.com/gpu.machine", "DGX-H100", f"the machine type: {_NODE_FACT}"),
@@ -348,7 +378,9 @@ def translate(key: str, operator: str, values: Sequence[str]) -> DeviceTerm | No
         terms = [row.equals(value) for value in values]
         mig = {term.mig for term in terms}
         if len(mig) > 1:
-            raise LabelError(f"{key} {operator} {list(values)} mixes MIG and whole-GPU products; split the workload")
+            raise LabelError(
+                f"{key} {operator} {list(values)} mixes MIG and whole-GPU products; split the workload"
+            )
         cel = terms[0].cel if len(terms) == 1 else " || ".join(f"({term.cel})" for term in terms)
         note = "; ".join(sorted({term.note for term in terms if term.note}))
         if operator == "NotIn":
@@ -360,7 +392,8 @@ def translate(key: str, operator: str, values: Sequence[str]) -> DeviceTerm | No
 def markdown_table() -> str:
     """The table for the docs: every row, translatable or not (generated; do not edit the copy)."""
     lines = [
-        "| GFD label | device attribute | encoding / why it stays node selection | example | CEL for the example |",
+        "| GFD label | device attribute | encoding / why it stays node selection | example "
+        "| CEL for the example |",
         "| --- | --- | --- | --- | --- |",
     ]
     for row in ROWS:

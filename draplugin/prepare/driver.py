@@ -251,7 +251,13 @@ class GpuDriver:
             )
             docs = None
         listed: set[str] = set()
-        for doc in docs or []:
+
+        def spec_first(doc: dict[str, object]) -> bool:
+            meta = doc.get("metadata")
+            return not (isinstance(meta, dict) and meta.get("uid") in surviving)
+
+        # Claims with a surviving spec were prepared here for sure: they take their devices first.
+        for doc in sorted(docs or [], key=spec_first):
             uid = self._rebuild_from_api(doc)
             if uid is None:
                 continue

@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath

@@ -238,12 +238,14 @@ def test_plugin_rbac_grants_only_what_the_plugin_needs(
     with kube_cluster.token_client(pod_bound_token(admin, installed, node_a)) as api:
         core = k8s.CoreV1Api(api)
         resource = k8s.ResourceV1Api(api)
-        # Granted: read its node, read a claim (404 = authorized, no such claim), list slices.
+        # Granted: read its node, read a claim (404 = authorized, no such claim), list claims (start-up
+        # recovery after a lost checkpoint), list slices.
         wait_for("RBAC to admit the plugin", lambda: core.read_node(node_a), timeout=30)
         with pytest.raises(ApiException) as info:
             resource.read_namespaced_resource_claim("no-such-claim", ns)
         assert info.value.status == 404
         resource.list_resource_slice(field_selector=f"spec.nodeName={node_a}")
+        resource.list_resource_claim_for_all_namespaces(limit=1)
         event: Manifest = {
             "metadata": {"generateName": "plugin-"},
             "involvedObject": {"kind": "Pod", "namespace": ns, "name": f"plugin-{node_a}"},
@@ -254,7 +256,6 @@ def test_plugin_rbac_grants_only_what_the_plugin_needs(
         core.create_namespaced_event(ns, event)
 
         # Not granted.
-        forbidden(lambda: resource.list_namespaced_resource_claim(ns))
         claim: Manifest = {
             "metadata": {"name": "c"},
             "spec": {"devices": {"requests": [{"name": "r", "exactly": {"deviceClassName": DRIVER}}]}},
@@ -289,6 +290,11 @@ def test_device_status_verbs_are_limited_to_our_driver(admin: k8s.ApiClient, ins
     # Allocation is the scheduler's (or our controller's) job, never the plugin's.
     binding = {"group": "resource.k8s.io", "resource": "resourceclaims", "subresource": "binding"}
     assert not subject_access(admin, plugin, verb="update", **binding)
+    # Claims: read and list (start-up recovery), never watched, written or deleted.
+    claims = {"group": "resource.k8s.io", "resource": "resourceclaims"}
+    assert subject_access(admin, plugin, verb="list", **claims)
+    for verb in ("watch", "update", "patch", "delete", "create"):
+        assert not subject_access(admin, plugin, verb=verb, **claims)
 
 
 def test_controller_rbac(kube_cluster: ControlPlane, admin: k8s.ApiClient, installed: Installed) -> None:

@@ -72,8 +72,7 @@ def test_every_matching_device_tainted_is_a_warning_and_the_allocator_agrees() -
 def test_no_taint_warning_when_some_device_can_be_used(
     taint: dict[str, str], toleration: dict[str, str] | None, clean: int
 ) -> None:
-    extra = {"tolerations": [toleration]} if toleration else {}
-    claims = [claim("c", [exactly("gpu", **extra)])]
+    claims = [claim("c", [exactly("gpu", tolerations=[toleration] if toleration else [])])]
     objects = ClusterObjects(device_classes=[GPU], slices=tainted(taint, clean=clean), claims=claims)
     assert only_codes(objects) == []
     assert allocate(claims, device_classes=[GPU], slices=objects.slices, node=Node("n")).ok

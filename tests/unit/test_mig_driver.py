@@ -27,7 +27,6 @@ from tests.unit import test_prepare_driver
 from tests.unit.test_prepare_driver import FakeClaims, RecordingEvents, SimulatedCrash
 from tests.unit.test_prepare_plan import DRIVER, NODE, claim_doc, result
 
-
 # The crash-point fixture of the driver tests: SIGKILL stood in for by an exception nothing catches.
 crash_at = test_prepare_driver.crash_at
 

@@ -59,7 +59,10 @@ def node_paths(plan: ClaimPlan) -> set[str]:
 def external(tmp_path: Path, parent: str, profile: str, start: int, slices: list[int], **extra: Any) -> None:
     """An instance an admin made with nvidia-smi: in the hardware state, not in the plugin's ledger."""
     instance = {"parent": parent, "minor": 0, "profile": profile, "start": start, "slices": slices}
-    state = {"instances": [{**instance, "gi": 5, "ci": 0, "uuid": "MIG-admin", "computeInstance": True}], **extra}
+    state = {
+        "instances": [{**instance, "gi": 5, "ci": 0, "uuid": "MIG-admin", "computeInstance": True}],
+        **extra,
+    }
     (tmp_path / "state").mkdir(exist_ok=True)
     (tmp_path / "state" / STATE_FILE).write_text(json.dumps(state))
 
@@ -203,3 +206,15 @@ def test_static_mig_and_whole_gpus_create_nothing(tmp_path: Path, sharing: Shari
     devices = {d.name: d for d in FakeBackend(NODE, config_from_flags(1), dev_root="/dev").discover()}
     plan = plan_for("uid-a", devices, "gpu-0")
     assert sharing.apply(plan) == plan and hardware.instances() == []
+
+
+def test_the_partitionable_mig_setting_publishes_every_placement() -> None:
+    from draplugin import config
+    from draplugin.devices import load_backend
+
+    settings = config.load({"node_name": "n", "backend": "fake"}, environ={"PARTITIONABLE_MIG": "true"})
+    assert settings.partitionable_mig and settings.backend_options()["partitionable"] is True
+    options = {k: v for k, v in settings.backend_options().items() if k != "device_dir"}
+    names = [d.name for d in load_backend("fake", "n", dev_root="/dev", **options).discover()]
+    assert "gpu-0-mig-1g5gb-6" in names and "gpu-0" in names
+    assert "partitionable" not in config.load({"node_name": "n", "backend": "fake"}, environ={}).backend_options()

@@ -61,7 +61,9 @@ def test_pod_from_the_gpu_scheduling_page() -> None:
     compile_selector(selector["cel"]["expression"], kubernetes_version=(1, 34))
     spec = pod["spec"]
     assert "nodeSelector" not in spec
-    assert spec["resourceClaims"] == [{"name": "gpu", "resourceClaimTemplateName": template["metadata"]["name"]}]
+    assert spec["resourceClaims"] == [
+        {"name": "gpu", "resourceClaimTemplateName": template["metadata"]["name"]}
+    ]
     (container,) = spec["containers"]
     assert container["resources"] == {"claims": [{"name": "gpu"}]}
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
@@ -103,15 +105,23 @@ def test_converted_pods_get_the_product_their_selector_asked_for() -> None:
         if obj["kind"] == "Pod":
             pods.append(obj)
         elif obj["kind"] in ("Deployment", "Job"):
-            pods.append({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": obj["metadata"]["name"] + "-0"},
-                         "spec": obj["spec"]["template"]["spec"]})  # fmt: skip
+            pods.append(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "metadata": {"name": obj["metadata"]["name"] + "-0"},
+                    "spec": obj["spec"]["template"]["spec"],
+                }
+            )
     for obj in [*templates, *pods]:
         obj["metadata"].setdefault("namespace", "default")
     cluster = load_manifests([REPO / "examples" / "deviceclasses.yaml", REPO / "examples" / "resourceslices"])
     cluster.claim_templates = templates
     cluster.pods = pods
     allocator = build_allocator(cluster)
-    results = {r.pod: r for r in simulate(cluster, allocator, [Node("gpu-node-1")])}
+    results = {
+        r.pod: r for r in simulate(cluster, allocator, [Node("gpu-node-1", {"kubernetes.io/os": "linux"})])
+    }
     devices = {d["name"]: d for s in cluster.slices for d in s["spec"]["devices"]}
 
     def products(pod: str) -> list[str]:
@@ -136,13 +146,23 @@ def test_identical_needs_share_one_template() -> None:
 
 
 def test_two_containers_each_get_their_own_claim() -> None:
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": {"containers": [
-        {"name": "a", "resources": {"limits": {"nvidia.com/gpu": 1}}},
-        {"name": "b", "resources": {"limits": {"nvidia.com/mig-1g.10gb": 2}}},
-    ]}}  # fmt: skip
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "p"},
+        "spec": {
+            "containers": [
+                {"name": "a", "resources": {"limits": {"nvidia.com/gpu": 1}}},
+                {"name": "b", "resources": {"limits": {"nvidia.com/mig-1g.10gb": 2}}},
+            ]
+        },
+    }
     result = Converter().convert(pod)
     templates = by_kind(result.objects, "ResourceClaimTemplate")
-    assert [only_request(t)["deviceClassName"] for t in templates] == ["gpu.draplugin.dev", "mig.gpu.draplugin.dev"]
+    assert [only_request(t)["deviceClassName"] for t in templates] == [
+        "gpu.draplugin.dev",
+        "mig.gpu.draplugin.dev",
+    ]
     assert '"1g.10gb"' in only_request(templates[1])["selectors"][0]["cel"]["expression"]
     spec = by_kind(result.objects, "Pod")[0]["spec"]
     assert [c["name"] for c in spec["resourceClaims"]] == ["gpu-a", "mig-1g-10gb-b"]
@@ -152,19 +172,37 @@ def test_two_containers_each_get_their_own_claim() -> None:
 
 def test_map_flag_and_mig_single_strategy_product() -> None:
     mapping = parse_mapping("example.com/gpu=profile:2g.20gb")
-    pod = {"kind": "Pod", "metadata": {"name": "p"}, "spec": {
-        "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB-MIG-1g.10gb"},
-        "containers": [{"name": "a", "resources": {"limits": {"nvidia.com/gpu": 1, "example.com/gpu": 1}}}]}}  # fmt: skip
+    pod = {
+        "kind": "Pod",
+        "metadata": {"name": "p"},
+        "spec": {
+            "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB-MIG-1g.10gb"},
+            "containers": [
+                {"name": "a", "resources": {"limits": {"nvidia.com/gpu": 1, "example.com/gpu": 1}}}
+            ],
+        },
+    }
     result = Converter({mapping.resource: mapping}).convert(pod)
-    classes = sorted(only_request(t)["deviceClassName"] for t in by_kind(result.objects, "ResourceClaimTemplate"))
+    classes = sorted(
+        only_request(t)["deviceClassName"] for t in by_kind(result.objects, "ResourceClaimTemplate")
+    )
     assert classes == ["mig.gpu.draplugin.dev", "mig.gpu.draplugin.dev"]  # nvidia.com/gpu meant a MIG device
 
 
 def test_multi_term_affinity_becomes_one_ored_selector_or_stays() -> None:
     def pod(terms: list[dict[str, Any]]) -> dict[str, Any]:
-        return {"kind": "Pod", "metadata": {"name": "p"}, "spec": {
-            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}},
-            "containers": [{"name": "a", "resources": {"limits": {"nvidia.com/gpu": 1}}}]}}  # fmt: skip
+        return {
+            "kind": "Pod",
+            "metadata": {"name": "p"},
+            "spec": {
+                "affinity": {
+                    "nodeAffinity": {
+                        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}
+                    }
+                },
+                "containers": [{"name": "a", "resources": {"limits": {"nvidia.com/gpu": 1}}}],
+            },
+        }
 
     l4 = {"matchExpressions": [{"key": "nvidia.com/gpu.product", "operator": "In", "values": ["NVIDIA-L4"]}]}
     t4 = {"matchExpressions": [{"key": "nvidia.com/gpu.product", "operator": "In", "values": ["Tesla-T4"]}]}
@@ -222,28 +260,44 @@ data: {a: b}
 """
 
 
-def test_bad_input_gets_a_line_each_and_the_rest_is_converted(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_input_gets_a_line_each_and_the_rest_is_converted(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = tmp_path / "bad.yaml"
     path.write_text(BAD_INPUT)
     code, out, err = run_cli(capsys, "-f", str(path), "-f", str(tmp_path / "missing.yaml"))
     assert code == 2  # unreadable input: a document that is not YAML, a list, a missing file
-    assert f"{path}#1: Pod half: container a: kept nvidia.com/gpu: the count '0.5' is not a whole number" in err
+    assert (
+        f"{path}#1: Pod half: container a: kept nvidia.com/gpu: the count '0.5' is not a whole number" in err
+    )
     assert f"{path}#2: not YAML" in err
-    assert "TrainingJob custom: kind TrainingJob is not a workload migrate knows, yet it mentions nvidia.com/gpu" in err
-    assert "kept nodeSelector nvidia.com/gpu.family=warp-drive as node selection: GPU family 'warp-drive'" in err
-    assert "kept nodeSelector nvidia.com/gpu.count=8 as node selection: nvidia.com/gpu.count has no device" in err
+    assert (
+        "TrainingJob custom: kind TrainingJob is not a workload migrate knows, yet it mentions nvidia.com/gpu"
+        in err
+    )
+    assert (
+        "kept nodeSelector nvidia.com/gpu.family=warp-drive as node selection: GPU family 'warp-drive'" in err
+    )
+    assert (
+        "kept nodeSelector nvidia.com/gpu.count=8 as node selection: nvidia.com/gpu.count has no device"
+        in err
+    )
     assert "Pod has-claims: already uses resource claims (nic)" in err
     assert f"{path}#6: not a Kubernetes object but a list: left out" in err
     assert f"{tmp_path / 'missing.yaml'}: no such file or directory: left out" in err
     objects = {o["metadata"]["name"]: o for o in yaml.safe_load_all(out)}
     assert objects["half"]["spec"]["containers"][0]["resources"] == {"limits": {"nvidia.com/gpu": "0.5"}}
-    assert objects["odd-family"]["spec"]["nodeSelector"] == {"nvidia.com/gpu.family": "warp-drive",
-                                                             "nvidia.com/gpu.count": "8"}  # fmt: skip
+    assert objects["odd-family"]["spec"]["nodeSelector"] == {
+        "nvidia.com/gpu.family": "warp-drive",
+        "nvidia.com/gpu.count": "8",
+    }
     assert [c["name"] for c in objects["has-claims"]["spec"]["resourceClaims"]] == ["nic", "gpu"]
     assert "# a comment that survives" in out  # unchanged objects are written back as read
 
 
-def test_stdin_json_output_and_diff(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_stdin_json_output_and_diff(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr("sys.stdin", io.StringIO((EXAMPLES / "pod.yaml").read_text()))
     code, out, _ = run_cli(capsys, "-f", "-", "-o", "json")
     assert code == 0
@@ -261,4 +315,7 @@ def test_bad_map_flag_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> No
 
 def test_documents_split_at_separators_keep_their_text() -> None:
     docs = list(split_documents("x", "a: 1  # one\n---\n\n---\nb: 2\n"))
-    assert [(d.index, d.text, d.data) for d in docs] == [(1, "a: 1  # one", {"a": 1}), (2, "b: 2\n", {"b": 2})]
+    assert [(d.index, d.text, d.data) for d in docs] == [
+        (1, "a: 1  # one\n", {"a": 1}),
+        (2, "b: 2\n", {"b": 2}),
+    ]

@@ -127,8 +127,12 @@ def test_memory_comparisons_are_in_mib_rounded_down() -> None:
     h100 = whole_gpu("H100-80GB-HBM3")  # 81559 MiB exactly
     one_byte_short = whole_gpu("H100-80GB-HBM3")
     one_byte_short["capacity"]["memory"]["value"] = str(81559 * MiB - 1)  # GFD: 81558
-    cases = [("Gt", "81558", True, False), ("Gt", "81559", False, False), ("Lt", "81559", False, True),
-             ("Lt", "81560", True, True)]  # fmt: skip
+    cases = [
+        ("Gt", "81558", True, False),
+        ("Gt", "81559", False, False),
+        ("Lt", "81559", False, True),
+        ("Lt", "81560", True, True),
+    ]
     for op, value, on_h100, on_short in cases:
         term = gfd.translate("nvidia.com/gpu.memory", op, [value])
         assert term is not None
@@ -188,7 +192,9 @@ def test_exists_needs_no_selector() -> None:
         ("nvidia.com/cuda.driver-version.full", "=", ["r580"], "not a version"),
     ],
 )
-def test_untranslatable_requirements_say_why(key: str, operator: str, values: list[str], message: str) -> None:
+def test_untranslatable_requirements_say_why(
+    key: str, operator: str, values: list[str], message: str
+) -> None:
     with pytest.raises(gfd.LabelError, match=message):
         gfd.translate(key, operator, values)
 
@@ -206,7 +212,8 @@ def test_table_example_compiles_on_every_release(row: gfd.Row) -> None:
 def test_docs_table_is_generated_from_the_module() -> None:
     doc = (REPO / "docs" / "migration.md").read_text(encoding="utf-8")
     assert gfd.with_current_table(doc) == doc, (
-        "docs/migration.md's GFD table is stale: run .venv/bin/python -m controller.migrate.gfd docs/migration.md"
+        "docs/migration.md's GFD table is stale: run "
+        ".venv/bin/python -m controller.migrate.gfd docs/migration.md"
     )
     for row in gfd.ROWS:
         assert f"`{row.label}`" in doc
