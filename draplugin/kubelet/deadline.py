@@ -14,6 +14,9 @@ from typing import Final
 
 # A `time.monotonic()` instant; None: the caller set no deadline.
 CALL_DEADLINE: Final[ContextVar[float | None]] = ContextVar("draplugin_call_deadline", default=None)
+# When the call arrived (`time.monotonic()`): a driver's own time limits count from here, not from
+# when a claim got its turn, so claims queued behind others are not given extra time.
+CALL_STARTED: Final[ContextVar[float | None]] = ContextVar("draplugin_call_started", default=None)
 # Answer this much before the kubelet's deadline: the answer still has to travel back to it.
 ANSWER_MARGIN_S: Final = 0.5
 
@@ -27,3 +30,9 @@ def deadline_from_remaining(remaining_s: float | None) -> float | None:
 
 def call_deadline() -> float | None:
     return CALL_DEADLINE.get()
+
+
+def call_started() -> float:
+    """When the call being served arrived; now, outside of one."""
+    started = CALL_STARTED.get()
+    return time.monotonic() if started is None else started

@@ -30,7 +30,7 @@ from draplugin.kubelet._proto.dra.v1 import api_pb2 as v1
 from draplugin.kubelet._proto.dra.v1 import api_pb2_grpc as v1_grpc
 from draplugin.kubelet._proto.dra.v1beta1 import api_pb2 as v1beta1
 from draplugin.kubelet._proto.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
-from draplugin.kubelet.deadline import CALL_DEADLINE, deadline_from_remaining
+from draplugin.kubelet.deadline import CALL_DEADLINE, CALL_STARTED, deadline_from_remaining
 from draplugin.kubelet.interface import ClaimError, ClaimRef, Driver, PreparedDevice
 from draplugin.kubelet.serialize import CallSerializer
 
@@ -275,11 +275,12 @@ class ClaimRunner:
                 return await asyncio.gather(*(answered(c) for c in runnable))
 
         # The driver bounds its own API work by this deadline too (tasks copy the context).
-        token = CALL_DEADLINE.set(deadline)
+        tokens = CALL_DEADLINE.set(deadline), CALL_STARTED.set(time.monotonic())
         try:
             batch: asyncio.Future[list[tuple[str, ClaimOutcome]]] = asyncio.ensure_future(serialized())
         finally:
-            CALL_DEADLINE.reset(token)
+            CALL_DEADLINE.reset(tokens[0])
+            CALL_STARTED.reset(tokens[1])
         self._batches.add(batch)
         batch.add_done_callback(self._batches.discard)
         try:

@@ -47,7 +47,7 @@ from draplugin.cdi.driverlayout import DriverRootError
 from draplugin.checkpoint import CheckpointStore, ClaimRecord, ClaimState, DeviceRecord
 from draplugin.devices.model import Device
 from draplugin.events import EventSink
-from draplugin.kubelet.deadline import call_deadline
+from draplugin.kubelet.deadline import call_deadline, call_started
 from draplugin.kubelet.interface import ClaimError, ClaimRef, PreparedDevice
 from draplugin.metrics import ClaimMetrics
 from draplugin.prepare.api import (
@@ -420,9 +420,10 @@ class GpuDriver:
     # --- the work ---------------------------------------------------------------------------------
 
     def _deadline(self) -> float:
-        """When this prepare's API work must end: the setting, or the kubelet's deadline if sooner
-        (less the local work that follows: planning, the CDI spec, the checkpoint's fsync)."""
-        own = time.monotonic() + self.api_deadline_s
+        """When this prepare's API work must end: the setting, counted from the kubelet's call, or the
+        kubelet's deadline if sooner (less the local work that follows: planning, the CDI spec, the
+        checkpoint's fsync)."""
+        own = call_started() + self.api_deadline_s
         kubelet = call_deadline()
         return own if kubelet is None else min(own, kubelet - LOCAL_WORK_S)
 

@@ -22,6 +22,7 @@ def running_plugin(
     *,
     delete_slices_on_shutdown: bool,
     extra_env: Mapping[str, str] | None = None,
+    fake_config: Path = FAKE_GPUS,
 ) -> Iterator[PluginProcess]:
     """`draplugin run` for the kubelet node, registered and with its slices published.
 
@@ -34,7 +35,7 @@ def running_plugin(
         kubelet_root_dir=kubelet_node.root_dir,
         cdi_root=kubelet_node.cdi_root,
         state_dir=state_dir,
-        fake_config=FAKE_GPUS,
+        fake_config=fake_config,
         delete_slices_on_shutdown=delete_slices_on_shutdown,
         extra_env=dict(extra_env or {}),
     )

@@ -1,6 +1,6 @@
 """Dynamic MIG in real containers: two claims on two slices of one GPU each get their own MIG device.
 
-The plugin publishes the fake inventory as partitionable (`PARTITIONABLE_MIG=true`),
+The plugin publishes the fake inventory as partitionable (`partitionable: true`),
 the scheduler allocates two 1g.5gb placements of one A100, and prepare creates
 each MIG device on the fake MIG hardware (`<state-dir>/fake-mig.json`, the
 stand-in for NVML's GPU/compute instances). From inside each container: the
@@ -17,10 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from devcluster import pods
 from devcluster.controlplane import ControlPlane
-from devcluster.demo import PluginProcess
+from devcluster.demo import FAKE_GPUS, PluginProcess
 from devcluster.images import workload_image
 from devcluster.kubelet import KubeletNode
 from devcluster.wait import wait_for
@@ -52,13 +53,14 @@ def plugin(
     api: KubeApi,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[PluginProcess]:
+    state_dir = tmp_path_factory.mktemp("mig-plugin")
+    # The examples' inventory, published partitionable (the file's form of --partitionable-mig).
+    inventory = yaml.safe_load(FAKE_GPUS.read_text())
+    inventory["partitionable"] = True
+    fake_config = state_dir / "partitionable-gpus.yaml"
+    fake_config.write_text(yaml.safe_dump(inventory))
     with running_plugin(
-        kube_cluster,
-        kubelet_node,
-        api,
-        tmp_path_factory.mktemp("mig-plugin"),
-        delete_slices_on_shutdown=True,
-        extra_env={"PARTITIONABLE_MIG": "true"},
+        kube_cluster, kubelet_node, api, state_dir, delete_slices_on_shutdown=True, fake_config=fake_config
     ) as process:
         yield process
 

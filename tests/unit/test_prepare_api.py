@@ -219,3 +219,15 @@ async def test_connection_refused_and_a_non_json_answer_are_api_errors(
         await driver.prepare_claim(REF)
     assert [reason for _, reason, _ in node.events.claim_events] == ["APIServerTimeout", "APIError"]
     assert "refused" in node.events.claim_events[0][2]  # the last failure is in the message
+
+
+async def test_claims_queued_for_a_slot_get_no_extra_time(node: Node, stalled: Listener) -> None:
+    # The deadline counts from the kubelet's call, not from when a claim got one of the slots.
+    driver = node.driver()
+    driver.claims = reader(stalled.port)
+    driver.api_deadline_s = 1.0
+    runner = ClaimRunner(driver, max_concurrent_claims=2)
+    started = time.monotonic()
+    answers = await runner.prepare([ClaimRef("ns", f"uid-{i}", f"c{i}") for i in range(6)])
+    assert all("did not answer in time" in a.error for a in answers.values())
+    assert time.monotonic() - started < 1.8
