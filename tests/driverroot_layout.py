@@ -49,6 +49,100 @@ OLD_LIBRARIES = (
 SONAMES = {"libnvidia-opencl": "libnvidia-opencl.so.1", "libnvidia-nvvm": "libnvidia-nvvm.so.4"}
 
 
+# Where the stand-in tools record every command they get (one line each), and keep their state.
+COMMAND_LOG = "var/log/fake-nvidia-commands.log"
+TOOL_STATE = "var/lib/fake-nvidia"
+
+# `nvidia-smi` and `nvidia-cuda-mps-control` stand-ins that answer like the real ones for what the
+# plugin uses. Alone, `nvidia-smi` prints its name (what the CUDA-files test runs in a container).
+# `compute-policy -i <gpu> --set-timeslice <0-3>` records the GPU's time-slice level (0 is the
+# default); `compute-policy -i <gpu> -l` prints it. Every call is appended to COMMAND_LOG.
+NVIDIA_SMI = r"""#!/bin/sh
+LOG='{root}/var/log/fake-nvidia-commands.log'
+STATE='{root}/var/lib/fake-nvidia'
+echo "nvidia-smi $*" >> "$LOG" 2>/dev/null
+[ $# -eq 0 ] && { echo nvidia-smi; exit 0; }
+if [ "$1" = compute-policy ]; then
+  shift; gpu=""; level=""; list=""
+  while [ $# -gt 0 ]; do
+    case "$1" in
+      -i) gpu="$2"; shift 2;;
+      --set-timeslice) level="$2"; shift 2;;
+      --set-timeslice=*) level="${1#*=}"; shift;;
+      -l|--list) list=1; shift;;
+      *) echo "Invalid combination of input arguments: $1" >&2; exit 2;;
+    esac
+  done
+  [ -n "$gpu" ] || { echo "No GPU given (-i)" >&2; exit 2; }
+  mkdir -p "$STATE"
+  if [ -n "$level" ]; then
+    case "$level" in 0|1|2|3) ;; *) echo "Invalid timeslice value: $level" >&2; exit 2;; esac
+    echo "$level" > "$STATE/timeslice-$gpu"
+    echo "Successfully set the timeslice to $level for GPU $gpu."
+    exit 0
+  fi
+  if [ -n "$list" ]; then
+    echo "GPU $gpu timeslice: $(cat "$STATE/timeslice-$gpu" 2>/dev/null || echo 0)"
+    exit 0
+  fi
+fi
+echo "Invalid combination of input arguments." >&2
+exit 2
+"""
+
+# The MPS control daemon: `-d` starts a background server on named pipes in
+# $CUDA_MPS_PIPE_DIRECTORY (writing nvidia-cuda-mps-control.pid there, like the real one); without
+# arguments it is the client: each stdin line goes to the daemon and its answer is printed, and with
+# no daemon it fails like the real one. The daemon keeps the default active thread percentage and
+# pinned memory limits, answers the get_* commands, and `quit` stops it and removes its pipes.
+MPS_CONTROL = r"""#!/bin/sh
+LOG='{root}/var/log/fake-nvidia-commands.log'
+PIPE="${CUDA_MPS_PIPE_DIRECTORY:-/tmp/nvidia-mps}"
+log() { echo "$*" >> "$LOG" 2>/dev/null; }
+if [ "$1" = "-d" ]; then
+  log "nvidia-cuda-mps-control -d pipe=$PIPE log=${CUDA_MPS_LOG_DIRECTORY:-} CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-}"
+  if [ -p "$PIPE/control" ] && kill -0 "$(cat "$PIPE/nvidia-cuda-mps-control.pid" 2>/dev/null)" 2>/dev/null; then
+    echo "An instance of this daemon is already running" >&2; exit 1
+  fi
+  mkdir -p "$PIPE" && rm -f "$PIPE/control" "$PIPE/reply" && mkfifo "$PIPE/control" "$PIPE/reply" || exit 1
+  "$0" --serve </dev/null >/dev/null 2>&1 &
+  echo $! > "$PIPE/nvidia-cuda-mps-control.pid"
+  exit 0
+fi
+if [ "$1" = "--serve" ]; then
+  trap '' HUP
+  atp=100.0
+  while :; do
+    read -r cmd a b < "$PIPE/control" || continue
+    log "mps-daemon $$: $cmd $a $b"
+    out=""
+    case "$cmd" in
+      get_default_active_thread_percentage) out="$atp";;
+      set_default_active_thread_percentage) atp="$a.0";;
+      set_default_device_pinned_mem_limit) echo "$a $b" >> "$PIPE/.limits";;
+      get_default_device_pinned_mem_limit) out=$(grep "^$a " "$PIPE/.limits" 2>/dev/null | tail -n 1 | cut -d' ' -f2);;
+      quit) echo "" > "$PIPE/reply"; rm -f "$PIPE/control" "$PIPE/reply" "$PIPE/.limits" "$PIPE/nvidia-cuda-mps-control.pid"; log "mps-daemon $$: exit"; exit 0;;
+      *) out="Unknown command: $cmd";;
+    esac
+    echo "$out" > "$PIPE/reply"
+  done
+fi
+[ -p "$PIPE/control" ] || { echo "Cannot find MPS control daemon process" >&2; exit 1; }
+while read -r line; do
+  log "nvidia-cuda-mps-control: $line"
+  echo "$line" > "$PIPE/control" && cat "$PIPE/reply" || exit 1
+done
+"""
+
+STAND_INS = {"nvidia-smi": NVIDIA_SMI, "nvidia-cuda-mps-control": MPS_CONTROL}
+
+
+def command_log(root: Path) -> list[str]:
+    """The commands the stand-in tools of a driver root were given, in order."""
+    path = root / COMMAND_LOG
+    return path.read_text().splitlines() if path.exists() else []
+
+
 def elf_shared_object(soname: str | None, machine: int = EM_X86_64, bits: int = 64) -> bytes:
     """A minimal little-endian ELF shared object whose dynamic section names `soname`."""
     strings = b"\0" + (soname.encode() + b"\0" if soname is not None else b"")
@@ -141,9 +235,11 @@ class DriverLayout:
                     relative_symlink(lib_dir / f"{name}.so", soname)
         bin_dir = root / self.bin_dir
         bin_dir.mkdir(parents=True, exist_ok=True)
+        (root / COMMAND_LOG).parent.mkdir(parents=True, exist_ok=True)
         for binary in self.binaries:
             path = bin_dir / binary
-            path.write_bytes(b"#!/bin/sh\necho " + binary.encode() + b"\n")
+            script = STAND_INS.get(binary, "#!/bin/sh\necho {name}\n")
+            path.write_text(script.replace("{name}", binary).replace("{root}", str(root)))
             path.chmod(0o755)
         if self.proc_version is not None:
             line = self.proc_version

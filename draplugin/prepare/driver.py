@@ -233,13 +233,13 @@ class GpuDriver:
     def _rebuild_lost_records(self, report: RecoveryReport) -> None:
         """Record again the claims the lost checkpoint knew, so their devices stay taken.
 
-        Source one, the API server: claims with results of ours in our pool and reserved for a
-        pod (a pod using node-local devices runs here) are planned as a prepare would, their spec
-        (re)written, and recorded as completed. Source two, the surviving CDI specs: a spec names
-        its claim's UID and devices; one the API could not explain (unreachable, or the claim no
-        longer plans) is recorded as started, which holds its devices exclusively until the
-        kubelet prepares or unprepares it. A spec of a claim the API server says is gone, or in
-        use by no pod, is removed: no running pod uses it.
+        Source one, the API server: claims with results of ours in our pool that have a surviving
+        spec (they were prepared here) or are reserved for a pod (a pod using node-local devices
+        runs here) are planned as a prepare would, their spec (re)written, and recorded as
+        completed. Source two, the surviving CDI specs: a spec names its claim's UID and devices;
+        one the API could not explain (unreachable, or the claim no longer plans) is recorded as
+        started, which holds its devices exclusively until the kubelet prepares or unprepares it.
+        Only the spec of a claim the API server no longer has is removed.
         """
         surviving = set(self.cdi.claim_uids())
         try:
@@ -258,51 +258,53 @@ class GpuDriver:
 
         # Claims with a surviving spec were prepared here for sure: they take their devices first.
         for doc in sorted(docs or [], key=spec_first):
-            uid = self._rebuild_from_api(doc)
-            if uid is None:
+            meta = doc.get("metadata")
+            uid = meta.get("uid") if isinstance(meta, dict) else None
+            if not isinstance(uid, str):
                 continue
             listed.add(uid)
-            if self.checkpoint.get(uid) is not None:
+            if self._rebuild_from_api(doc, has_spec=uid in surviving):
                 report.rebuilt_from_api.append(uid)
         for uid in sorted(surviving):
             if self.checkpoint.get(uid) is not None:
                 continue
             if docs is not None and uid not in listed:
-                log.info("removing CDI spec of a claim the API says is gone or unused", extra={"uid": uid})
+                log.info("removing CDI spec of a claim the API server no longer has", extra={"uid": uid})
                 self.cdi.remove(uid)
                 report.specs_removed.append(uid)
             elif self._rebuild_from_spec(uid):
                 report.rebuilt_from_specs.append(uid)
         self.metrics.prepared_claims.set(len(self.checkpoint))
 
-    def _rebuild_from_api(self, doc: dict[str, object]) -> str | None:
-        """Record one listed claim if it runs here; its UID when it is allocated here and reserved."""
-        meta = doc.get("metadata")
-        status = doc.get("status")
-        if not isinstance(meta, dict) or not isinstance(status, dict) or not status.get("reservedFor"):
-            return None
+    def _rebuild_from_api(self, doc: dict[str, object], *, has_spec: bool) -> bool:
+        """Record one listed claim as prepared if it was prepared here or runs here; True if recorded."""
+        meta, status = doc.get("metadata"), doc.get("status")
+        if not isinstance(meta, dict) or not isinstance(status, dict):
+            return False
+        if not (has_spec or status.get("reservedFor")):
+            return False  # never prepared here, in use by no pod: nothing to keep
         uid, namespace, name = meta.get("uid"), meta.get("namespace"), meta.get("name")
         if not (isinstance(uid, str) and isinstance(namespace, str) and isinstance(name, str)):
-            return None
+            return False
         if not is_safe_uid(uid):
-            return None
-        ref = ClaimRef(namespace, uid, name)
+            return False
         try:
-            plan = self._plan(ref, doc)
+            plan = self._plan(ClaimRef(namespace, uid, name), doc)
             if not plan.devices:
-                return None
+                return False
             check_sharing(plan, self.checkpoint.records())
             self._materialize(plan)
         except (PlanError, OSError, cdi.CdiError, ValueError) as err:
-            log.warning(
-                "cannot rebuild a running claim from the API; its spec (if any) decides",
-                extra={"claim": f"{namespace}/{name}", "uid": uid, "error": str(err)},
-            )
-            return uid
+            if has_spec:
+                log.warning(
+                    "cannot rebuild a prepared claim from the API: its spec decides",
+                    extra={"claim": f"{namespace}/{name}", "uid": uid, "error": str(err)},
+                )
+            return False
         self.checkpoint.put(
             ClaimRecord(uid, namespace, name, ClaimState.PREPARE_COMPLETED, plan.device_records())
         )
-        return uid
+        return True
 
     def _rebuild_from_spec(self, uid: str) -> bool:
         """Record a claim from its spec alone (devices `<uid>-<device>`), as started."""

@@ -138,3 +138,15 @@ async def test_startup_removes_our_stale_temp_files_and_only_ours(node: Node) ->
     assert all(p.exists() for p in foreign) and fresh.exists()
     assert sorted(report.temp_files_removed) == sorted(str(p) for p in ours)
     assert json.loads(node.checkpoint_path.read_text())["claims"] == []
+
+
+async def test_lost_checkpoint_keeps_a_prepared_claim_the_api_still_has_without_a_reservation(
+    node: Node,
+) -> None:
+    # Its pod may be finishing: the claim is not gone, so its spec stays until the kubelet unprepares.
+    a = await prepared_a_then_checkpoint_truncated(node)
+    del node.claims.docs[("ns", "a")]["status"]["reservedFor"]
+    driver = node.driver()
+    assert node.spec_files() == [SPEC_A] and driver.checkpoint.get("uid-a") is not None
+    await driver.unprepare_claim(a)
+    assert node.spec_files() == []

@@ -1,0 +1,110 @@
+"""Time-slicing: set the GPU's time-slice at prepare, back to the default when its last holder leaves.
+
+`nvidia-smi compute-policy -i <GPU UUID> --set-timeslice <level>` with the
+levels NVIDIA's tools use: Default 0, Short 1, Medium 2, Long 3 (the same
+numbers NVIDIA's DRA driver passes). The setting is per GPU, so every claim
+that asked for a time-slice on a GPU has a ledger entry for it; a claim asking
+for another interval than the one the GPU runs with for other claims is
+refused (`TimeSliceConflict`), never a silent override. When the last entry of
+a GPU goes, the GPU is set back to level 0.
+
+Crash safety: the entry is written as `setting` before the command and as
+`set` after it; both count as holding the GPU, so a kill -9 between the
+command and the record still leads to a reset when the claim is released (or
+found orphaned at start).
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+from draplugin import crashpoints
+from draplugin.prepare.claimconfig import SharingStrategy, TimeSliceInterval
+from draplugin.prepare.ledger import LedgerEntry, SharingLedger
+from draplugin.prepare.plan import ClaimPlan, PlanError
+
+log = logging.getLogger(__name__)
+
+KIND = "timeslice"
+TOOL = "nvidia-smi"
+DEFAULT_LEVEL = 0
+LEVELS = {
+    TimeSliceInterval.DEFAULT: 0,
+    TimeSliceInterval.SHORT: 1,
+    TimeSliceInterval.MEDIUM: 2,
+    TimeSliceInterval.LONG: 3,
+}
+COMMAND_TIMEOUT_S = 30.0
+
+
+class TimeSliceError(PlanError):
+    """The time-slice could not be set or reset, or conflicts with another claim's."""
+
+
+def wanted_levels(plan: ClaimPlan) -> dict[str, tuple[str, int]]:
+    """GPU UUID → (device name, level) for every time-sliced device of the plan."""
+    wanted = {}
+    for planned in plan.devices:
+        sharing = planned.config.sharing
+        if sharing.strategy is SharingStrategy.TIME_SLICING and sharing.time_slicing is not None:
+            wanted[planned.device.uuid] = (planned.device.name, LEVELS[sharing.time_slicing.interval])
+    return wanted
+
+
+class TimeSlicer:
+    """Applies and resets GPU time-slices through `nvidia-smi` (`tool` gives its path)."""
+
+    def __init__(self, tool: Callable[[], Path]) -> None:
+        self._tool = tool
+
+    def apply(self, plan: ClaimPlan, ledger: SharingLedger) -> None:
+        uid = plan.claim.uid
+        who = f"{plan.claim.namespace}/{plan.claim.name}"
+        for gpu, (name, level) in sorted(wanted_levels(plan).items()):
+            mine = ledger.get(uid, KIND, gpu)
+            if mine is not None and mine.state == "set" and mine.data.get("level") == level:
+                continue
+            others = [e for e in ledger.entries(kind=KIND) if e.key == gpu and e.claim_uid != uid]
+            for other in others:
+                if other.data.get("level") != level:
+                    raise TimeSliceError(
+                        "TimeSliceConflict",
+                        f"claim {who}: device {name} ({gpu}) runs with time-slice level "
+                        f"{other.data.get('level')} for claim uid {other.claim_uid}; this claim asks for "
+                        f"level {level}. A GPU has one time-slice: use the same interval, or another GPU",
+                    )
+            data = {"device": name, "level": level}
+            if others and all(o.state == "set" for o in others):
+                ledger.put(LedgerEntry(uid, KIND, gpu, "set", data))  # the GPU already runs with it
+                continue
+            ledger.put(LedgerEntry(uid, KIND, gpu, "setting", data))
+            self._set(gpu, level, who)
+            crashpoints.reach(crashpoints.AFTER_TIMESLICE_SET)
+            ledger.put(LedgerEntry(uid, KIND, gpu, "set", data))
+            log.info("GPU time-slice set", extra={"claim_uid": uid, "gpu": gpu, "level": level})
+
+    def release(self, uid: str, ledger: SharingLedger) -> None:
+        """Forget the claim's time-slices; reset each GPU no other claim holds a time-slice on."""
+        for entry in ledger.entries(uid, KIND):
+            holders = [e for e in ledger.entries(kind=KIND) if e.key == entry.key and e.claim_uid != uid]
+            if not holders:
+                self._set(entry.key, DEFAULT_LEVEL, f"uid {uid}")
+                log.info("GPU time-slice reset", extra={"claim_uid": uid, "gpu": entry.key})
+            ledger.drop(uid, KIND, entry.key)
+
+    def _set(self, gpu: str, level: int, who: str) -> None:
+        tool = self._tool()
+        command = [str(tool), "compute-policy", "-i", gpu, "--set-timeslice", str(level)]
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S, check=False)
+        except (OSError, subprocess.TimeoutExpired) as err:
+            raise TimeSliceError("TimeSliceFailed", f"claim {who}: {' '.join(command)} failed: {err}") from None
+        if done.returncode != 0:
+            raise TimeSliceError(
+                "TimeSliceFailed",
+                f"claim {who}: {' '.join(command)} exited with {done.returncode}: "
+                f"{(done.stderr or done.stdout).strip()}",
+            )
