@@ -100,8 +100,10 @@ LOG='{root}/var/log/fake-nvidia-commands.log'
 PIPE="${CUDA_MPS_PIPE_DIRECTORY:-/tmp/nvidia-mps}"
 log() { echo "$*" >> "$LOG" 2>/dev/null; }
 if [ "$1" = "-d" ]; then
-  log "nvidia-cuda-mps-control -d pipe=$PIPE log=${CUDA_MPS_LOG_DIRECTORY:-} CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-}"
-  if [ -p "$PIPE/control" ] && kill -0 "$(cat "$PIPE/nvidia-cuda-mps-control.pid" 2>/dev/null)" 2>/dev/null; then
+  log "nvidia-cuda-mps-control -d pipe=$PIPE log=${CUDA_MPS_LOG_DIRECTORY:-}" \
+    "CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-}"
+  running=$(cat "$PIPE/nvidia-cuda-mps-control.pid" 2>/dev/null)
+  if [ -p "$PIPE/control" ] && kill -0 "$running" 2>/dev/null; then
     echo "An instance of this daemon is already running" >&2; exit 1
   fi
   mkdir -p "$PIPE" && rm -f "$PIPE/control" "$PIPE/reply" && mkfifo "$PIPE/control" "$PIPE/reply" || exit 1
@@ -120,8 +122,13 @@ if [ "$1" = "--serve" ]; then
       get_default_active_thread_percentage) out="$atp";;
       set_default_active_thread_percentage) atp="$a.0";;
       set_default_device_pinned_mem_limit) echo "$a $b" >> "$PIPE/.limits";;
-      get_default_device_pinned_mem_limit) out=$(grep "^$a " "$PIPE/.limits" 2>/dev/null | tail -n 1 | cut -d' ' -f2);;
-      quit) echo "" > "$PIPE/reply"; rm -f "$PIPE/control" "$PIPE/reply" "$PIPE/.limits" "$PIPE/nvidia-cuda-mps-control.pid"; log "mps-daemon $$: exit"; exit 0;;
+      get_default_device_pinned_mem_limit)
+        out=$(grep "^$a " "$PIPE/.limits" 2>/dev/null | tail -n 1 | cut -d' ' -f2);;
+      quit)
+        echo "" > "$PIPE/reply"
+        rm -f "$PIPE/control" "$PIPE/reply" "$PIPE/.limits" "$PIPE/nvidia-cuda-mps-control.pid"
+        log "mps-daemon $$: exit"
+        exit 0;;
       *) out="Unknown command: $cmd";;
     esac
     echo "$out" > "$PIPE/reply"

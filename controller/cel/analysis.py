@@ -27,6 +27,9 @@ from controller.cel.syntax import Call, Ident, Index, ListLit, Literal, MapLit, 
 
 DEVICE_FIELDS = ("driver", "attributes", "capacity", "allowMultipleAllocations")
 MACROS = ("all", "exists", "exists_one", "map", "filter")
+# cel-go's ext.TwoVarComprehensions (Kubernetes base environment since 1.32) and ext.Lists' sortBy.
+TWO_VAR_MACROS = ("all", "exists", "existsOne", "transformList", "transformMap", "transformMapEntry")
+BINDING_MACROS = (*MACROS, *TWO_VAR_MACROS[2:], "sortBy")
 WILDCARD = "*"
 _NAMESPACES = ("cel", "lists", "sets", "strings", "math", "optional")
 # Functions whose name has a dot although their first part is also a function (`ip(...)`).
@@ -140,10 +143,10 @@ def features(tree: Node) -> set[str]:
                 found.add("math extension")
             elif qualified in _NAMESPACED_FUNCTIONS or _in_namespace(qualified, ("lists", "sets", "strings")):
                 found.add("namespaced functions (lists.*, sets.*, strings.*, ip.isCanonical)")
-            elif (
-                node.target is not None and node.name in MACROS and len(node.args) == 3 and node.name != "map"
-            ) or node.name in ("transformList", "transformMap", "transformMapEntry"):
+            elif node.target is not None and _is_two_var(node):
                 found.add("two-variable comprehensions")
+            elif node.target is not None and node.name == "sortBy":
+                found.add("sortBy")
             elif node.name in ("dyn", "type", "duration", "timestamp", "bytes") and node.target is None:
                 found.add(f"{node.name}()")
     return found
@@ -162,6 +165,15 @@ def _literal_device_path(node: Node) -> list[str] | None:
     if isinstance(node, Ident) and node.name == "device":
         return list(reversed(steps))
     return None
+
+
+def _is_two_var(node: Call) -> bool:
+    """`m.all(k, v, p)`, `l.transformList(i, v, [filter,] e)`: two bound names first."""
+    if node.name not in TWO_VAR_MACROS or len(node.args) < 3:
+        return False
+    return all(isinstance(arg, Ident) for arg in node.args[:2]) and (
+        node.name.startswith("transform") or len(node.args) == 3
+    )
 
 
 def _in_namespace(qualified: str, namespaces: tuple[str, ...]) -> bool:
@@ -220,12 +232,13 @@ class _Reads:
                 return
             if (
                 node.target is not None
-                and node.name in MACROS
+                and node.name in BINDING_MACROS
                 and node.args
                 and isinstance(node.args[0], Ident)
             ):
                 self.visit(node.target, scope)
-                bound = {arg.name for arg in node.args[:-1] if isinstance(arg, Ident)}
+                names = node.args[:2] if _is_two_var(node) else node.args[:1]
+                bound = {arg.name for arg in names if isinstance(arg, Ident)}
                 for arg in node.args[1:]:
                     self.visit(arg, scope | bound)
                 return
@@ -326,14 +339,19 @@ class _Cost:
         return self.call(node, scope)
 
     def call(self, node: Call, scope: dict[str, int]) -> tuple[int, int]:
-        if node.target is not None and node.name in MACROS and len(node.args) >= 2:
+        if node.target is not None and node.name in BINDING_MACROS and len(node.args) >= 2:
             range_cost, count = self.estimate(node.target, scope)
             inner = dict(scope)
-            for arg in node.args[:-1]:
+            names = node.args[:2] if _is_two_var(node) else node.args[:1]
+            for arg in names:
                 if isinstance(arg, Ident):
                     inner[arg.name] = MAX_STRING
-            body = sum(self.estimate(arg, inner)[0] for arg in node.args[1:])
-            return _add(range_cost, count * (body + 1), 1), count
+            body = sum(self.estimate(arg, inner)[0] for arg in node.args[len(names) :])
+            cost = _add(range_cost, count * (body + 1), 1)
+            if node.name == "sortBy":
+                # ext.Lists estimates the sort of the key list as O(n^2) with a factor of 2.
+                cost += 2 * count * count
+            return cost, count
         if node.name == "bind" and isinstance(node.target, Ident) and len(node.args) == 3:
             init_cost, init_size = self.estimate(node.args[1], scope)
             inner = dict(scope)

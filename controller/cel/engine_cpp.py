@@ -2,7 +2,10 @@
 
 Quantity and Semver cross into cel-cpp as tiny protobuf messages (`kubernetes.Quantity`,
 `kubernetes.Semver`) holding a canonical text, so the type checker can tell them apart and
-`==` is semantic (1Gi == 1024Mi). Library functions run in Python (controller.cel.library).
+`==` is semantic (1Gi == 1024Mi). Library functions run in Python (controller.cel.library),
+except cel-go's ext.Lists and two-variable comprehensions, which cel-cpp ships natively
+(`NATIVE_EXTENSIONS`): they are typed exactly like cel-go's (`sort()` only over comparable
+element types, `sortBy` a macro), which our dyn-typed Python versions cannot be.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 from controller.cel.analysis import Analysis
 from controller.cel.device import DeviceShapeError, build_view
-from controller.cel.engine import EvalFailure, not_bool_error
+from controller.cel.engine import EvalFailure, Program, not_bool_error
 from controller.cel.errors import CompileError, LibraryError
 from controller.cel.library import FUNCTIONS, SCALAR_KINDS, Function, Kind, Overload
 from controller.cel.netlib import CIDR, IP, URL
@@ -30,6 +33,13 @@ from cel_expr_python.ext import ext_bindings, ext_math, ext_optional  # isort: s
 NAME = "cel-expr-python"
 log = logging.getLogger(__name__)
 _QUANTITY_TYPE = "kubernetes.Quantity"
+# cel-cpp's own libraries, enabled through its environment config: ext.Lists at cel-cpp's
+# newest version 2 (slice, flatten, distinct, reverse, sort, sortBy, lists.range: the same
+# functions as cel-go's v3, whose increment is cost estimation only) and the two-variable
+# comprehension macros (all/exists/existsOne/transformList with two variables).
+NATIVE_EXTENSIONS = 'extensions:\n  - name: "lists"\n    version: 2\n  - name: "two-var-comprehensions"\n'
+# Our library's Python versions of those, for engines without them (cel-python).
+NATIVE_FUNCTIONS = frozenset({"slice", "flatten", "distinct", "reverse", "sort", "lists.range"})
 _SEMVER_TYPE = "kubernetes.Semver"
 
 
@@ -187,6 +197,8 @@ def _declarations() -> tuple[list[Any], dict[str, Callable[..., Any]]]:
     declarations: list[Any] = []
     impls: dict[str, Callable[..., Any]] = {}
     for function in FUNCTIONS:
+        if function.name in NATIVE_FUNCTIONS:
+            continue
         dispatcher = _dispatcher(function)
         registered: set[tuple[object, ...]] = set()
         overloads = []
@@ -213,6 +225,7 @@ def _environment() -> Any:
     declarations, impls = _declarations()
     return cel.NewEnv(
         _POOL,
+        config=cel.NewEnvConfigFromYaml(NATIVE_EXTENSIONS),
         variables={"device": cel.Type.Map(cel.Type.STRING, cel.Type.DYN)},
         extensions=[ext_optional.ExtOptional(), ext_bindings.ExtBindings(), ext_math.ExtMath()],
         functions=declarations,
@@ -239,27 +252,57 @@ def runtime_message(raw: str) -> str:
         return f"no such key: {key.group(1)}"
     if text.startswith("No matching overloads found"):
         return "no such overload: " + text.partition(":")[2].strip()
-    if "Iteration budget exceeded" in text:
-        return "operation cancelled: actual cost limit exceeded"
     return text
 
 
+# cel-expr-python stops every evaluation after 10,000 comprehension iterations in all (fixed
+# in its binding, not configurable), where upstream stops at an actual cost of 1,000,000
+# (CELSelectorExpressionMaxCost), a cost of at least one per iteration.
+ITERATION_LIMIT = 10_000
+_BUDGET = "Iteration budget exceeded"
+
+
 class CppProgram:
-    def __init__(self, expression: Any) -> None:
+    def __init__(self, expression: Any, fallback: Callable[[], Program | None] | None = None) -> None:
         self._expression = expression
+        self._fallback = fallback
 
     def evaluate(self, driver: str, device: Mapping[str, Any]) -> bool:
         try:
             view = build_view(driver, device, semver=_semver_msg, quantity=_quantity_msg)
         except DeviceShapeError as err:
             raise EvalFailure(f"invalid device: {err}") from None
-        value = self._expression.eval(data={"device": view})
+        try:
+            value = self._expression.eval(data={"device": view})
+        except RuntimeError as err:
+            if _BUDGET not in str(err):
+                raise EvalFailure(runtime_message(str(err))) from None
+            return self._over_budget(driver, device)
         kind = value.type()
         if kind == cel.Type.BOOL:
             return bool(value.value())
         if kind == cel.Type.ERROR:
-            raise EvalFailure(runtime_message(str(value.value())))
+            text = str(value.value())
+            if _BUDGET in text:
+                return self._over_budget(driver, device)
+            raise EvalFailure(runtime_message(text))
         raise not_bool_error(_type_name(kind))
+
+    def _over_budget(self, driver: str, device: Mapping[str, Any]) -> bool:
+        """Past cel-cpp's iteration limit but maybe within upstream's cost limit: ask cel-python.
+
+        The compile-time estimate (at most 1,000,000, like upstream's) bounds the work, so the
+        fallback finishes; without one (cel-python absent, or a feature it lacks) the
+        evaluation fails, as upstream's would only past 1,000,000 cost units.
+        """
+        program = self._fallback() if self._fallback is not None else None
+        if program is None:
+            raise EvalFailure(
+                f"operation cancelled: {NAME} stops after {ITERATION_LIMIT} comprehension iterations"
+                " (upstream's limit is an actual cost of 1,000,000), and the cel-python engine"
+                " cannot evaluate this expression"
+            )
+        return program.evaluate(driver, device)
 
 
 def _type_name(kind: Any) -> str:
@@ -269,10 +312,21 @@ def _type_name(kind: Any) -> str:
     )
 
 
+# cel-expr-python registers the macros of cel-cpp's two-variable comprehensions but not the
+# runtime function the map-building ones expand to, so programs using them cannot run.
+_UNSUPPORTED_MACROS = frozenset({"transformMap", "transformMapEntry"})
+
+
 class CppEngine:
     name = NAME
 
     def compile(self, expression: str, info: Analysis) -> CppProgram:
+        unsupported = sorted(info.calls & _UNSUPPORTED_MACROS)
+        if unsupported:
+            raise CompileError(
+                f"{unsupported[0]}() is not supported by the {NAME} engine (its runtime lacks"
+                " cel.@mapInsert, the function cel-cpp's macro expands to); use transformList"
+            )
         try:
             compiled = _environment().compile(expression)
         except RuntimeError as err:
@@ -290,7 +344,7 @@ class CppEngine:
             except RuntimeError as err:
                 # Never expected; the original program is still correct for known domains.
                 log.warning("CEL rewrite for unknown domains failed", extra={"error": str(err)[:200]})
-        return CppProgram(compiled)
+        return CppProgram(compiled, _fallback(expression, info))
 
 
 def tolerant_lookups(expression: str, spans: tuple[tuple[int, int, int], ...]) -> str:
@@ -311,3 +365,28 @@ def tolerant_lookups(expression: str, spans: tuple[tuple[int, int, int], ...]) -
     for offset, _, text in sorted(insertions, reverse=True):
         out = out[:offset] + text + out[offset:]
     return out
+
+
+def _fallback(expression: str, info: Analysis) -> Callable[[], Program | None]:
+    """The cel-python program for the same expression, compiled on first need (or None)."""
+    compiled: list[Program | None] = []
+
+    def program() -> Program | None:
+        if not compiled:
+            compiled.append(_celpy_program(expression, info))
+        return compiled[0]
+
+    return program
+
+
+def _celpy_program(expression: str, info: Analysis) -> Program | None:
+    if info.features:
+        return None
+    try:
+        from controller.cel.engine_celpy import CelpyEngine
+    except ImportError:
+        return None
+    try:
+        return CelpyEngine().compile(expression, info)
+    except CompileError:
+        return None

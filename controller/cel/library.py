@@ -205,6 +205,14 @@ def _list_functions() -> list[Function]:
         Function("reverse", (_member("list_reverse", [L], L, listlib.reverse),)),
         Function("sort", (_member("list_sort", [L], L, listlib.sort),)),
         Function("lists.range", (_global("lists_range", [INT], L, listlib.range_of),)),
+        # Kubernetes library.Lists v1 (base environment 1.37).
+        Function(
+            "includes",
+            (
+                _member("list_includes", [L, A], B, listlib.includes),
+                _member("dyn_includes", [A, A], B, listlib.includes),
+            ),
+        ),
         Function("sets.contains", (_global("sets_contains", [L, L], B, listlib.sets_contains),)),
         Function("sets.equivalent", (_global("sets_equivalent", [L, L], B, listlib.sets_equivalent),)),
         Function("sets.intersects", (_global("sets_intersects", [L, L], B, listlib.sets_intersects),)),

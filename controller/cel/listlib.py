@@ -124,3 +124,10 @@ def sets_equivalent(items: Sequence[object], other: Sequence[object]) -> bool:
 
 def sets_intersects(items: Sequence[object], other: Sequence[object]) -> bool:
     return any(_equal(a, b) for a in items for b in other)
+
+
+def includes(target: object, value: object) -> bool:
+    """Kubernetes library.Lists v1: a list holds the value, or a scalar equals it."""
+    if isinstance(target, list):
+        return any(_equal(item, value) for item in target)
+    return _equal(target, value)

@@ -25,9 +25,15 @@ from dracommon.kubeversion import NEWEST_KNOWN, KubernetesVersion, VersionError,
 VERSION_ENV: Final = "DRA_KUBERNETES_VERSION"
 
 # Library -> the release whose base environment introduced it.
+# Older rows, always present: ext.TwoVarComprehensions (two-variable all/exists/existsOne,
+# transformList/transformMap/transformMapEntry) joined in 1.32, Kubernetes semver in 1.33.
 LIBRARY_INTRODUCED: Final[Mapping[str, KubernetesVersion]] = {
-    # ext.Lists (version 3): slice, flatten, distinct, reverse, sort, lists.range.
+    # ext.Lists (version 3): slice, flatten, distinct, reverse, sort, sortBy, lists.range.
     "ext.Lists": (1, 34),
+    # Kubernetes library.Lists version 1 adds `includes`. (DRA's own environment also adds
+    # `includes` from 1.36, but only with the alpha DRAListTypeAttributes feature gate,
+    # off by default through 1.37.)
+    "library.Lists.v1": (1, 37),
 }
 
 # Functions of our environment that belong to a gated library. Namespaced
@@ -39,6 +45,8 @@ FUNCTION_LIBRARY: Final[Mapping[str, str]] = {
     "reverse": "ext.Lists",
     "sort": "ext.Lists",
     "lists.range": "ext.Lists",
+    "sortBy": "ext.Lists",
+    "includes": "library.Lists.v1",
 }
 GATED_NAMES: Final = frozenset(name.rpartition(".")[2] for name in FUNCTION_LIBRARY)
 

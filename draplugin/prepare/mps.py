@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -87,10 +88,14 @@ def settings_for(plan: ClaimPlan) -> MpsSettings | None:
     mps = devices[0].config.sharing.mps or MpsConfig()
     limits = []
     for ordinal, planned in enumerate(devices):
-        limit = mps.per_device_pinned_memory_limit.get(planned.device.name, mps.default_pinned_device_memory_limit)
+        limit = mps.per_device_pinned_memory_limit.get(
+            planned.device.name, mps.default_pinned_device_memory_limit
+        )
         if limit is not None:
             limits.append((ordinal, -(-limit // _MIB)))  # whole MiB, rounded up: a limit never shrinks
-    return MpsSettings(tuple(d.device.uuid for d in devices), mps.default_active_thread_percentage, tuple(limits))
+    return MpsSettings(
+        tuple(d.device.uuid for d in devices), mps.default_active_thread_percentage, tuple(limits)
+    )
 
 
 def process_start_time(pid: int, proc: Path = Path("/proc")) -> int | None:
@@ -113,14 +118,18 @@ class MpsDaemons:
         self._proc = proc
 
     def ensure(self, plan: ClaimPlan, directory: Path, ledger: SharingLedger) -> None:
-        """Have a running, configured daemon for the claim; reuse the one the ledger names if it still runs."""
+        """A running, configured daemon for the claim: the ledger's one if it still runs, else a new one."""
         settings = settings_for(plan)
         if settings is None:
             return
         uid = plan.claim.uid
         entry = ledger.get(uid, KIND, KEY)
         if entry is not None:
-            if entry.state == "running" and entry.data.get("settings") == settings.to_json() and self._alive(entry):
+            if (
+                entry.state == "running"
+                and entry.data.get("settings") == settings.to_json()
+                and self._alive(entry)
+            ):
                 return
             self.stop(uid, ledger)  # died, half-started, or other limits: start over
         self._start(uid, settings, directory, ledger)
@@ -147,7 +156,8 @@ class MpsDaemons:
         if started.returncode != 0:
             raise MpsError(
                 "MpsStartFailed",
-                f"{control} -d exited with {started.returncode}: {(started.stderr or started.stdout).strip()}",
+                f"{control} -d exited with {started.returncode}: "
+                f"{(started.stderr or started.stdout).strip()}",
             )
         crashpoints.reach(crashpoints.AFTER_MPS_START)
         self._wait_ready(control, env)
@@ -169,14 +179,20 @@ class MpsDaemons:
                 },
             )
         )
-        log.info("MPS control daemon running", extra={"claim_uid": uid, "pid": pid, "devices": ",".join(settings.devices)})
+        log.info(
+            "MPS control daemon running",
+            extra={"claim_uid": uid, "pid": pid, "devices": ",".join(settings.devices)},
+        )
 
     @staticmethod
     def _commands(settings: MpsSettings) -> list[str]:
         commands = []
         if settings.active_thread_percentage is not None:
             commands.append(f"set_default_active_thread_percentage {settings.active_thread_percentage}")
-        commands.extend(f"set_default_device_pinned_mem_limit {ordinal} {mib}M" for ordinal, mib in settings.pinned_limits_mib)
+        commands.extend(
+            f"set_default_device_pinned_mem_limit {ordinal} {mib}M"
+            for ordinal, mib in settings.pinned_limits_mib
+        )
         return commands
 
     def command(self, control: Path, env: Mapping[str, str], command: str) -> str:
@@ -191,7 +207,8 @@ class MpsDaemons:
         if done.returncode != 0:
             raise MpsError(
                 "MpsControlFailed",
-                f"MPS control command {command!r} failed ({done.returncode}): {(done.stderr or done.stdout).strip()}",
+                f"MPS control command {command!r} failed ({done.returncode}): "
+                f"{(done.stderr or done.stdout).strip()}",
             )
         return done.stdout.strip()
 
@@ -205,13 +222,17 @@ class MpsDaemons:
             except MpsError as err:
                 last = str(err)
             time.sleep(0.1)
-        raise MpsError("MpsNotReady", f"the MPS control daemon did not answer within {READY_TIMEOUT_S:.0f}s: {last}")
+        raise MpsError(
+            "MpsNotReady", f"the MPS control daemon did not answer within {READY_TIMEOUT_S:.0f}s: {last}"
+        )
 
     def _pid(self, pipe: Path) -> int:
         try:
             return int((pipe / PID_FILE).read_text().strip())
         except (OSError, ValueError) as err:
-            raise MpsError("MpsStartFailed", f"the MPS control daemon wrote no PID file in {pipe}: {err}") from None
+            raise MpsError(
+                "MpsStartFailed", f"the MPS control daemon wrote no PID file in {pipe}: {err}"
+            ) from None
 
     def _alive(self, entry: LedgerEntry) -> bool:
         pid, start = entry.data.get("pid"), entry.data.get("startTime")
@@ -228,12 +249,16 @@ class MpsDaemons:
             try:
                 self.command(self._control(), self._env(pipe, logs, ()), "quit")
             except (MpsError, PlanError) as err:
-                log.warning("MPS quit failed, killing the daemon", extra={"claim_uid": uid, "error": str(err)})
+                log.warning(
+                    "MPS quit failed, killing the daemon", extra={"claim_uid": uid, "error": str(err)}
+                )
             deadline = time.monotonic() + QUIT_TIMEOUT_S
             while process_start_time(pid, self._proc) == start and time.monotonic() < deadline:
                 time.sleep(0.05)
             if process_start_time(pid, self._proc) == start:
                 os.kill(pid, signal.SIGKILL)  # same PID and start time: still our daemon
+        # A daemon that died leaves its pipes and PID file; a new one must not find them.
+        shutil.rmtree(pipe, ignore_errors=True)
         ledger.drop(uid, KIND, KEY)
         log.info("MPS control daemon stopped", extra={"claim_uid": uid, "pid": pid})
 

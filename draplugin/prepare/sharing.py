@@ -6,9 +6,12 @@
 - dynamic MIG (`draplugin.prepare.mig`): a partitionable MIG device allocated
   to a claim is created on the GPU; the claim's CDI device gets its UUID and
   its own `nvidia-caps` nodes;
-- MPS: each claim that uses MPS gets a directory `<root>/mps/<claim uid>/` with
-  the `pipe/` and `log/` directories its containers share (mounted through CDI
-  at `/var/run/draplugin/mps`) and a `mps.json` with the limits.
+- MPS (`draplugin.prepare.mps`): each claim that uses MPS gets a directory
+  `<root>/mps/<claim uid>/` with the `pipe/` and `log/` directories its
+  containers share (mounted through CDI at `/var/run/draplugin/mps`), a
+  `mps.json` with the limits, and its own running MPS control daemon;
+- time-slicing (`draplugin.prepare.timeslice`): the GPU's time-slice is set,
+  and reset when the last claim that asked for one on that GPU is released.
 
 What exists on the GPU because of a claim is in the sharing ledger
 (`draplugin.prepare.ledger`), written around every side effect, so start-up
@@ -24,25 +27,39 @@ import logging
 import shutil
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
+from typing import TypeVar
 
 from dracommon.kubenames import is_safe_uid
 from draplugin.cdi.spec import atomic_write
 from draplugin.devices.mig import MigPartitioner
-from draplugin.prepare import mig
+from draplugin.prepare import mig, mps, timeslice
 from draplugin.prepare.claimconfig import SharingStrategy
 from draplugin.prepare.ledger import FILE_NAME as LEDGER_FILE
 from draplugin.prepare.ledger import SharingLedger
+from draplugin.prepare.mps import MpsDaemons
 from draplugin.prepare.plan import ClaimPlan, PlanError
+from draplugin.prepare.timeslice import TimeSlicer, wanted_levels
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 
 class SharingState:
-    def __init__(self, root: Path, *, mig_partitioner: MigPartitioner | None = None) -> None:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        mig_partitioner: MigPartitioner | None = None,
+        mps_daemons: MpsDaemons | None = None,
+        time_slicer: TimeSlicer | None = None,
+    ) -> None:
         self.root = root
         self.ledger = SharingLedger(root / LEDGER_FILE)
         # None: the backend cannot create MIG devices; a claim on a partitionable slice then fails.
         self.mig = mig_partitioner
+        # None: no driver root, so no nvidia-cuda-mps-control / nvidia-smi; MPS and time-slice claims fail.
+        self.mps = mps_daemons
+        self.timeslice = time_slicer
 
     def mps_dir(self, claim_uid: str) -> Path:
         if not is_safe_uid(claim_uid):
@@ -55,20 +72,51 @@ class SharingState:
     def apply(self, plan: ClaimPlan) -> ClaimPlan:
         """Create what the plan's sharing needs; the plan as realized (created MIG devices filled in).
 
-        Idempotent: a re-prepare finds and reuses the same state. On failure
-        (a `PlanError`), nothing this call created is left behind.
+        Order: MIG devices first (an MPS daemon or a time-slice may run on them), then the MPS
+        daemon, then time-slices. Idempotent: a re-prepare finds and reuses the same state. A
+        failure (a `PlanError`) of a first prepare undoes everything it did.
         """
+        uid = plan.claim.uid
+        fresh = not self.ledger.entries(uid)
+        try:
+            return self._apply(plan)
+        except PlanError:
+            if fresh:
+                self._undo_quietly(uid)
+            raise
+
+    def _apply(self, plan: ClaimPlan) -> ClaimPlan:
+        who = f"claim {plan.claim.namespace}/{plan.claim.name}"
         if any(mig.needs_instance(d.device) for d in plan.devices):
             if self.mig is None:
                 raise PlanError(
-                    "MigUnavailable",
-                    f"claim {plan.claim.namespace}/{plan.claim.name}: this node's device backend "
-                    "cannot create MIG devices",
+                    "MigUnavailable", f"{who}: this node's device backend cannot create MIG devices"
                 )
             plan = mig.create_for_claim(plan, self.mig, self.ledger)
         if plan.uses_mps:
+            if self.mps is None:
+                raise PlanError(
+                    "MpsUnavailable",
+                    f"{who}: MPS needs the NVIDIA driver's nvidia-cuda-mps-control; the plugin has no "
+                    "driver root (--driver-root)",
+                )
             self._write_mps(plan)
+            self.mps.ensure(plan, self.mps_dir(plan.claim.uid), self.ledger)
+        if wanted_levels(plan):
+            if self.timeslice is None:
+                raise PlanError(
+                    "TimeSliceUnavailable",
+                    f"{who}: time-slicing needs the NVIDIA driver's nvidia-smi; the plugin has no driver "
+                    "root (--driver-root)",
+                )
+            self.timeslice.apply(plan, self.ledger)
         return plan
+
+    def _undo_quietly(self, uid: str) -> None:
+        try:
+            self.release(uid)
+        except (PlanError, OSError) as err:  # the first error is the one to report; start-up retries
+            log.error("undoing a failed prepare failed", extra={"claim_uid": uid, "error": str(err)})
 
     def _write_mps(self, plan: ClaimPlan) -> None:
         directory = self.mps_dir(plan.claim.uid)
@@ -83,19 +131,27 @@ class SharingState:
         atomic_write(directory / "mps.json", (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode())
 
     def release(self, claim_uid: str) -> None:
-        """Undo everything `apply` did for the claim. Safe to repeat; unknown claims are a no-op."""
+        """Undo everything `apply` did for the claim, in reverse order. Safe to repeat."""
+        if self.ledger.entries(claim_uid, mps.KIND):
+            self._require(self.mps, "an MPS daemon", claim_uid).stop(claim_uid, self.ledger)
+        if self.ledger.entries(claim_uid, timeslice.KIND):
+            self._require(self.timeslice, "a time-slice", claim_uid).release(claim_uid, self.ledger)
         if self.ledger.entries(claim_uid, mig.KIND):
-            if self.mig is None:
-                log.error(
-                    "MIG devices recorded for a claim but no MIG backend to destroy them",
-                    extra={"claim_uid": claim_uid},
-                )
-            else:
-                mig.destroy_for_claim(claim_uid, self.mig, self.ledger)
+            mig.destroy_for_claim(claim_uid, self._require(self.mig, "MIG devices", claim_uid), self.ledger)
         directory = self.mps_dir(claim_uid)
         if directory.exists():
             shutil.rmtree(directory)
             log.info("sharing state released", extra={"claim_uid": claim_uid, "strategy": "MPS"})
+
+    @staticmethod
+    def _require(tool: _T | None, what: str, uid: str) -> _T:
+        if tool is None:
+            raise PlanError(
+                "SharingUnavailable",
+                f"claim uid {uid}: {what} recorded for it cannot be undone: this plugin runs without the "
+                "backend or driver root that made it",
+            )
+        return tool
 
     def release_orphans(self, prepared: set[str]) -> list[str]:
         """Start-up: release the state of every claim that is not prepared (a crash mid-prepare, a

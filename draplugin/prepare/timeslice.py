@@ -99,9 +99,13 @@ class TimeSlicer:
         tool = self._tool()
         command = [str(tool), "compute-policy", "-i", gpu, "--set-timeslice", str(level)]
         try:
-            done = subprocess.run(command, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S, check=False)
+            done = subprocess.run(
+                command, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S, check=False
+            )
         except (OSError, subprocess.TimeoutExpired) as err:
-            raise TimeSliceError("TimeSliceFailed", f"claim {who}: {' '.join(command)} failed: {err}") from None
+            raise TimeSliceError(
+                "TimeSliceFailed", f"claim {who}: {' '.join(command)} failed: {err}"
+            ) from None
         if done.returncode != 0:
             raise TimeSliceError(
                 "TimeSliceFailed",

@@ -26,9 +26,13 @@ from draplugin.devices.mig import MigPartitioner
 from draplugin.devices.nvml import NvmlBackend
 from draplugin.events import KubeEvents
 from draplugin.metrics import ClaimMetrics
+from draplugin.prepare import mps, timeslice
 from draplugin.prepare.api import DEFAULT_WORKERS, REQUEST_TIMEOUT_S, KubeClaimReader
 from draplugin.prepare.driver import GpuDriver
+from draplugin.prepare.drivertools import DriverTools
+from draplugin.prepare.mps import MpsDaemons
 from draplugin.prepare.sharing import SharingState
+from draplugin.prepare.timeslice import TimeSlicer
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +93,19 @@ def _mig_partitioner(settings: Settings, backend: DeviceBackend) -> MigPartition
     return None
 
 
+def _sharing(
+    settings: Settings, backend: DeviceBackend, files: driverfiles.DriverFiles | None
+) -> SharingState:
+    """MIG from the backend; MPS daemons and time-slices through the driver root's own tools."""
+    tools = DriverTools(files) if files is not None else None
+    return SharingState(
+        settings.state_dir,
+        mig_partitioner=_mig_partitioner(settings, backend),
+        mps_daemons=MpsDaemons(lambda: tools.path(mps.CONTROL)) if tools is not None else None,
+        time_slicer=TimeSlicer(lambda: tools.path(timeslice.TOOL)) if tools is not None else None,
+    )
+
+
 def driver_from_settings(settings: Settings, backend: DeviceBackend | None = None) -> GpuDriver:
     """Everything the driver needs, then start-up recovery (checkpoint, CDI specs) before serving.
 
@@ -105,6 +122,7 @@ def driver_from_settings(settings: Settings, backend: DeviceBackend | None = Non
     api = KubeApi(api_client, timeout_s=REQUEST_TIMEOUT_S)
     boot_id = read_boot_id(Path(os.environ.get(BOOT_ID_FILE_ENV) or DEFAULT_BOOT_ID_PATH))
     events = KubeEvents(api, settings.driver_name, settings.node_name)
+    files = _driver_files(settings, backend, events)
     driver = GpuDriver(
         driver_name=settings.driver_name,
         node_name=settings.node_name,
@@ -113,10 +131,10 @@ def driver_from_settings(settings: Settings, backend: DeviceBackend | None = Non
         claims=KubeClaimReader(AsyncKubeApi(api, DEFAULT_WORKERS, retries=0)),
         cdi_store=SpecStore(settings.cdi_root, settings.driver_name),
         checkpoint=CheckpointStore(settings.state_dir / CHECKPOINT_FILE, boot_id),
-        sharing=SharingState(settings.state_dir, mig_partitioner=_mig_partitioner(settings, backend)),
+        sharing=_sharing(settings, backend, files),
         events=events,
         metrics=ClaimMetrics(),
-        driver_files=_driver_files(settings, backend, events),
+        driver_files=files,
         api_deadline_s=settings.prepare_api_deadline_s,
     )
     driver.recover()

@@ -14,14 +14,26 @@
 # Progress goes to stderr; the last line printed is the archive's path.
 #
 # Environment: DRA_IMAGE_CACHE (cache dir), DRA_DEBIAN_MIRROR (for example a
-# snapshot.debian.org URL, to pin the packages to a date), DRA_DEBIAN_SECURITY_MIRROR.
+# snapshot mirror's URL, to pin the packages to a date), DRA_DEBIAN_SECURITY_MIRROR.
+# By default both are the ones this machine's own apt is configured with.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 repo=$PWD
 
 suite=bookworm
-mirror=${DRA_DEBIAN_MIRROR:-http://deb.debian.org/debian}
-security_mirror=${DRA_DEBIAN_SECURITY_MIRROR:-http://deb.debian.org/debian-security}
+# The machine's apt sources (deb822 .sources files or one-line sources.list): the first URI
+# whose path ends in /debian, and the first ending in /debian-security.
+apt_uri() {
+  cat /etc/apt/sources.list.d/*.sources 2>/dev/null | sed -n 's/^URIs:[[:space:]]*//p' | tr ' ' '\n'
+  sed -n 's/^deb[[:space:]]\+\(\[[^]]*\][[:space:]]\+\)\?\([^[:space:]]\+\).*/\2/p' /etc/apt/sources.list 2>/dev/null
+}
+host_mirror() { apt_uri | grep -m1 -E "/$1/?\$" || true; }
+mirror=${DRA_DEBIAN_MIRROR:-$(host_mirror debian)}
+security_mirror=${DRA_DEBIAN_SECURITY_MIRROR:-$(host_mirror debian-security)}
+if [ -z "$mirror" ] || [ -z "$security_mirror" ]; then
+  echo "build-image: no Debian mirror in /etc/apt/sources.list{,.d}; set DRA_DEBIAN_MIRROR and DRA_DEBIAN_SECURITY_MIRROR" >&2
+  exit 1
+fi
 # python3-venv brings ensurepip (the Dockerfile's `python3 -m venv`);
 # ca-certificates for pip's HTTPS in the build stage; passwd for useradd.
 base_packages=python3,python3-venv,ca-certificates,passwd

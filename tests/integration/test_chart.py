@@ -215,6 +215,9 @@ def test_daemonset_defaults(helm_home: Path) -> None:
     assert env["BACKEND"] == "nvml"
     assert env["METRICS_PORT"] == "8080"
     assert env["NVML_LIB_PATH"] == "/driver-root"
+    # Driver files: CDI specs name host paths; the plugin reads them through its mount.
+    assert env["DRIVER_ROOT"] == "/"
+    assert env["DRIVER_ROOT_MOUNT"] == "/driver-root"
     # Kubelet gRPC probes on the plugin's TCP health port (they cannot dial unix sockets).
     assert env["HEALTHCHECK_PORT"] == "51515"
     assert container["livenessProbe"]["grpc"] == {"port": 51515}
