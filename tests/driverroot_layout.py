@@ -60,7 +60,7 @@ TOOL_STATE = "var/lib/fake-nvidia"
 NVIDIA_SMI = r"""#!/bin/sh
 LOG='{root}/var/log/fake-nvidia-commands.log'
 STATE='{root}/var/lib/fake-nvidia'
-echo "nvidia-smi $*" >> "$LOG" 2>/dev/null
+{ echo "nvidia-smi $*" >> "$LOG"; } 2>/dev/null
 [ $# -eq 0 ] && { echo nvidia-smi; exit 0; }
 if [ "$1" = compute-policy ]; then
   shift; gpu=""; level=""; list=""
@@ -98,7 +98,7 @@ exit 2
 MPS_CONTROL = r"""#!/bin/sh
 LOG='{root}/var/log/fake-nvidia-commands.log'
 PIPE="${CUDA_MPS_PIPE_DIRECTORY:-/tmp/nvidia-mps}"
-log() { echo "$*" >> "$LOG" 2>/dev/null; }
+log() { { echo "$*" >> "$LOG"; } 2>/dev/null; }
 if [ "$1" = "-d" ]; then
   log "nvidia-cuda-mps-control -d pipe=$PIPE log=${CUDA_MPS_LOG_DIRECTORY:-}" \
     "CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-}"

@@ -17,9 +17,12 @@
   "undeclared reference" before 1.35 (controller.cel.versions). Default: the newest release.
 * Limits: expressions over 10 KiB are rejected; cost is a compile-time *estimate*
   (controller.cel.analysis) against upstream's 1,000,000 limit, rejected as "too complex,
-  exceeds cost limit". At run time, cel-cpp's comprehension budget and size guards in
-  every library function (strings/lists over 1,000,000 elements) bound the work, and
-  regular expressions run on RE2 (linear time).
+  exceeds cost limit". At run time, size guards in every library function (strings/lists
+  over 1,000,000 elements) bound the work, and regular expressions run on RE2 (linear
+  time); cel-cpp stops after 10,000 comprehension iterations, where upstream allows a
+  cost of 1,000,000, so such evaluations are finished by cel-python when it can run them.
+* Two-variable comprehensions (all/exists/existsOne/transformList) and sortBy run on
+  cel-expr-python only; transformMap/transformMapEntry are refused by both engines.
 * Engines: cel-expr-python (default) and cel-python (fallback; DRA_CEL_ENGINE=cel-python,
   or automatic when cel_expr_python cannot be imported).
 * Speed: compiled selectors are cached (LRU); results are memoized per selector on

@@ -106,6 +106,9 @@ def reverse(items: Sequence[object]) -> list[object]:
 
 
 def sort(items: Sequence[object]) -> list[object]:
+    # ext.Lists sorts only CEL's comparable primitives: Quantity and Semver have no Compare trait.
+    if any(isinstance(item, Quantity | Semver) for item in items):
+        raise LibraryError("list elements must be comparable")
     return sorted(items, key=functools.cmp_to_key(_compare))
 
 

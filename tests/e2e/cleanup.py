@@ -11,7 +11,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from devcluster.demo import PluginProcess
+from devcluster.plugin import PluginProcess
 from devcluster.wait import wait_for
 from dracommon.kubeapi import ApiError, KubeApi
 

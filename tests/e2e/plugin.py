@@ -7,7 +7,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from devcluster.controlplane import ControlPlane
-from devcluster.demo import FAKE_GPUS, PluginProcess, delete_node_slices, node_slices, wait_published
+from devcluster.plugin import FAKE_GPUS, PluginProcess, delete_node_slices, node_slices, wait_published
 from devcluster.kubelet import KubeletNode
 from dracommon.drivername import DEFAULT_DRIVER_NAME
 from dracommon.kubeapi import KubeApi

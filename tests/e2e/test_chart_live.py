@@ -34,7 +34,7 @@ from dracommon.kubeapi import ApiError, KubeApi
 from draplugin.kubelet.sockets import socket_paths
 from draplugin.prepare.plan import env_key
 from tests.e2e.inside import log_env
-from tests.kube.chart import ChartRelease, deep_merge, import_our_image, installed, is_ready, live_values
+from tests.kube.chart import ChartError, ChartRelease, deep_merge, import_our_image, installed, is_ready, live_values
 
 pytestmark = pytest.mark.kubelet
 
@@ -257,7 +257,7 @@ def test_bad_image_fails_the_install_with_the_runtimes_reason(
     release.values = deep_merge(release.values, {"image": {"tag": "not-imported"}})
     release.ready_timeout_s = 60
     started = time.monotonic()
-    with pytest.raises(AssertionError, match="ErrImageNeverPull"), installed(release):
+    with pytest.raises(ChartError, match="ErrImageNeverPull"), installed(release):
         pass
     assert time.monotonic() - started < 60
     with pytest.raises(ApiError):

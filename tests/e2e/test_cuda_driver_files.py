@@ -22,7 +22,7 @@ import pytest
 
 from devcluster import pods
 from devcluster.controlplane import ControlPlane
-from devcluster.demo import PluginProcess
+from devcluster.plugin import PluginProcess
 from devcluster.images import workload_image
 from devcluster.kubelet import KubeletNode
 from dracommon.kubeapi import KubeApi

@@ -30,19 +30,15 @@ import pytest
 
 from devcluster import pods
 from devcluster.controlplane import ControlPlane
-from devcluster.demo import (
-    DEVICE_CLASSES,
-    PluginProcess,
-    collection_path,
-    load_manifests,
-    node_slices,
-)
+from devcluster.manifests import DEVICE_CLASSES, collection_path, load_manifests
+from devcluster.plugin import PluginProcess, node_slices
 from devcluster.images import use_local_image, workload_image
 from devcluster.kubelet import KubeletNode
 from devcluster.objects import create_namespace, delete_namespace
 from devcluster.wait import wait_for
 from dracommon.kubeapi import ApiError, KubeApi
 from draplugin.devices.fake import make_device_nodes
+from tests.driverroot_layout import command_log, debian_layout
 from tests.e2e import inside
 from tests.e2e.cleanup import release_namespace
 from tests.e2e.plugin import running_plugin
@@ -62,16 +58,30 @@ MPS_DIR = "/var/run/draplugin/mps"
 
 
 @pytest.fixture(scope="module")
+def driver_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A driver install whose nvidia-smi and nvidia-cuda-mps-control are recording stand-ins."""
+    return debian_layout().build(tmp_path_factory.mktemp("examples-driver-root"))
+
+
+@pytest.fixture(scope="module")
 def plugin(
     kube_cluster: ControlPlane,
     kubelet_node: KubeletNode,
     api: KubeApi,
+    driver_root: Path,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[PluginProcess]:
-    """One plugin for the whole module; it publishes the node's slices and deletes them when stopped."""
+    """One plugin for the whole module; it publishes the node's slices and deletes them when stopped.
+
+    It has a driver root: MPS daemons and time-slices are run through the driver's own tools."""
     state_dir = tmp_path_factory.mktemp("examples-plugin")
     with running_plugin(
-        kube_cluster, kubelet_node, api, state_dir, delete_slices_on_shutdown=True
+        kube_cluster,
+        kubelet_node,
+        api,
+        state_dir,
+        delete_slices_on_shutdown=True,
+        extra_env={"DRIVER_ROOT": str(driver_root)},
     ) as process:
         yield process
 
@@ -371,7 +381,9 @@ def test_08_mig_device(kubelet_node: KubeletNode, api: KubeApi, namespace: str) 
     assert env[f"DRAPLUGIN_DEVICE_{key}_UUID"].startswith("MIG-")
 
 
-def test_09_time_slicing(kubelet_node: KubeletNode, api: KubeApi, namespace: str) -> None:
+def test_09_time_slicing(
+    kubelet_node: KubeletNode, api: KubeApi, namespace: str, plugin: PluginProcess, driver_root: Path
+) -> None:
     apply_example(api, "09-time-slicing", namespace)
     claim = claims_of(api, namespace, wait_running(api, namespace, "time-sliced", kubelet_node))["gpu"]
     (device,) = devices(claim)
@@ -379,9 +391,17 @@ def test_09_time_slicing(kubelet_node: KubeletNode, api: KubeApi, namespace: str
         env = container_got(api, namespace, "time-sliced", container, claim)
         assert env[f"DRAPLUGIN_DEVICE_{env_key(device)}_SHARING"] == "TimeSlicing"
         assert env[f"DRAPLUGIN_DEVICE_{env_key(device)}_TIMESLICE_INTERVAL"] == "Long"
+    # On the GPU: the driver's nvidia-smi set the time-slice to Long (3) before the pod started ...
+    uuid = env[f"DRAPLUGIN_DEVICE_{env_key(device)}_UUID"]
+    assert f"nvidia-smi compute-policy -i {uuid} --set-timeslice 3" in command_log(driver_root)
+    # ... and sets it back to the default (0) when the claim is unprepared.
+    release_namespace(api, plugin, namespace, POD_TIMEOUT)
+    assert command_log(driver_root)[-1] == f"nvidia-smi compute-policy -i {uuid} --set-timeslice 0"
 
 
-def test_10_mps(kubelet_node: KubeletNode, api: KubeApi, namespace: str) -> None:
+def test_10_mps(
+    kubelet_node: KubeletNode, api: KubeApi, namespace: str, plugin: PluginProcess, driver_root: Path
+) -> None:
     apply_example(api, "10-mps", namespace)
     claim = claims_of(api, namespace, wait_running(api, namespace, "mps", kubelet_node))["gpu"]
     (device,) = devices(claim)
@@ -396,7 +416,26 @@ def test_10_mps(kubelet_node: KubeletNode, api: KubeApi, namespace: str) -> None
         # The claim's MPS server directory is mounted where the variables point.
         assert MPS_DIR in inside.mounts_in(api, namespace, "mps", container)
         pipes.add(env["CUDA_MPS_PIPE_DIRECTORY"])
+        # The claim's MPS control daemon answers through the mounted pipe directory, with the limit set.
+        code, out, err = pods.exec_in(api, namespace, "mps", container, [
+            "sh", "-c", "echo get_default_active_thread_percentage | nvidia-cuda-mps-control",
+        ])  # fmt: skip
+        assert (code, out.strip()) == (0, "50.0"), err
     assert len(pipes) == 1  # one MPS server for the claim
+    # The daemon was started from the driver root for the claim's GPU, then configured.
+    log = command_log(driver_root)
+    uuid = env[f"DRAPLUGIN_DEVICE_{key}_UUID"]
+    (start,) = [line for line in log if line.startswith("nvidia-cuda-mps-control -d")]
+    assert start.endswith(f"CUDA_VISIBLE_DEVICES={uuid}"), start
+    daemon = [line.split(": ", 1)[1].strip() for line in log if line.startswith("mps-daemon")]
+    assert daemon[1:3] == [
+        "set_default_active_thread_percentage 50",
+        "set_default_device_pinned_mem_limit 0 10240M",
+    ]
+    # Unprepare stops it.
+    release_namespace(api, plugin, namespace, POD_TIMEOUT)
+    stopped = [line for line in command_log(driver_root) if line.startswith("mps-daemon")]
+    assert stopped[-2].rstrip().endswith("quit") and stopped[-1].endswith(": exit"), stopped[-2:]
 
 
 def test_11_admin_access_sees_every_gpu_even_in_use(

@@ -30,7 +30,7 @@ import grpc
 import pytest
 
 from devcluster.controlplane import ControlPlane
-from devcluster.demo import PluginProcess
+from devcluster.plugin import PluginProcess
 from devcluster.kubelet import KubeletNode
 from devcluster.wait import wait_for
 from dracommon.kubeapi import ApiError, KubeApi

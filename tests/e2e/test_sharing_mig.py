@@ -21,7 +21,7 @@ import yaml
 
 from devcluster import pods
 from devcluster.controlplane import ControlPlane
-from devcluster.demo import FAKE_GPUS, PluginProcess
+from devcluster.plugin import FAKE_GPUS, PluginProcess
 from devcluster.images import workload_image
 from devcluster.kubelet import KubeletNode
 from devcluster.wait import wait_for

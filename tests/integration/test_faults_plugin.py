@@ -22,7 +22,7 @@ import socket
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,7 +31,7 @@ import grpc
 import pytest
 
 from devcluster.controlplane import ControlPlane
-from devcluster.demo import PluginProcess
+from devcluster.plugin import PluginProcess
 from devcluster.wait import wait_for
 from dracommon.drivername import DEFAULT_DRIVER_NAME
 from dracommon.kubeapi import KubeApi
@@ -330,7 +330,7 @@ async def test_kill_at_random_moments_loses_nothing_and_never_hands_a_gpu_out_tw
 
 # --- corrupt checkpoints ----------------------------------------------------------------------------
 
-CORRUPTIONS = {
+CORRUPTIONS: dict[str, Callable[[bytes], bytes]] = {
     "truncated": lambda raw: raw[:40],
     "empty": lambda raw: b"",
     "garbage": lambda raw: bytes(range(256)) * 4,
@@ -421,7 +421,10 @@ async def test_names_and_uids_at_and_past_the_limits(rig: Rig) -> None:
 async def test_garbage_grpc_leaves_the_plugin_serving(rig: Rig) -> None:
     rig.start()
     channel = await rig.channel()
-    method = channel.unary_unary("/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources")
+    # No serializers: the frames go on the wire as they are.
+    method: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(
+        "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources"
+    )
     for frame in (b"\xff" * 64, b"\x0a\xff\xff\xff\xff\x0f", bytes(random.Random(5).randbytes(4096))):
         with pytest.raises(grpc.aio.AioRpcError):
             await method(frame, timeout=5)

@@ -1,264 +1,39 @@
-"""The Helm chart, live: installed with the built Helm on the local cluster's containerd node.
+"""The Helm chart, live, for the tests: devcluster/chart.py is the one implementation.
 
-The kubelet plugin runs as the chart's DaemonSet pod and the controller as
-its Deployment, both in real containers of our image (deploy/Dockerfile,
-built by tests/cluster/build_image.sh and imported into the node's
-containerd; `imagePullPolicy: Never`). The values are the user's fake-GPU
-values (deploy/helm/values-fake-gpus.yaml) plus what this cluster needs:
-
-- the test kubelet's root dir and CDI root, and a state dir of the release's own;
-- the host network for both daemons: the test API server listens on loopback
-  only and there is no kube-proxy, so a pod on the pod network could reach
-  neither it nor the `kubernetes` Service. `KUBERNETES_SERVICE_HOST/PORT`
-  point the in-cluster config at the loopback API server instead;
-- a free health-check port and no metrics endpoint (`metrics.port: 0`): on the
-  host network both would be ports of this machine, shared with whatever else
-  runs here, and the old and new plugin pod of a rolling update would both
-  bind the metrics port.
-
-Helm and the kubelet node fail the tests (with the command that provides
-them) when missing; they never skip.
+The tests install the chart exactly as `make demo` and `make cluster` do
+(devcluster.chart: the fake-GPU values, the node's paths, our image imported
+into the node's containerd, host networking); this module only names what the
+tests use. Helm, our image and the containerd node fail the tests with the
+command that provides them (MissingBinariesError, ImageError, ChartError);
+they never skip.
 """
 
 from __future__ import annotations
 
-import os
-import subprocess
-import urllib.parse
-import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, TypeVar, cast
+from devcluster.chart import (
+    CHART,
+    FAKE_GPU_VALUES,
+    ChartError,
+    ChartRelease,
+    HelmError,
+    deep_merge,
+    import_our_image,
+    installed,
+    is_ready,
+    live_values,
+    run_helm,
+)
 
-import pytest
-import yaml
-from kubernetes import client as k8s
-
-from devcluster import images
-from devcluster.binaries import HELM_BUILD_COMMAND, REPO_ROOT, helm_path
-from devcluster.controlplane import ControlPlane, free_port
-from devcluster.kubelet import KubeletNode
-from devcluster.pods import ContainerFailed, runtime_failure
-from devcluster.wait import wait_for
-from dracommon.kubeapi import KubeApi
-
-CHART = REPO_ROOT / "deploy" / "helm" / "draplugin"
-FAKE_GPU_VALUES = REPO_ROOT / "deploy" / "helm" / "values-fake-gpus.yaml"
-T = TypeVar("T")
-PLUGIN_LABELS = "app.kubernetes.io/component=kubelet-plugin"
-CONTROLLER_LABELS = "app.kubernetes.io/component=controller"
-
-
-class HelmError(AssertionError):
-    """helm exited non-zero; the message carries its stderr."""
-
-
-def helm_binary() -> Path:
-    """The helm built by build_helm.sh; fails (never skips) when it is missing."""
-    path = helm_path()
-    if not os.access(path, os.X_OK):
-        pytest.fail(
-            f"helm not found at {path}: build it with `{HELM_BUILD_COMMAND}` (part of `make kube`)",
-            pytrace=False,
-        )
-    return path
-
-
-def run_helm(args: Sequence[str], home: Path, kubeconfig: Path | None = None, timeout_s: float = 120) -> str:
-    """Run helm hermetically (own cache/config/data dirs, no network but the cluster's)."""
-    env = {
-        **os.environ,
-        "HELM_CACHE_HOME": str(home / "cache"),
-        "HELM_CONFIG_HOME": str(home / "config"),
-        "HELM_DATA_HOME": str(home / "data"),
-    }
-    if kubeconfig is not None:
-        env["KUBECONFIG"] = str(kubeconfig)
-    proc = subprocess.run(
-        [str(helm_binary()), *args], capture_output=True, text=True, env=env, timeout=timeout_s, check=False
-    )
-    if proc.returncode != 0:
-        raise HelmError(f"helm {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr}{proc.stdout}")
-    return proc.stdout
-
-
-def deep_merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
-    """`override` over `base`, maps merged key by key (as Helm merges values files)."""
-    out = dict(base)
-    for key, value in override.items():
-        current = out.get(key)
-        both_maps = isinstance(current, Mapping) and isinstance(value, Mapping)
-        out[key] = deep_merge(current, value) if both_maps else value  # type: ignore[arg-type]
-    return out
-
-
-def live_values(
-    cluster: ControlPlane, node: KubeletNode, image: images.LocalImage, state_dir: Path
-) -> dict[str, Any]:
-    """The fake-GPU values with this node's paths, the local image and host networking (module docstring)."""
-    repository, _, tag = image.name.rpartition(":")
-    api = urllib.parse.urlsplit(cluster.server)
-    api_env = [
-        {"name": "KUBERNETES_SERVICE_HOST", "value": api.hostname},
-        {"name": "KUBERNETES_SERVICE_PORT", "value": str(api.port)},
-    ]
-    local = {
-        "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
-        "kubeletPlugin": {
-            "kubeletRootDir": str(node.root_dir),
-            "cdiRoot": str(node.cdi_root),
-            "stateDir": str(state_dir),
-            "hostNetwork": True,
-            "healthcheckPort": free_port(),
-            "extraEnv": api_env,
-        },
-        "controller": {"hostNetwork": True, "extraEnv": api_env},
-        "metrics": {"port": 0},
-    }
-    return deep_merge(yaml.safe_load(FAKE_GPU_VALUES.read_text()), local)
-
-
-def pods(api: KubeApi, namespace: str, selector: str) -> list[dict[str, Any]]:
-    query = {"labelSelector": selector}
-    items: list[dict[str, Any]] = api.get(f"/api/v1/namespaces/{namespace}/pods", query)["items"]
-    return items
-
-
-def is_ready(pod: Mapping[str, Any]) -> bool:
-    conditions = pod.get("status", {}).get("conditions") or []
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
-
-
-def last_log(api: KubeApi, pod: Mapping[str, Any], status: Mapping[str, Any], lines: int = 30) -> str:
-    """The end of a container's log: of its previous run once it restarted (why it exited)."""
-    meta = pod["metadata"]
-    try:
-        text: str = k8s.CoreV1Api(api.api_client).read_namespaced_pod_log(
-            meta["name"], meta["namespace"], container=status["name"],
-            previous=bool(status.get("restartCount")), tail_lines=lines,
-        )  # fmt: skip
-    except k8s.ApiException as err:
-        return f"(no log: {err.reason})"
-    return text
-
-
-def describe_pods(api: KubeApi, namespace: str) -> str:
-    """Phase, readiness, container states, the end of each container's log, and recent events."""
-    lines = []
-    for pod in api.get(f"/api/v1/namespaces/{namespace}/pods")["items"]:
-        statuses = pod.get("status", {}).get("containerStatuses") or []
-        states = {s["name"]: s.get("state") for s in statuses}
-        lines.append(
-            f"{pod['metadata']['name']}: {pod['status'].get('phase')} ready={is_ready(pod)} {states}"
-        )
-        for status in statuses:
-            lines.append(f"--- log of {status['name']} (last run):\n{last_log(api, pod, status)}")
-    for event in api.get(f"/api/v1/namespaces/{namespace}/events")["items"][-15:]:
-        lines.append(f"event {event['involvedObject']['name']}: {event.get('reason')} {event.get('message')}")
-    return "\n".join(lines)
-
-
-@dataclass
-class ChartRelease:
-    """One Helm release of the chart in its own namespace; `install()` waits until it runs."""
-
-    api: KubeApi
-    kubeconfig: Path
-    home: Path
-    namespace: str
-    values: dict[str, Any]
-    name: str = field(default_factory=lambda: f"dra-{uuid.uuid4().hex[:6]}")
-    ready_timeout_s: float = 180.0
-
-    def _values_file(self, values: Mapping[str, Any]) -> Path:
-        path = self.home / f"values-{uuid.uuid4().hex[:8]}.yaml"
-        path.write_text(yaml.safe_dump(dict(values)))
-        return path
-
-    def helm(self, *args: str, timeout_s: float = 120) -> str:
-        return run_helm(args, self.home, self.kubeconfig, timeout_s)
-
-    def install(self) -> None:
-        self.helm("install", self.name, str(CHART), "--namespace", self.namespace,
-                  "--values", str(self._values_file(self.values)))  # fmt: skip
-        self.wait_plugin_pods(1)
-        self.wait_controller_ready()
-
-    def upgrade(self, values: Mapping[str, Any]) -> None:
-        """`helm upgrade` without waiting: the caller watches the rollout."""
-        self.values = dict(values)
-        self.helm("upgrade", self.name, str(CHART), "--namespace", self.namespace,
-                  "--values", str(self._values_file(self.values)))  # fmt: skip
-
-    def uninstall(self) -> None:
-        self.helm("uninstall", self.name, "--namespace", self.namespace, "--wait", "--timeout", "120s",
-                  timeout_s=180)  # fmt: skip
-
-    def plugin_pods(self) -> list[dict[str, Any]]:
-        return pods(self.api, self.namespace, f"app.kubernetes.io/instance={self.name},{PLUGIN_LABELS}")
-
-    def wait_plugin_pods(self, count: int) -> list[dict[str, Any]]:
-        """Exactly `count` plugin pods, all Ready (the startup probe: registered with the kubelet)."""
-
-        def ready() -> list[dict[str, Any]] | None:
-            found = [p for p in self.plugin_pods() if not p["metadata"].get("deletionTimestamp")]
-            for pod in found:
-                failure = runtime_failure(self.api, pod)
-                if failure:  # the kubelet only retries the same failure: say so now
-                    raise ContainerFailed(f"plugin pod {pod['metadata']['name']}: {failure}")
-            return found if len(found) == count and all(map(is_ready, found)) else None
-
-        return self.wait(f"{count} Ready kubelet plugin pod(s) of release {self.name}", ready)
-
-    def wait_controller_ready(self) -> dict[str, Any]:
-        selector = f"app.kubernetes.io/instance={self.name},{CONTROLLER_LABELS}"
-        return self.wait(
-            f"the controller pod of release {self.name} Ready",
-            lambda: next((p for p in pods(self.api, self.namespace, selector) if is_ready(p)), None),
-        )
-
-    def wait(self, what: str, probe: Callable[[], T | None]) -> T:
-        """wait_for, reporting the release's pods and logs on timeout; a ContainerFailed from the
-        probe ends the wait at once."""
-        failed: list[ContainerFailed] = []
-
-        def checked() -> T | bool | None:
-            try:
-                return probe()
-            except ContainerFailed as err:
-                failed.append(err)
-                return True
-
-        try:
-            found = wait_for(what, checked, self.ready_timeout_s, 0.5)
-        except AssertionError as err:
-            raise AssertionError(f"{err}\n{describe_pods(self.api, self.namespace)}") from None
-        if failed:
-            raise AssertionError(f"{failed[0]}\n{describe_pods(self.api, self.namespace)}")
-        return cast(T, found)
-
-
-def import_our_image(node: KubeletNode) -> images.LocalImage:
-    """Our image built (a no-op when current) and present in the node's containerd."""
-    if node.containerd is None:
-        pytest.fail("the chart runs real containers: the kubelet node must run containerd", pytrace=False)
-    image = images.our_image()
-    if image.name not in images.image_names(node.containerd.ctr, node.containerd.socket):
-        images.import_image(node.containerd.ctr, node.containerd.socket, image.archive)
-    return image
-
-
-@contextmanager
-def installed(release: ChartRelease) -> Iterator[ChartRelease]:
-    """The release installed and running; uninstalled afterwards, whatever the test did."""
-    try:
-        release.install()
-        yield release
-    finally:
-        try:
-            release.uninstall()
-        except HelmError as err:
-            if "not found" not in str(err):  # the test uninstalled it itself
-                raise
+__all__ = [
+    "CHART",
+    "FAKE_GPU_VALUES",
+    "ChartError",
+    "ChartRelease",
+    "HelmError",
+    "deep_merge",
+    "import_our_image",
+    "installed",
+    "is_ready",
+    "live_values",
+    "run_helm",
+]

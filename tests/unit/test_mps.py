@@ -15,15 +15,18 @@ from pathlib import Path
 import pytest
 
 from draplugin import crashpoints
-from draplugin.devices.model import Device
 from draplugin.kubelet.interface import ClaimRef
 from draplugin.prepare import mps
 from draplugin.prepare.plan import ClaimPlan, PlanError, plan_claim, render_spec
 from draplugin.prepare.sharing import SharingState
-from tests.unit.sharing_fixtures import ToolNode, tool_node  # noqa: F401
+from tests.unit import sharing_fixtures
+from tests.unit.sharing_fixtures import ToolNode
 from tests.unit.test_prepare_plan import DEVICES, DRIVER, NODE, claim_doc, config, gpu_config, result
 
 LIMITS = {"defaultActiveThreadPercentage": 50, "defaultPinnedDeviceMemoryLimit": "10Gi"}
+
+
+tool_node = sharing_fixtures.tool_node  # the fixture: a state dir next to a stand-in driver root
 
 
 class Killed(BaseException):
@@ -52,7 +55,8 @@ def test_prepare_starts_a_configured_daemon_for_the_claim(tool_node: ToolNode) -
         f"nvidia-cuda-mps-control -d pipe={pipe} log={pipe.parent / 'log'} "
         f"CUDA_VISIBLE_DEVICES={DEVICES['gpu-0'].uuid},{DEVICES['gpu-1'].uuid}"
     ]
-    # Ready (it answered), then the limits through the control interface: ordinals follow CUDA_VISIBLE_DEVICES.
+    # Ready (it answered), then the limits through the control interface; ordinals as in
+    # CUDA_VISIBLE_DEVICES.
     assert daemon_commands(tool_node) == [
         "get_default_active_thread_percentage",
         "set_default_active_thread_percentage 50",

@@ -23,7 +23,8 @@ from draplugin.kubelet.dra import ClaimRunner
 from draplugin.kubelet.interface import ClaimError, ClaimRef
 from draplugin.metrics import ClaimMetrics
 from draplugin.prepare.driver import GpuDriver
-from draplugin.prepare.sharing import SharingState
+from tests.driverroot_layout import debian_layout
+from tests.unit.sharing_fixtures import ToolNode
 from tests.unit.test_prepare_plan import DEVICES, DRIVER, NODE, claim_doc, config, gpu_config, result
 
 
@@ -111,13 +112,18 @@ class Node:
             claims=self.claims,
             cdi_store=SpecStore(self.cdi_root, self.driver_name),
             checkpoint=CheckpointStore(self.checkpoint_path, self.boot_id),
-            sharing=SharingState(self.root / "state"),
+            # MPS daemons from a driver root whose tools are recording stand-ins (test_mps.py).
+            sharing=ToolNode(self.root / "state", self._driver_root()).sharing(),
             events=self.events,
             metrics=ClaimMetrics(self.registry),
         )
         if recover:
             driver.recover()
         return driver
+
+    def _driver_root(self) -> Path:
+        root = self.root / "driver-root"
+        return root if root.exists() else debian_layout().build(root)
 
     def spec_files(self) -> list[str]:
         return sorted(p.name for p in self.cdi_root.glob("*.json")) if self.cdi_root.exists() else []

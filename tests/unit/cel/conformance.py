@@ -353,6 +353,52 @@ CASES: tuple[Case, ...] = (
     Case("lists.range(3) == [0, 1, 2]", True, celpy=UNSUPPORTED, since=EXT_LISTS),
     Case("sets.contains([1, 2, 3], [2])", True, celpy=UNSUPPORTED),
     Case("sets.intersects([1, 2], [2, 5])", True, celpy=UNSUPPORTED),
+    # --- two-variable comprehensions (ext.TwoVarComprehensions, base environment since 1.32) --
+    Case(f'{A}.exists(k, v, k == "model" && v == "H100")', True, celpy=UNSUPPORTED),
+    Case(f'{A}.exists(k, v, k == "model" && v == "A100")', False, celpy=UNSUPPORTED),
+    Case(f'{A}.all(k, v, k != "")', True, celpy=UNSUPPORTED),
+    Case(f'{A}.existsOne(k, v, v == "H100")', True, celpy=UNSUPPORTED),
+    Case(f'{A}.exists(k, v, k == "model")', False, device="bare", celpy=UNSUPPORTED),
+    Case('device.attributes["other.dev"].all(k, v, false)', True, celpy=UNSUPPORTED),
+    Case("[10, 20, 30].all(i, v, v == (i + 1) * 10)", True, celpy=UNSUPPORTED),
+    Case("[1, 2, 3].existsOne(i, v, i == v)", False, celpy=UNSUPPORTED),
+    Case("[5, 6].exists(i, v, i == 1 && v == 6)", True, celpy=UNSUPPORTED),
+    Case("[1, 2, 3].transformList(i, v, v * i) == [0, 2, 6]", True, celpy=UNSUPPORTED),
+    Case("[1, 2, 3].transformList(i, v, i > 0, v) == [2, 3]", True, celpy=UNSUPPORTED),
+    Case('{"a": 1, "b": 2}.transformList(k, v, v).size() == 2', True, celpy=UNSUPPORTED),
+    Case(f"{A}.transformList(k, v, k).size() == 7", True, celpy=UNSUPPORTED),
+    Case('[1, 2].all(i, v, v > "a")', COMPILE, celpy=UNSUPPORTED),
+    Case(f"{A}.exists(k, v, v > 5)", RUNTIME, celpy=UNSUPPORTED),
+    # --- sortBy (ext.Lists, with sort) --------------------------------------------------------
+    Case("[3, 1, 2].sortBy(x, x) == [1, 2, 3]", True, celpy=UNSUPPORTED, since=EXT_LISTS),
+    Case("[3, 1, 2].sortBy(x, -x) == [3, 2, 1]", True, celpy=UNSUPPORTED, since=EXT_LISTS),
+    Case('["bb", "a", "ccc"].sortBy(s, size(s))[0] == "a"', True, celpy=UNSUPPORTED, since=EXT_LISTS),
+    Case(
+        f"[2, 0, 1].sortBy(x, x == {A}.index ? 9 : x) == [1, 2, 0]", True, celpy=UNSUPPORTED, since=EXT_LISTS
+    ),
+    Case(
+        '[1, 2].sortBy(x, {"k": x}) == [1, 2]',
+        COMPILE,
+        celpy=UNSUPPORTED,
+        message="found no matching overload",
+        since=EXT_LISTS,
+    ),
+    Case(
+        '"abc".sortBy(x, x) == "abc"',
+        COMPILE,
+        celpy=UNSUPPORTED,
+        message="sortBy can only be applied to a list",
+        since=EXT_LISTS,
+    ),
+    Case(f"[{A}.index, {A}.model].sortBy(x, x).size() == 2", RUNTIME, celpy=UNSUPPORTED, since=EXT_LISTS),
+    Case(
+        '[quantity("2"), quantity("1")].sort() == [quantity("1"), quantity("2")]',
+        COMPILE,
+        celpy=RUNTIME,
+        since=EXT_LISTS,
+    ),
+    # --- Kubernetes library.Lists v1 (base environment 1.37: new selectors from 1.38) ---------
+    Case("[1, 2, 3].includes(2)", COMPILE, message="undeclared reference", since=(1, 38)),
     # --- strings extension -----------------------------------------------------------------
     Case(f'{A}.model.lowerAscii() == "h100"', True),
     Case(f'{A}.uuid.upperAscii() == "GPU-6F1A-0000"', True),

@@ -1,0 +1,70 @@
+"""Two-variable comprehensions, sortBy, includes, and the runtime iteration budget."""
+
+from __future__ import annotations
+
+import pytest
+
+from controller.cel import ENGINES, CompileError, EvaluationError, compile_selector
+from controller.cel.engine_cpp import ITERATION_LIMIT
+
+DRIVER = "gpu.example.com"
+DEVICE = {"name": "gpu-0", "attributes": {"model": {"string": "H100"}, "index": {"int": 2}}}
+
+
+@pytest.mark.parametrize("macro", ["transformMap", "transformMapEntry"])
+@pytest.mark.parametrize("engine", ENGINES)
+def test_map_building_macros_are_refused_clearly(macro: str, engine: str) -> None:
+    body = "v + 1" if macro == "transformMap" else "{k: v}"
+    with pytest.raises(CompileError) as failure:
+        compile_selector(f'{{"a": 1}}.{macro}(k, v, {body}).size() == 1', engine=engine)
+    assert "not support" in failure.value.message
+    assert engine in failure.value.message
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_includes_needs_a_release_whose_environment_has_lists_v1(engine: str) -> None:
+    expression = '["H100", "H200"].includes(device.attributes["gpu.example.com"].model)'
+    with pytest.raises(CompileError, match="undeclared reference to 'includes'"):
+        compile_selector(expression, engine=engine, kubernetes_version=(1, 37))
+    selector = compile_selector(expression, engine=engine, kubernetes_version=(1, 38))
+    assert selector.matches(DRIVER, DEVICE) is True
+    scalar = compile_selector(
+        'device.attributes["gpu.example.com"].model.includes("A100")',
+        engine=engine,
+        kubernetes_version=(1, 38),
+    )
+    assert scalar.matches(DRIVER, DEVICE) is False
+
+
+def test_sort_by_is_gated_with_ext_lists() -> None:
+    with pytest.raises(CompileError, match="undeclared reference to 'sortBy'"):
+        compile_selector("[2, 1].sortBy(x, x) == [1, 2]", kubernetes_version=(1, 34))
+    assert compile_selector("[2, 1].sortBy(x, x) == [1, 2]", kubernetes_version=(1, 35)).matches(
+        DRIVER, DEVICE
+    )
+
+
+# 12,000 iterations in all: past cel-cpp's fixed budget, far below upstream's cost limit.
+_TEN = "[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]"
+_OVER_ITERATION_LIMIT = (
+    f"{_TEN}.map(a, {_TEN}.map(b, {_TEN}.map(c, {_TEN}.all(d, d > 0) && [1, 2].all(e, e > 0)))).size() == 10"
+)
+
+
+def test_past_cel_cpp_iteration_budget_is_evaluated_like_upstream() -> None:
+    selector = compile_selector(_OVER_ITERATION_LIMIT, engine="cel-expr-python")
+    assert selector.estimated_cost < 1_000_000
+    assert selector.matches(DRIVER, DEVICE) is True
+    assert selector.matches(DRIVER, DEVICE) == compile_selector(
+        _OVER_ITERATION_LIMIT, engine="cel-python"
+    ).matches(DRIVER, DEVICE)
+
+
+def test_past_budget_without_a_fallback_says_why() -> None:
+    # lists.range is a namespaced function cel-python lacks, so no engine here can finish it.
+    selector = compile_selector(
+        f"lists.range({ITERATION_LIMIT * 2}).all(x, x >= 0)", engine="cel-expr-python"
+    )
+    with pytest.raises(EvaluationError) as failure:
+        selector.matches(DRIVER, DEVICE)
+    assert f"stops after {ITERATION_LIMIT} comprehension iterations" in failure.value.cause
