@@ -292,7 +292,9 @@ class ChartRelease:
         with tempfile.NamedTemporaryFile("w", suffix=".yaml") as config:
             config.write(inventory)
             config.flush()
-            expected = sorted(d.name for d in load_backend("fake", node_name, config_file=config.name).discover())
+            expected = sorted(
+                d.name for d in load_backend("fake", node_name, config_file=config.name).discover()
+            )
 
         def published() -> list[dict[str, Any]] | None:
             slices = node_slices(self.api.api_client, node_name, driver)
@@ -361,3 +363,19 @@ def installed(release: ChartRelease) -> Iterator[ChartRelease]:
         except HelmError as err:
             if "not found" not in str(err):  # the caller uninstalled it itself
                 raise
+
+
+def local_release(
+    cluster: ControlPlane,
+    node: KubeletNode,
+    api: KubeApi,
+    image: images.LocalImage,
+    *,
+    home: Path,
+    state_dir: Path,
+    name: str = "draplugin",
+    namespace: str = "draplugin",
+) -> ChartRelease:
+    """The release `make demo` and `make cluster` install: live_values for `node`, its own namespace."""
+    values = live_values(cluster, node, image, state_dir)
+    return ChartRelease(api, cluster.kubeconfig, home, namespace, values, name=name, create_namespace=True)

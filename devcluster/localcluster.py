@@ -1,10 +1,12 @@
-"""Run the test cluster for humans: `python -m devcluster.localcluster`.
+"""Run the test cluster for humans: `python -m devcluster.localcluster` (`make cluster`).
 
 Starts the same control plane the integration tests use (and, unless
 --no-kubelet, a real kubelet on containerd with runc, or with `--runtime
-fakecri` on the recording fake runtime), prints the KUBECONFIG to export and
-the kubectl built for the cluster's release, and stays up until Ctrl-C or
-SIGTERM. `kubectl logs`, `exec` and `port-forward` work: the API server
+fakecri` on the recording fake runtime), installs the driver's Helm chart on
+the containerd node (our image imported, fake GPUs; --no-chart skips it: then
+install your own build with the printed helm), prints the KUBECONFIG to export,
+the kubectl built for the cluster's release and the plugin's pod, and stays up
+until Ctrl-C or SIGTERM. `kubectl logs`, `exec` and `port-forward` work: the API server
 reaches the kubelet on loopback. Pods use images the node has imported
 (`imagePullPolicy: Never`; no registry is reachable), such as the workload
 image printed at start.
@@ -21,10 +23,13 @@ import threading
 from pathlib import Path
 from types import FrameType
 
+from devcluster import chart
 from devcluster.binaries import MissingBinariesError
 from devcluster.controlplane import ControlPlane
+from devcluster.images import ImageError
 from devcluster.kubelet import DEFAULT_NODE_NAME, RUNTIMES, KubeletNode
 from devcluster.procs import ComponentError
+from dracommon.kubeapi import KubeApi
 
 log = logging.getLogger("localcluster")
 
@@ -38,6 +43,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--node-name", default=DEFAULT_NODE_NAME, help="Node name of the kubelet")
     parser.add_argument(
         "--runtime", choices=RUNTIMES, default="containerd", help="the kubelet's container runtime"
+    )
+    parser.add_argument(
+        "--no-chart", action="store_true", help="do not install the chart (deploy/helm/draplugin)"
     )
     return parser.parse_args(argv)
 
@@ -70,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
                 runtime=args.runtime,
             )
             node.start()
+        if node is not None and node.containerd is not None and not args.no_chart:
+            install_chart(cluster, node, state_dir)
         print(f"export KUBECONFIG={cluster.kubeconfig}", flush=True)
         print(f"# kubectl for this release: {cluster.bin_dir / 'kubectl'}", flush=True)
         print(f"# logs: {cluster.logs}", flush=True)
@@ -80,12 +90,13 @@ def main(argv: list[str] | None = None) -> int:
             )  # fmt: skip
             print(f"# kubelet node {node.name}: root dir {node.root_dir}, CDI dir {node.cdi_root}, {runtime}",
                   flush=True)  # fmt: skip
+        print(f"# helm: {chart.helm_path()} (HELM_*_HOME under {state_dir / 'helm'})", flush=True)
         print("# Ctrl-C stops the cluster", flush=True)
         while not stop.wait(1.0):
             cluster.processes.check_alive()
             if node is not None:
                 node.processes.check_alive()
-    except (MissingBinariesError, ComponentError) as err:
+    except (MissingBinariesError, ComponentError, ImageError, chart.ChartError) as err:
         print(f"localcluster: {err}", file=sys.stderr)
         return 1
     finally:
@@ -93,6 +104,26 @@ def main(argv: list[str] | None = None) -> int:
             node.stop()
         cluster.stop()
     return 0
+
+
+def install_chart(cluster: ControlPlane, node: KubeletNode, state_dir: Path) -> None:
+    """The chart's release on the node, running: the plugin as its DaemonSet pod, slices published."""
+    print(f"# building and importing our image ({chart.images.OUR_IMAGE_BUILD_COMMAND}) ...", flush=True)
+    image = chart.import_our_image(node)
+    api = cluster.api_client()
+    try:
+        release = chart.local_release(
+            cluster, node, KubeApi(api), image, home=state_dir / "helm", state_dir=state_dir / "plugin-state"
+        )
+        print(f"# helm install {release.name} {chart.CHART} -n {release.namespace} ...", flush=True)
+        release.install()
+        release.wait_published(node.name)
+        for pod in release.plugin_pods() + release.controller_pods():
+            meta = pod["metadata"]
+            print(f"# chart pod {meta['namespace']}/{meta['name']} ({chart.owner(pod)}): "
+                  f"kubectl logs -n {meta['namespace']} {meta['name']}", flush=True)  # fmt: skip
+    finally:
+        api.close()  # type: ignore[no-untyped-call]
 
 
 if __name__ == "__main__":

@@ -12,15 +12,17 @@ control interface (`set_default_active_thread_percentage`,
 
 Lifetime, and why: the daemon belongs to the claim, not to the plugin process.
 It is started in a session of its own (`start_new_session`; `-d` daemonizes
-too), so a plugin crash, restart or rolling update does not stop it while its
+too), so a crash or restart of the plugin process does not stop it while its
 pods run. The plugin finds it again from the sharing ledger: the PID the
 daemon writes to `<pipe>/nvidia-cuda-mps-control.pid` plus the process start
 time from `/proc/<pid>/stat` (a reused PID has another start time, so we never
 signal a stranger). A Deployment per claim (NVIDIA's driver) would need an API
-round trip and an image per prepare; a detached process needs neither. In the
-chart this needs `hostPID`-like survival of the plugin container: see the chart
-notes; in the e2e tests the plugin is a host process. After a reboot the
-daemon is gone with everything else and the re-prepare starts it again.
+round trip and an image per prepare; a detached process needs neither. Limit:
+in the chart the daemon is a process of the plugin's container and ends with
+it (the runtime kills a container's processes when its main process exits);
+the restarted plugin finds the recorded daemon gone and starts it again at
+start-up (prepared claims are restored then). Where the plugin is a host
+process (the e2e tests) it survives. After a reboot the daemon is gone with everything else and the re-prepare starts it again.
 
 Unprepare sends `quit`, waits for the process to exit (SIGKILL after a grace
 period, only if PID and start time still match), and removes the directories.

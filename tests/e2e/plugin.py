@@ -7,8 +7,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from devcluster.controlplane import ControlPlane
-from devcluster.plugin import FAKE_GPUS, PluginProcess, delete_node_slices, node_slices, wait_published
 from devcluster.kubelet import KubeletNode
+from devcluster.plugin import FAKE_GPUS, PluginProcess, delete_node_slices, node_slices, wait_published
 from dracommon.drivername import DEFAULT_DRIVER_NAME
 from dracommon.kubeapi import KubeApi
 

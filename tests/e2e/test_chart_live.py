@@ -34,7 +34,15 @@ from dracommon.kubeapi import ApiError, KubeApi
 from draplugin.kubelet.sockets import socket_paths
 from draplugin.prepare.plan import env_key
 from tests.e2e.inside import log_env
-from tests.kube.chart import ChartError, ChartRelease, deep_merge, import_our_image, installed, is_ready, live_values
+from tests.kube.chart import (
+    ChartError,
+    ChartRelease,
+    deep_merge,
+    import_our_image,
+    installed,
+    is_ready,
+    live_values,
+)
 
 pytestmark = pytest.mark.kubelet
 

@@ -22,9 +22,9 @@ import pytest
 
 from devcluster import pods
 from devcluster.controlplane import ControlPlane
-from devcluster.plugin import PluginProcess
 from devcluster.images import workload_image
 from devcluster.kubelet import KubeletNode
+from devcluster.plugin import PluginProcess
 from dracommon.kubeapi import KubeApi
 from tests.driverroot_layout import debian_layout
 from tests.e2e import inside

@@ -30,11 +30,11 @@ import pytest
 
 from devcluster import pods
 from devcluster.controlplane import ControlPlane
-from devcluster.manifests import DEVICE_CLASSES, collection_path, load_manifests
-from devcluster.plugin import PluginProcess, node_slices
 from devcluster.images import use_local_image, workload_image
 from devcluster.kubelet import KubeletNode
+from devcluster.manifests import DEVICE_CLASSES, collection_path, load_manifests
 from devcluster.objects import create_namespace, delete_namespace
+from devcluster.plugin import PluginProcess, node_slices
 from devcluster.wait import wait_for
 from dracommon.kubeapi import ApiError, KubeApi
 from draplugin.devices.fake import make_device_nodes

@@ -30,8 +30,8 @@ import grpc
 import pytest
 
 from devcluster.controlplane import ControlPlane
-from devcluster.plugin import PluginProcess
 from devcluster.kubelet import KubeletNode
+from devcluster.plugin import PluginProcess
 from devcluster.wait import wait_for
 from dracommon.kubeapi import ApiError, KubeApi
 from draplugin import crashpoints

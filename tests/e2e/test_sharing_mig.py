@@ -21,9 +21,9 @@ import yaml
 
 from devcluster import pods
 from devcluster.controlplane import ControlPlane
-from devcluster.plugin import FAKE_GPUS, PluginProcess
 from devcluster.images import workload_image
 from devcluster.kubelet import KubeletNode
+from devcluster.plugin import FAKE_GPUS, PluginProcess
 from devcluster.wait import wait_for
 from dracommon.kubeapi import KubeApi
 from draplugin import crashpoints

@@ -21,9 +21,9 @@ import pytest
 
 from devcluster import pods
 from devcluster.controlplane import ControlPlane
-from devcluster.plugin import PluginProcess
 from devcluster.images import workload_image
 from devcluster.kubelet import KubeletNode
+from devcluster.plugin import PluginProcess
 from dracommon.kubeapi import KubeApi
 from draplugin import crashpoints
 from draplugin.prepare.mps import PID_FILE, process_start_time

@@ -8,6 +8,8 @@ leaves behind survives into the next process, as it would on a node.
 
 from __future__ import annotations
 
+import os
+import signal
 from typing import Any
 
 import pytest
@@ -136,3 +138,16 @@ async def test_a_conflicting_time_slice_fails_prepare_with_an_event(tool_node: T
         await process.prepare_claim(claims.add(second))
     assert [reason for _, reason, _ in events.claim_events] == ["TimeSliceConflict"]
     assert tool_node.timeslice_of(GPU0) == "3"
+
+
+async def test_start_up_restarts_the_dead_daemon_of_a_prepared_claim(tool_node: ToolNode) -> None:
+    claims, events = FakeClaims(), RecordingEvents()
+    ref = claims.add(claim("uid-a", "MPS", **MPS))
+    await driver(tool_node, claims, events).prepare_claim(ref)
+    (pid,) = tool_node.daemon_pids()
+    os.kill(pid, signal.SIGKILL)  # the plugin container went, and its processes with it
+    restarted = driver(tool_node, claims, events)
+    (again,) = tool_node.daemon_pids()
+    assert again != pid
+    await restarted.unprepare_claim(ref)
+    assert tool_node.daemon_pids() == []
