@@ -6,8 +6,11 @@ see `controller.podclaims`). `pod/NAME` explains every claim of the pod on the
 nodes the pod may run on.
 
 JSON: one claim is `Explanation.to_json()` (`claim`, `allocated`, `summary`,
-`nodes`), plus `pod` and `generatedFrom` for a claim generated here; a pod is
-`{"pod", "nodes": [names], "claims": [one claim as above, plus "podClaimName"]}`.
+`schedulingError`, `nodes`), plus `pod` and `generatedFrom` for a claim generated
+here; a pod is `{"pod", "nodes": [names], "schedulingError", "claims": [one claim
+as above, plus "podClaimName"]}`. `schedulingError` (`{"node", "message"}` or
+null) is a kube-scheduler Filter error on some node, which fails the pod's whole
+scheduling attempt (see `controller.nodefilter`).
 """
 
 from __future__ import annotations
@@ -32,8 +35,18 @@ from controller.commands_common import (
 )
 from controller.explain import Explanation, explain_claim
 from controller.extendedclaim import class_mappings, device_plugin_nodes, unmapped_extended_resources
+from controller.nodefilter import filter_nodes
 from controller.objects import ClusterObjects
-from controller.podclaims import PodClaim, PodClaims, candidate_nodes, no_node_reason, resolve_pods
+from controller.podclaims import (
+    PodClaim,
+    PodClaims,
+    allocations_fit_node,
+    candidate_nodes,
+    no_node_reason,
+    pod_node_constraints,
+    reachable_nodes,
+    resolve_pods,
+)
 
 POD_PREFIX = "pod/"
 
@@ -138,6 +151,29 @@ class _Explainer:
             f"{'it' if len(names) == 1 else 'them'}"
         )
 
+    def pod_error(self, pod: PodClaims) -> dict[str, str] | None:
+        """The Filter error that fails the pod's scheduling attempt, as {"node", "message"}, or None.
+
+        The scheduler allocates a pod's pending claims together on every node the pod may run on
+        (even where an allocated claim of the pod is unavailable) before it picks one; an error
+        on any of them fails the pod, which the per-claim explanations alone would not show.
+        """
+        pending = [c.claim for c in pod.claims if c.claim is not None and not c.allocated]
+        if not pending or any(c.problem for c in pod.claims):
+            return None
+        allocated = [c.claim for c in pod.claims if c.claim is not None and c.allocated]
+        nodes: list[Node | None]
+        if self.only is not None:
+            nodes = [*reachable_nodes(pod.pod, [self.only], named_node=False)]
+        else:
+            nodes = [*reachable_nodes(pod.pod, self.known)]
+            if not nodes and not allocated and not pod_node_constraints(pod.pod):
+                nodes = [None]  # no node is known: allocate without a node, as simulate does
+        filtered = filter_nodes(self.allocator, pending, nodes, lambda n: allocations_fit_node(allocated, n))
+        if filtered.error is None:
+            return None
+        return {"node": filtered.error.node_name, "message": filtered.failure.message}
+
     def find_pod(self, namespace: str, name: str) -> PodClaims | None:
         """The pod with its claims; a finished pod or one without claims has none."""
         for pod in self.pods:
@@ -158,6 +194,8 @@ class _Explainer:
 
 
 def _usable(data: Mapping[str, Any]) -> bool:
+    if data.get("schedulingError"):
+        return False
     return bool(data["allocated"]) or any(n["allocatable"] for n in data["nodes"])
 
 
@@ -182,10 +220,12 @@ def _explain_pod(args: argparse.Namespace, explainer: _Explainer, name: str) -> 
     unmapped = explainer.unmapped_note(pod)
     if unmapped:
         texts.append(unmapped)
-    emit(
-        args, {"pod": pod.ref, "nodes": [n.name for n in nodes], "claims": claims}, lambda: "\n\n".join(texts)
-    )
-    return EXIT_OK if all(_usable(c) for c in claims) else EXIT_FAILURE
+    error = explainer.pod_error(pod)
+    if error is not None:
+        texts.insert(0, f"pod {pod.ref} cannot be scheduled: {error['message']}")
+    data = {"pod": pod.ref, "nodes": [n.name for n in nodes], "schedulingError": error, "claims": claims}
+    emit(args, data, lambda: "\n\n".join(texts))
+    return EXIT_OK if error is None and all(_usable(c) for c in claims) else EXIT_FAILURE
 
 
 def _explain_claim(args: argparse.Namespace, explainer: _Explainer) -> int:
@@ -209,6 +249,11 @@ def _explain_claim(args: argparse.Namespace, explainer: _Explainer) -> int:
         sys.stderr.write(f"error: pod {pod.ref}: {err}\n")
         return EXIT_USAGE
     data, text = explainer.pod_claim(pod, entry, nodes)
+    error = explainer.pod_error(pod)
+    if error is not None and not data.get("schedulingError"):
+        # Another claim of the pod, or a node only the pod as a whole reaches, fails the attempt.
+        data = {**data, "schedulingError": error}
+        text = f"{text}\npod {pod.ref} cannot be scheduled: {error['message']}"
     emit(args, data, lambda: text)
     return EXIT_OK if _usable(data) else EXIT_FAILURE
 

@@ -11,14 +11,17 @@ yet (see `controller.podclaims`).
 
 Without a fixed node, each claim or pod goes to the first node (in name
 order, starting after the node used last, like the scheduler's rotating
-start) where it fits. Claims annotated for pre-allocation to a node only try
-that node.
+start) where it fits. As in kube-scheduler, every node the pod may run on is
+filtered first, and a Filter error on any of them (a CEL runtime error, All
+mode over an incomplete pool, ...) leaves the pod unscheduled, naming that
+node (see `controller.nodefilter`). Claims annotated for pre-allocation to a
+node only try that node.
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,13 +41,15 @@ from controller.commands_common import (
 )
 from controller.explain import explain_claim
 from controller.extendedclaim import Mapped
+from controller.nodefilter import filter_nodes
 from controller.objects import ClusterObjects
 from controller.podclaims import (
     PodClaim,
     PodClaims,
-    candidate_nodes,
+    allocations_fit_node,
     no_node_reason,
     pod_node_constraints,
+    reachable_nodes,
     resolve_pods,
 )
 from controller.reconciler import ANY_NODE_SYNONYMS, preallocate_annotation
@@ -134,18 +139,19 @@ class Simulator:
             self._next = (self.nodes.index(node) + 1) % len(self.nodes)
 
     def _try(
-        self, claims: Sequence[JSON], candidates: Sequence[Node | None]
+        self,
+        claims: Sequence[JSON],
+        candidates: Sequence[Node | None],
+        available: Callable[[Node | None], bool] = lambda _node: True,
     ) -> tuple[AllocationOutcome, Node | None]:
-        """Try nodes in order; the first success wins, an error stops (as in a Filter)."""
-        last = AllocationOutcome(failure=Failure("no candidate node"))
-        for node in candidates:
-            outcome = self.allocator.allocate(claims, node)
-            if outcome.ok:
-                return outcome, node
-            last = outcome
-            if outcome.failure is not None and outcome.failure.error:
-                break
-        return last, None
+        """Filter every candidate, as kube-scheduler does before it picks a node: the first
+        feasible one wins, unless a Filter error on any of them fails the whole attempt."""
+        filtered = filter_nodes(self.allocator, claims, candidates, available)
+        chosen = filtered.chosen
+        if chosen is not None:
+            return chosen.outcome, chosen.node
+        node_name = filtered.error.node_name if filtered.error is not None else None
+        return AllocationOutcome(failure=filtered.failure, node=node_name), None
 
     def place(self, claim: JSON, only: Node | None = None) -> tuple[AllocationOutcome, Node | None]:
         """One claim on its own: on `only`, on the node its pre-allocation annotation names, or on
@@ -253,20 +259,22 @@ class Simulator:
         only: Node | None,
     ) -> None:
         try:
-            candidates = self._pod_candidates(pod, allocated, only)
+            reachable = self._pod_nodes(pod, allocated, only)
         except NodeSelectorError as err:
             self._fail(results, f"pod {pod.ref}: {err}")
             return
-        if not candidates:
-            self._fail(results, no_node_reason(pod, allocated, [n for n in self.nodes if n is not None]))
-            return
+        candidates = [n for n in reachable if allocations_fit_node(allocated, n)]
         claims = [claim for _, claim in pending]
-        outcome, node = self._try(claims, candidates)
+        outcome, node = self._try(claims, reachable, lambda n: allocations_fit_node(allocated, n))
         if outcome.ok:
             if only is None:
                 self._advance_past(node)
             for index, (claim, result) in enumerate(zip(claims, results, strict=True)):
                 self._record(result, claim, outcome, index, node)
+            return
+        assert outcome.failure is not None
+        if not candidates and not outcome.failure.error:
+            self._fail(results, no_node_reason(pod, allocated, [n for n in self.nodes if n is not None]))
             return
         for claim, result in zip(claims, results, strict=True):
             reason = self._reason(claim, outcome.failure, candidates)
@@ -275,14 +283,13 @@ class Simulator:
                 reason = f"the claims of pod {pod.ref} do not fit together on one node ({reason})"
             result.reason = reason
 
-    def _pod_candidates(
-        self, pod: PodClaims, allocated: Sequence[JSON], only: Node | None
-    ) -> list[Node | None]:
+    def _pod_nodes(self, pod: PodClaims, allocated: Sequence[JSON], only: Node | None) -> list[Node | None]:
+        """The nodes the pod may run on, in rotating order: those the scheduler's DRA Filter sees."""
         if only is not None:
-            return [*candidate_nodes(pod.pod, [only], allocated, named_node=False)]
+            return [*reachable_nodes(pod.pod, [only], named_node=False)]
         if self.nodes == [None] and not pod_node_constraints(pod.pod) and not allocated:
             return [None]  # no node is known and the pod names none: allocate without a node
-        return [*candidate_nodes(pod.pod, [n for n in self._rotation() if n is not None], allocated)]
+        return [*reachable_nodes(pod.pod, [n for n in self._rotation() if n is not None])]
 
 
 def simulate(

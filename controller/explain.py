@@ -19,6 +19,7 @@ from controller.allocation.requests import ALL, alternatives, blocking_taint, cl
 from controller.allocation.search import RequestPlan, Search, pool_candidates
 from controller.allocation.selectors import SelectorError, request_steps
 from controller.allocator import Allocator
+from controller.nodefilter import scheduling_error_message
 
 JSON = Mapping[str, Any]
 
@@ -93,12 +94,15 @@ class NodeReport:
     allocatable: bool
     verdict: str
     requests: list[RequestReport] = field(default_factory=list)
+    # kube-scheduler's Filter errs here (not "unschedulable"): that fails the pod on every node.
+    error: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {
             "node": self.node,
             "allocatable": self.allocatable,
             "verdict": self.verdict,
+            "error": self.error,
             "requests": [r.to_json() for r in self.requests],
         }
 
@@ -110,10 +114,24 @@ class Explanation:
     nodes: list[NodeReport] = field(default_factory=list)
 
     @property
+    def error_node(self) -> NodeReport | None:
+        """The first node whose Filter errs: then the claim is allocated nowhere."""
+        return next((n for n in self.nodes if n.error), None)
+
+    @property
+    def usable(self) -> bool:
+        """Allocated, or kube-scheduler would allocate it now (some node fits and none errs)."""
+        return self.allocated or (self.error_node is None and any(n.allocatable for n in self.nodes))
+
+    @property
     def summary(self) -> str:
         """One line for an Event: the most telling node's verdict and filters."""
         if self.allocated:
             return f"claim {self.claim} is allocated"
+        failed = self.error_node
+        if failed is not None:
+            reason = scheduling_error_message(failed.node or "(no node)", failed.verdict)
+            return f"claim {self.claim} cannot be allocated: {reason}"
         if any(n.allocatable for n in self.nodes):
             nodes = ", ".join(str(n.node) for n in self.nodes if n.allocatable)
             return f"claim {self.claim} can be allocated on: {nodes}"
@@ -135,17 +153,20 @@ class Explanation:
         )
 
     def to_json(self) -> dict[str, Any]:
+        failed = self.error_node
         return {
             "claim": self.claim,
             "allocated": self.allocated,
             "summary": self.summary,
+            "schedulingError": {"node": failed.node, "message": failed.verdict} if failed else None,
             "nodes": [n.to_json() for n in self.nodes],
         }
 
     def to_text(self) -> str:
         lines = [self.summary]
         for node in self.nodes:
-            lines.append(f"node {node.node or '(none)'}: {node.verdict}")
+            error = " (Filter error: fails the pod on every node)" if node.error else ""
+            lines.append(f"node {node.node or '(none)'}: {node.verdict}{error}")
             for request in node.requests:
                 lines.append(
                     f"  request {request.request} (class {request.device_class}, needs {request.needed}): "
@@ -258,7 +279,8 @@ def explain_on_node(allocator: Allocator, claim: JSON, node: Node | None) -> Nod
     else:
         assert outcome.failure is not None
         verdict = outcome.failure.message
-    report = NodeReport(node=node_name, allocatable=outcome.ok, verdict=verdict)
+    error = outcome.failure is not None and outcome.failure.error
+    report = NodeReport(node=node_name, allocatable=outcome.ok, verdict=verdict, error=error)
     search = allocator.search([claim], node)
     for request_index, request in enumerate(claim_requests(claim)):
         for alt_index, option in enumerate(alternatives(request)):

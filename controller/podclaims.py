@@ -327,10 +327,9 @@ def allocation_fits_node(claim: JSON, node: Node) -> bool:
     return not selector or selector_matches(selector, node)
 
 
-def candidate_nodes(
-    pod: JSON, nodes: Sequence[Node], allocated: Sequence[JSON] = (), *, named_node: bool = True
-) -> list[Node]:
-    """`nodes` (in the given order) the pod may run on and its `allocated` claims can be used on.
+def reachable_nodes(pod: JSON, nodes: Sequence[Node], *, named_node: bool = True) -> list[Node]:
+    """`nodes` (in the given order) the pod may run on: those kube-scheduler's DynamicResources
+    Filter runs on (NodeName and NodeAffinity come first and reject the others).
 
     With `named_node`, a pod's spec.nodeName that is not among `nodes` still counts: node-local
     slices name nodes that have no Node object (offline, or before the Node exists).
@@ -340,7 +339,20 @@ def candidate_nodes(
     node_name = (pod.get("spec") or {}).get("nodeName")
     if named_node and node_name and not any(n.name == node_name for n in pool):
         pool.append(Node(str(node_name)))
-    return [n for n in pool if pod_fits_node(pod, n) and all(allocation_fits_node(c, n) for c in allocated)]
+    return [n for n in pool if pod_fits_node(pod, n)]
+
+
+def allocations_fit_node(allocated: Sequence[JSON], node: Node | None) -> bool:
+    """Every allocated claim of a pod can be used on `node` (no node: nothing to check)."""
+    return node is None or all(allocation_fits_node(c, node) for c in allocated)
+
+
+def candidate_nodes(
+    pod: JSON, nodes: Sequence[Node], allocated: Sequence[JSON] = (), *, named_node: bool = True
+) -> list[Node]:
+    """`reachable_nodes` that the pod's `allocated` claims can be used on."""
+    reachable = reachable_nodes(pod, nodes, named_node=named_node)
+    return [n for n in reachable if allocations_fit_node(allocated, n)]
 
 
 def no_node_reason(pod: PodClaims, allocated: Sequence[JSON], known: Sequence[Node]) -> str:

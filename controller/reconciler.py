@@ -8,12 +8,13 @@ leader costs nothing but the next pass.
 Pre-allocation
     A standalone ResourceClaim annotated `<driver>/preallocate` (the configured
     driver name, `gpu.draplugin.dev/preallocate` by default) with
-    a node name (or `any` / `true`: the first node that fits) is allocated by
-    us before any pod exists, with our copy of kube-scheduler's allocator,
-    treating every claim that already has `status.allocation` as in use. Pods
-    that reference the claim then share it: the scheduler reuses an allocated
-    claim as is and only adds the pod to `status.reservedFor`, on a node that
-    fits `allocation.nodeSelector`.
+    a node name (or `any` / `true`: the first node that fits, unless a Filter
+    error on any node would fail the scheduler's attempt, see
+    `controller.nodefilter`) is allocated by us before any pod exists, with
+    our copy of kube-scheduler's allocator, treating every claim that already
+    has `status.allocation` as in use. Pods that reference the claim then share
+    it: the scheduler reuses an allocated claim as is and only adds the pod to
+    `status.reservedFor`, on a node that fits `allocation.nodeSelector`.
 
     Writes, each with the resourceVersion the decision was based on (409 →
     re-read, decide again):
@@ -73,6 +74,7 @@ from controller.allocation.requests import claim_ref
 from controller.allocator import Allocator
 from controller.explain import explain_claim
 from controller.metrics import ControllerMetrics
+from controller.nodefilter import filter_nodes
 from controller.reconcile_api import ClaimApi, Conflict, NotFound
 from controller.reconcile_events import REASON, EventLimiter, cannot_allocate_event
 from dracommon.drivername import DEFAULT_DRIVER_NAME, annotation_key, reporting_controller
@@ -467,23 +469,18 @@ class Reconciler:
         nodes = self._target_nodes(allocator, claim)
         if nodes is None:
             return
-        outcome = None
-        for node in nodes:
-            outcome = allocator.allocate([claim], node)
-            if outcome.ok:
-                break
-        if outcome is None or not outcome.ok:
-            error = outcome is not None and outcome.failure is not None and outcome.failure.error
-            self._metrics.allocation_attempts.labels("error" if error else "unschedulable").inc()
+        # Every target node is filtered, as kube-scheduler does: a Filter error on any of them
+        # (e.g. All mode while another node's pool is being updated) means the scheduler would
+        # not place this claim anywhere now, so neither do we.
+        filtered = filter_nodes(allocator, [claim], nodes)
+        chosen = filtered.chosen
+        if chosen is None:
+            failure = filtered.failure
+            self._metrics.allocation_attempts.labels("error" if failure.error else "unschedulable").inc()
             report.unschedulable.append(key)
-            log.debug(
-                "claim cannot be pre-allocated now",
-                extra={
-                    "claim": key,
-                    "reason": outcome.failure.message if outcome and outcome.failure else "",
-                },
-            )
+            log.debug("claim cannot be pre-allocated now", extra={"claim": key, "reason": failure.message})
             return
+        outcome = chosen.outcome
         # kube-scheduler 1.37 (DRADeviceBindingConditions and DRAResourceClaimDeviceStatus on) sets a
         # missing allocationTimestamp when it reserves an allocated claim, which the API server then
         # rejects (an allocation is immutable): reserving our claim would fail forever. We set it,

@@ -55,6 +55,7 @@ FAKE_GPU_VALUES = REPO_ROOT / "deploy" / "helm" / "values-fake-gpus.yaml"
 T = TypeVar("T")
 PLUGIN_LABELS = "app.kubernetes.io/component=kubelet-plugin"
 CONTROLLER_LABELS = "app.kubernetes.io/component=controller"
+HELM_OUTPUT_LIMIT = 6000
 FAKE_GPUS_KEY = "fake-gpus.yaml"  # the key of the chart's fake-GPU ConfigMap (kubeletplugin-fake-gpus.yaml)
 
 
@@ -100,7 +101,10 @@ def run_helm(args: Sequence[str], home: Path, kubeconfig: Path | None = None, ti
     except subprocess.TimeoutExpired as err:
         raise HelmError(f"helm {' '.join(args)} did not finish within {timeout_s:.0f}s") from err
     if proc.returncode != 0:
-        raise HelmError(f"helm {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr}{proc.stdout}")
+        output = proc.stderr + proc.stdout
+        if len(output) > HELM_OUTPUT_LIMIT:  # an API server's validation error can run to megabytes
+            output = f"{output[:HELM_OUTPUT_LIMIT]}... ({len(output) - HELM_OUTPUT_LIMIT} more characters)"
+        raise HelmError(f"helm {' '.join(args)} failed ({proc.returncode}):\n{output}")
     return proc.stdout
 
 

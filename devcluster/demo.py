@@ -113,6 +113,7 @@ def _demo(args: argparse.Namespace, stop: threading.Event) -> int:
     from devcluster.kubelet import KubeletNode
     from dracommon.kubeapi import KubeApi
 
+    chart.helm_binary()  # before anything starts: a missing helm is a build command away
     state_dir: Path = args.state_dir or Path(tempfile.mkdtemp(prefix="draplugin-demo-"))
     with ExitStack() as cleanup:
         done = _step("starting the control plane (etcd, apiserver, scheduler, controller-manager)")

@@ -24,9 +24,9 @@ from pathlib import Path
 from types import FrameType
 
 from devcluster import chart
-from devcluster.binaries import MissingBinariesError
+from devcluster.binaries import MissingBinariesError, helm_path
 from devcluster.controlplane import ControlPlane
-from devcluster.images import ImageError
+from devcluster.images import OUR_IMAGE_BUILD_COMMAND, ImageError
 from devcluster.kubelet import DEFAULT_NODE_NAME, RUNTIMES, KubeletNode
 from devcluster.procs import ComponentError
 from dracommon.kubeapi import KubeApi
@@ -67,7 +67,10 @@ def main(argv: list[str] | None = None) -> int:
 
     cluster = ControlPlane(state_dir / "control-plane")
     node: KubeletNode | None = None
+    with_chart = not (args.no_chart or args.no_kubelet or args.runtime != "containerd")
     try:
+        if with_chart:
+            chart.helm_binary()  # before anything starts: a missing helm is a build command away
         cluster.start()
         if not args.no_kubelet:
             node = KubeletNode(
@@ -78,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
                 runtime=args.runtime,
             )
             node.start()
-        if node is not None and node.containerd is not None and not args.no_chart:
+        if node is not None and with_chart:
             install_chart(cluster, node, state_dir)
         print(f"export KUBECONFIG={cluster.kubeconfig}", flush=True)
         print(f"# kubectl for this release: {cluster.bin_dir / 'kubectl'}", flush=True)
@@ -90,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
             )  # fmt: skip
             print(f"# kubelet node {node.name}: root dir {node.root_dir}, CDI dir {node.cdi_root}, {runtime}",
                   flush=True)  # fmt: skip
-        print(f"# helm: {chart.helm_path()} (HELM_*_HOME under {state_dir / 'helm'})", flush=True)
+        print(f"# helm: {helm_path()} (HELM_*_HOME under {state_dir / 'helm'})", flush=True)
         print("# Ctrl-C stops the cluster", flush=True)
         while not stop.wait(1.0):
             cluster.processes.check_alive()
@@ -108,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def install_chart(cluster: ControlPlane, node: KubeletNode, state_dir: Path) -> None:
     """The chart's release on the node, running: the plugin as its DaemonSet pod, slices published."""
-    print(f"# building and importing our image ({chart.images.OUR_IMAGE_BUILD_COMMAND}) ...", flush=True)
+    print(f"# building and importing our image ({OUR_IMAGE_BUILD_COMMAND}) ...", flush=True)
     image = chart.import_our_image(node)
     api = cluster.api_client()
     try:

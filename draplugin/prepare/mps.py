@@ -22,7 +22,8 @@ in the chart the daemon is a process of the plugin's container and ends with
 it (the runtime kills a container's processes when its main process exits);
 the restarted plugin finds the recorded daemon gone and starts it again at
 start-up (prepared claims are restored then). Where the plugin is a host
-process (the e2e tests) it survives. After a reboot the daemon is gone with everything else and the re-prepare starts it again.
+process (the e2e tests) it survives. After a reboot the daemon is gone with
+everything else and the re-prepare starts it again.
 
 Unprepare sends `quit`, waits for the process to exit (SIGKILL after a grace
 period, only if PID and start time still match), and removes the directories.

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import subprocess
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -59,8 +60,15 @@ class TimeSlicer:
 
     def __init__(self, tool: Callable[[], Path]) -> None:
         self._tool = tool
+        # Claims are prepared in parallel threads: the look at other holders and the set that
+        # follows must not interleave with another claim's, or two intervals could both pass.
+        self._lock = threading.Lock()
 
     def apply(self, plan: ClaimPlan, ledger: SharingLedger) -> None:
+        with self._lock:
+            self._apply(plan, ledger)
+
+    def _apply(self, plan: ClaimPlan, ledger: SharingLedger) -> None:
         uid = plan.claim.uid
         who = f"{plan.claim.namespace}/{plan.claim.name}"
         for gpu, (name, level) in sorted(wanted_levels(plan).items()):
@@ -88,6 +96,10 @@ class TimeSlicer:
 
     def release(self, uid: str, ledger: SharingLedger) -> None:
         """Forget the claim's time-slices; reset each GPU no other claim holds a time-slice on."""
+        with self._lock:
+            self._release(uid, ledger)
+
+    def _release(self, uid: str, ledger: SharingLedger) -> None:
         for entry in ledger.entries(uid, KIND):
             holders = [e for e in ledger.entries(kind=KIND) if e.key == entry.key and e.claim_uid != uid]
             if not holders:

@@ -265,10 +265,22 @@ def test_bad_image_fails_the_install_with_the_runtimes_reason(
     release.values = deep_merge(release.values, {"image": {"tag": "not-imported"}})
     release.ready_timeout_s = 60
     started = time.monotonic()
-    with pytest.raises(ChartError, match="ErrImageNeverPull"), installed(release):
+    with pytest.raises(ChartError, match="ErrImageNeverPull") as failed, installed(release):
         pass
     assert time.monotonic() - started < 60
+    assert "tests/cluster/build_image.sh" in str(failed.value), "the error does not say what fixes it"
     with pytest.raises(ApiError):
         api.get(
             f"/apis/apps/v1/namespaces/{release.namespace}/daemonsets/{release.name}-draplugin-kubelet-plugin"
         )
+
+
+def test_a_daemonset_that_schedules_no_pod_fails_at_once(release: ChartRelease) -> None:
+    """A nodeSelector no node matches (GPU Feature Discovery missing, say) is an error, not a wait."""
+    release.values = deep_merge(
+        release.values, {"kubeletPlugin": {"nodeSelector": {"draplugin.dev/no-such-label": "true"}}}
+    )
+    started = time.monotonic()
+    with pytest.raises(ChartError, match=r"schedules no plugin pod.*no-such-label"), installed(release):
+        pass
+    assert time.monotonic() - started < 60

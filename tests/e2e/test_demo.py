@@ -1,10 +1,12 @@
 """The README's main-job command: `make demo` runs `python -m devcluster.demo`.
 
 This runs the demo once (`--once`) as a user would and checks what it prints:
-the plugin's published devices, the claim's allocation, the CDI spec it wrote,
-and what the two containers that share one claim got, from their own logs and
-from exec into them. The demo starts its own control plane, containerd and
-kubelet.
+that the kubelet plugin runs as a pod of the chart's DaemonSet (installed with
+Helm, our image in a real containerd container) and the controller as a pod of
+its Deployment, the devices the plugin pod published, the claim's allocation,
+the CDI spec it wrote, and what the two containers that share one claim got,
+from their own logs and from exec into them. The demo starts its own control
+plane, containerd and kubelet, builds (or reuses) our image and imports it.
 """
 
 from __future__ import annotations
@@ -23,7 +25,13 @@ pytestmark = [pytest.mark.cluster, pytest.mark.kubelet]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DRIVER = "gpu.draplugin.dev"
-DEMO_TIMEOUT = 300
+# Cold caches aside, the demo builds our image when an input changed (about a
+# minute here) and imports it into a fresh containerd (about 20 s).
+DEMO_TIMEOUT = 480
+DAEMON = re.compile(
+    r"the (kubelet plugin|controller) runs as pod draplugin/(\S+) of (DaemonSet|ReplicaSet)/(\S+) "
+    r"on node (\S+), image (\S+), container containerd://[0-9a-f]+"
+)
 
 
 def sections(output: str) -> dict[str, str]:
@@ -47,18 +55,33 @@ def leading_json(body: str) -> Any:
     return value
 
 
-def test_demo_once_shows_allocation_cdi_spec_and_runtime_view(tmp_path: Path) -> None:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    run = subprocess.run(
-        [sys.executable, "-m", "devcluster.demo", "--once", "--state-dir", str(tmp_path / "demo")],
+def run_demo_once(state_dir: Path, timeout_s: float, **env: str) -> subprocess.CompletedProcess[str]:
+    """`python -m devcluster.demo --once`, as `make demo` runs it, with `env` added to ours."""
+    return subprocess.run(
+        [sys.executable, "-m", "devcluster.demo", "--once", "--state-dir", str(state_dir)],
         cwd=REPO_ROOT,
-        env=env,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **env},
         capture_output=True,
         text=True,
-        timeout=DEMO_TIMEOUT,
+        timeout=timeout_s,
     )
+
+
+def test_demo_once_runs_the_chart_and_shows_allocation_cdi_spec_and_runtime_view(tmp_path: Path) -> None:
+    run = run_demo_once(tmp_path / "demo", DEMO_TIMEOUT)
     assert run.returncode == 0, f"demo failed:\n{run.stdout[-4000:]}\n{run.stderr[-4000:]}"
     out = run.stdout
+
+    # The chart's daemons, in real containers of our image: the plugin a DaemonSet's pod.
+    daemons = {m.group(1): m for m in DAEMON.finditer(out)}
+    assert set(daemons) == {"kubelet plugin", "controller"}, out[-3000:]
+    plugin = daemons["kubelet plugin"]
+    pod_name, owner_kind, daemonset = plugin.group(2), plugin.group(3), plugin.group(4)
+    assert owner_kind == "DaemonSet" and daemonset.endswith("-kubelet-plugin"), plugin.group(0)
+    assert pod_name.startswith(f"{daemonset}-"), plugin.group(0)
+    assert re.fullmatch(r"(\S+/)?localhost/draplugin:\S+", plugin.group(6)), plugin.group(0)
+    assert daemons["controller"].group(3) == "ReplicaSet"
+    assert f"kubectl logs -n draplugin {pod_name}" in out
 
     published = re.search(r"the plugin published (\d+) devices: (.+)", out)
     assert published, out[-3000:]
@@ -91,3 +114,11 @@ def test_demo_once_shows_allocation_cdi_spec_and_runtime_view(tmp_path: Path) ->
     assert first["log"] == second["log"]  # one claim: the same device for both
 
     assert "export KUBECONFIG=" in section(found, "try your own specs")
+
+
+def test_demo_without_helm_fails_at_once_with_the_build_command(tmp_path: Path) -> None:
+    """Nothing starts without Helm: the demo says which command builds it instead of failing later."""
+    run = run_demo_once(tmp_path / "demo", 60, DRA_HELM_BIN_DIR=str(tmp_path / "no-helm-here"))
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "tests/cluster/build_helm.sh" in run.stderr, run.stderr
+    assert not (tmp_path / "demo").exists(), "the demo started something before finding helm missing"

@@ -333,8 +333,15 @@ def test_non_default_values_reach_every_object(helm_home: Path) -> None:
     assert driver_rule["resourceNames"] == ["gpu.example.com"]
     assert sorted(driver_rule["verbs"]) == ["associated-node:patch", "associated-node:update"]
     assert any("resourceclaims/status" in rule["resources"] for rule in plugin_role["rules"])
-    policy = only(objects, "ValidatingAdmissionPolicy")
-    assert any('"gpu.example.com"' in v["expression"] for v in policy["spec"]["validations"])
+    policies = {
+        p["metadata"]["name"].rsplit("-", 1)[-1]: p for p in by_kind(objects, "ValidatingAdmissionPolicy")
+    }
+    assert any(
+        '"gpu.example.com"' in v["expression"] for v in policies["resourceslices"]["spec"]["validations"]
+    )
+    # The claim-config policy checks this driver's configs and its apiVersion.
+    problems = policies["config"]["spec"]["variables"][2]["expression"]
+    assert 'c.opaque.driver == "gpu.example.com"' in problems and '"gpu.example.com/v1alpha1"' in problems
 
 
 def test_device_status_rbac_is_off_by_default(helm_home: Path) -> None:
@@ -405,6 +412,7 @@ def test_components_can_be_switched_off(helm_home: Path) -> None:
         {
             "controller": {"enabled": False},
             "resourceSlicePolicy": {"enabled": False},
+            "claimConfigPolicy": {"enabled": False},
             "deviceClasses": {"enabled": False},
         },
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +52,15 @@ class ToolNode:
             if mps.process_start_time(pid) is not None:
                 pids.append(pid)
         return pids
+
+
+def kill_daemon(pid: int, timeout_s: float = 5.0) -> None:
+    """SIGKILL a daemon and wait until it is gone (a kill is delivered asynchronously)."""
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + timeout_s
+    while mps.process_start_time(pid) is not None:
+        assert time.monotonic() < deadline, f"process {pid} still runs after SIGKILL"
+        time.sleep(0.01)
 
 
 @pytest.fixture

@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from draplugin import crashpoints
+from draplugin import config, crashpoints
+from draplugin.devices import load_backend
 from draplugin.devices.fake import FakeBackend, config_from_flags
 from draplugin.devices.fakemig import FAIL_COMPUTE_INSTANCE, STATE_FILE, FakeMigHardware
 from draplugin.devices.model import Device
@@ -147,10 +148,24 @@ def test_a_half_created_instance_is_undone(devices: dict[str, Device], sharing: 
     (tmp_path / "state" / STATE_FILE).write_text(json.dumps({"failCreate": FAIL_COMPUTE_INSTANCE}))
     with pytest.raises(MigError, match="compute instance"):
         sharing.apply(plan_for("uid-a", devices, "gpu-0-mig-1g5gb-0"))
-    # The fake left a GPU instance without compute instance behind, as NVML would: the ledger's
-    # "creating" entry names it, and start-up garbage collection destroys it.
-    assert len(hardware.instances()) == 1
-    assert [e.state for e in sharing.ledger.entries()] == ["creating"]
+    # The fake left a GPU instance without compute instance behind (a partitioner whose own undo
+    # failed): the ledger's "creating" entry named it, and the failed first prepare destroyed it.
+    assert hardware.instances() == [] and sharing.ledger.entries() == []
+
+
+def test_a_half_created_instance_left_by_a_failed_undo_is_destroyed_at_start(
+    devices: dict[str, Device], hardware: FakeMigHardware, tmp_path: Path
+) -> None:
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / STATE_FILE).write_text(
+        json.dumps({"failCreate": FAIL_COMPUTE_INSTANCE, "failDestroy": True})
+    )
+    sharing = SharingState(tmp_path / "state", mig_partitioner=hardware)
+    with pytest.raises(MigError, match="compute instance"):
+        sharing.apply(plan_for("uid-a", devices, "gpu-0-mig-1g5gb-0"))
+    assert len(hardware.instances()) == 1 and [e.state for e in sharing.ledger.entries()] == ["creating"]
+    assert sharing.release_orphans(prepared=set()) == []  # the GPU still refuses: kept for the next start
+    (tmp_path / "state" / STATE_FILE).write_text(json.dumps({"instances": hardware.instances()}))
     assert sharing.release_orphans(prepared=set()) == ["uid-a"]
     assert hardware.instances() == [] and sharing.ledger.entries() == []
 
@@ -209,12 +224,10 @@ def test_static_mig_and_whole_gpus_create_nothing(tmp_path: Path, sharing: Shari
 
 
 def test_the_partitionable_mig_setting_publishes_every_placement() -> None:
-    from draplugin import config
-    from draplugin.devices import load_backend
-
     settings = config.load({"node_name": "n", "backend": "fake"}, environ={"PARTITIONABLE_MIG": "true"})
     assert settings.partitionable_mig and settings.backend_options()["partitionable"] is True
     options = {k: v for k, v in settings.backend_options().items() if k != "device_dir"}
     names = [d.name for d in load_backend("fake", "n", dev_root="/dev", **options).discover()]
     assert "gpu-0-mig-1g5gb-6" in names and "gpu-0" in names
-    assert "partitionable" not in config.load({"node_name": "n", "backend": "fake"}, environ={}).backend_options()
+    default = config.load({"node_name": "n", "backend": "fake"}, environ={})
+    assert not default.partitionable_mig and "partitionable" not in default.backend_options()

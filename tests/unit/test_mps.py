@@ -8,7 +8,6 @@ in the claim's pipe directory, recording every command it gets.
 from __future__ import annotations
 
 import os
-import signal
 import stat
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from draplugin.prepare import mps
 from draplugin.prepare.plan import ClaimPlan, PlanError, plan_claim, render_spec
 from draplugin.prepare.sharing import SharingState
 from tests.unit import sharing_fixtures
-from tests.unit.sharing_fixtures import ToolNode
+from tests.unit.sharing_fixtures import ToolNode, kill_daemon
 from tests.unit.test_prepare_plan import DEVICES, DRIVER, NODE, claim_doc, config, gpu_config, result
 
 LIMITS = {"defaultActiveThreadPercentage": 50, "defaultPinnedDeviceMemoryLimit": "10Gi"}
@@ -96,7 +95,7 @@ def test_a_daemon_that_died_is_started_again(tool_node: ToolNode) -> None:
     sharing = tool_node.sharing()
     sharing.apply(mps_plan())
     (pid,) = tool_node.daemon_pids()
-    os.kill(pid, signal.SIGKILL)
+    kill_daemon(pid)
     sharing.apply(mps_plan())
     (again,) = tool_node.daemon_pids()
     assert again != pid

@@ -8,8 +8,6 @@ leaves behind survives into the next process, as it would on a node.
 
 from __future__ import annotations
 
-import os
-import signal
 from typing import Any
 
 import pytest
@@ -22,7 +20,7 @@ from draplugin.kubelet.interface import ClaimError
 from draplugin.metrics import ClaimMetrics
 from draplugin.prepare.driver import GpuDriver
 from tests.unit import sharing_fixtures, test_prepare_driver
-from tests.unit.sharing_fixtures import ToolNode
+from tests.unit.sharing_fixtures import ToolNode, kill_daemon
 from tests.unit.test_prepare_driver import FakeClaims, RecordingEvents, SimulatedCrash
 from tests.unit.test_prepare_plan import DEVICES, DRIVER, NODE, claim_doc, config, gpu_config, result
 
@@ -145,7 +143,7 @@ async def test_start_up_restarts_the_dead_daemon_of_a_prepared_claim(tool_node: 
     ref = claims.add(claim("uid-a", "MPS", **MPS))
     await driver(tool_node, claims, events).prepare_claim(ref)
     (pid,) = tool_node.daemon_pids()
-    os.kill(pid, signal.SIGKILL)  # the plugin container went, and its processes with it
+    kill_daemon(pid)  # the plugin container went, and its processes with it
     restarted = driver(tool_node, claims, events)
     (again,) = tool_node.daemon_pids()
     assert again != pid

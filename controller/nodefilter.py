@@ -1,0 +1,124 @@
+"""kube-scheduler's Filter phase for a pod's pending claims, across nodes.
+
+The scheduler runs the DynamicResources Filter on every node it considers
+before it picks one, and a Filter *error* on any node (as opposed to
+"unschedulable") fails the pod's whole scheduling attempt, whatever other
+nodes offer: the pod is not bound, its PodScheduled condition says
+`SchedulerError` with `running "DynamicResources" filter plugin: <error>`,
+and it is retried with backoff. Upstream (1.34 to 1.37, `schedule_one.go`
+`findNodesThatPassFilters` and the plugin's `Filter`):
+
+- Errors are what the structured allocator returns as errors: CEL runtime
+  errors in a class or request selector, All mode over an incomplete (or, in
+  1.34, invalid) pool, a request the allocator cannot handle, a bad node
+  selector. From 1.37 on the allocator marks "invalid resource pools were
+  encountered" as a per-node failure, which Filter reports as unschedulable;
+  `Allocator.allocate` already sets `Failure.error` per release, so here an
+  error is simply `outcome.failure.error`. (Filter's allocation timeout is an
+  error from 1.37 on and unschedulable in 1.34; we have no timeout.)
+- Filter runs the allocator for the claims still to allocate even on a node
+  where one of the pod's *allocated* claims is not available, and only then
+  rejects that node; so an error there fails the pod too (`available`).
+- Nodes that earlier Filter plugins reject (NodeName, NodeAffinity, ...) never
+  reach DynamicResources: callers pass only the nodes the pod may run on.
+- Below 100 nodes the scheduler filters every node. From 100 on it stops, in
+  parallel, once it has found enough feasible nodes, so whether it meets a
+  failing node is chance; we filter all nodes, the answer that never places a
+  claim the scheduler might refuse.
+
+Pure: no I/O. Which of the feasible nodes the scheduler then picks is up to
+its scoring; `FilterResult.feasible` keeps them in the order given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from controller.allocation.nodes import Node
+from controller.allocator import AllocationOutcome, Allocator, Failure
+
+JSON = Mapping[str, Any]
+
+# The prefix kube-scheduler's framework puts before a Filter plugin's error.
+FILTER_ERROR_PREFIX = 'running "DynamicResources" filter plugin: '
+
+
+@dataclass(frozen=True)
+class NodeOutcome:
+    node: Node | None
+    outcome: AllocationOutcome
+
+    @property
+    def node_name(self) -> str:
+        return self.node.name if self.node is not None else "(no node)"
+
+
+@dataclass
+class FilterResult:
+    """Every filtered node's outcome, sorted into feasible, rejected and the first error."""
+
+    feasible: list[NodeOutcome] = field(default_factory=list)
+    rejected: list[NodeOutcome] = field(default_factory=list)
+    error: NodeOutcome | None = None  # the first node (in the given order) whose Filter errs
+
+    @property
+    def chosen(self) -> NodeOutcome | None:
+        """The first feasible node, unless an error fails the attempt."""
+        if self.error is not None or not self.feasible:
+            return None
+        return self.feasible[0]
+
+    @property
+    def failure(self) -> Failure:
+        """Why nothing is chosen: the error, else the last rejection."""
+        if self.error is not None:
+            assert self.error.outcome.failure is not None
+            message = scheduling_error_message(self.error.node_name, self.error.outcome.failure.message)
+            return Failure(message, error=True)
+        if self.rejected and self.rejected[-1].outcome.failure is not None:
+            return self.rejected[-1].outcome.failure
+        return Failure("no candidate node")
+
+
+def scheduling_error_message(node_name: str, error: str) -> str:
+    """Names the node and says why the error matters; ends with the scheduler's own message."""
+    return (
+        f"kube-scheduler's DynamicResources Filter fails with an error on node {node_name}, "
+        "which aborts the pod's whole scheduling attempt whatever other nodes offer "
+        f"(PodScheduled: SchedulerError): {FILTER_ERROR_PREFIX}{error}"
+    )
+
+
+def filter_nodes(
+    allocator: Allocator,
+    claims: Sequence[JSON],
+    nodes: Sequence[Node | None],
+    available: Callable[[Node | None], bool] = lambda _node: True,
+) -> FilterResult:
+    """Allocate `claims` together on each of `nodes` (in order), as one Filter call per node.
+
+    `available(node)` is False where an allocated claim of the pod cannot be used: such a
+    node is never feasible, but its Filter still runs the allocator first, and may err.
+    """
+    result = FilterResult()
+    for node in nodes:
+        entry = NodeOutcome(node, allocator.allocate(claims, node))
+        failure = entry.outcome.failure
+        if failure is not None and failure.error:
+            result.error = result.error or entry
+        elif not available(node):
+            # The scheduler's own words for this rejection.
+            name = node.name if node is not None else None
+            unavailable = Failure("resourceclaim not available on the node")
+            rejected = AllocationOutcome(failure=unavailable, node=name)
+            result.rejected.append(NodeOutcome(node, rejected))
+        elif entry.outcome.ok:
+            result.feasible.append(entry)
+        else:
+            result.rejected.append(entry)
+    return result
+
+
+__all__ = ["FILTER_ERROR_PREFIX", "FilterResult", "NodeOutcome", "filter_nodes", "scheduling_error_message"]
