@@ -17,10 +17,12 @@ started=$(date +%s)
 
 cp -r "$here/regen.sh" "$here/build.sh" "$here/cmd" "$here/cdicheck" "$scratch/"
 # The re-pinned go.mod and go.sum are kept beside the binaries under a stamp of
-# what regen.sh reads, so a warm run neither asks the module proxy again nor
-# resolves anything differently: build.sh then finds its own stamp unchanged.
+# what regen.sh's result depends on (go mod tidy reads fakecri's imports), so a
+# warm run neither asks the module proxy again nor resolves anything
+# differently: build.sh then finds its own stamp unchanged.
 saved="$DRA_KUBE_BIN_DIR/module"
-module_stamp=$( (echo "$k8s_version"; cat "$here/regen.sh" "$here/build_compat.sh"; go env GOVERSION) | sha256sum | cut -c1-16)
+module_stamp=$( (echo "$k8s_version"; cat "$here/regen.sh" "$here/build_compat.sh" "$here"/cmd/*/*.go; go env GOVERSION) \
+  | sha256sum | cut -c1-16)
 if [ "$(cat "$saved/.stamp" 2>/dev/null)" = "$module_stamp" ]; then
   echo "compat: reusing the module re-pinned to $k8s_version ($saved)" >&2
   cp "$saved/go.mod" "$saved/go.sum" "$scratch/"

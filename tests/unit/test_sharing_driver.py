@@ -50,8 +50,8 @@ def claim(uid: str, strategy: str, device: str = "gpu-0", **settings: Any) -> di
     return claim_doc(uid, [result("gpu", device)], [config("FromClaim", gpu_config(strategy, **settings))])
 
 
-MPS = {"mpsConfig": {"defaultActiveThreadPercentage": 25}}
-SLICE = {"timeSlicingConfig": {"interval": "Long"}}
+MPS: dict[str, Any] = {"mpsConfig": {"defaultActiveThreadPercentage": 25}}
+SLICE: dict[str, Any] = {"timeSlicingConfig": {"interval": "Long"}}
 COMMON_POINTS = [
     crashpoints.AFTER_CHECKPOINT_STARTED,
     crashpoints.AFTER_CDI_WRITE,

@@ -1,0 +1,46 @@
+"""`draplugin run` builds the sharing machinery from its settings: MIG maker, MPS daemons, time-slices."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from draplugin import config
+from draplugin.cdi.driverfiles import DriverFiles
+from draplugin.cdi.driverlayout import DriverRoot
+from draplugin.devices import load_backend
+from draplugin.devices.fakemig import FakeMigHardware
+from draplugin.devices.nvml import NvmlBackend
+from draplugin.prepare import wiring
+from tests.driverroot_layout import debian_layout
+from tests.unit.fakenvml import FakeNvml, h100_with_mig
+
+
+def settings(tmp_path: Path, backend: str = "fake") -> config.Settings:
+    return config.load(
+        {"node_name": "n", "backend": backend, "state_dir": str(tmp_path / "state")}, environ={}
+    )
+
+
+def test_fake_gpus_get_the_fake_mig_hardware_in_the_state_dir(tmp_path: Path) -> None:
+    s = settings(tmp_path)
+    backend = load_backend("fake", "n", dev_root="/dev")
+    partitioner = wiring._mig_partitioner(s, backend)
+    assert isinstance(partitioner, FakeMigHardware)
+    assert partitioner.state_file == tmp_path / "state" / "fake-mig.json"
+    assert partitioner.device_dir == tmp_path / "state" / "fake-dev"
+
+
+def test_nvml_makes_its_own_mig_devices(tmp_path: Path) -> None:
+    backend = NvmlBackend("n", nvml=FakeNvml([h100_with_mig()]))
+    assert wiring._mig_partitioner(settings(tmp_path, "nvml"), backend) is backend
+
+
+def test_mps_and_time_slices_need_the_driver_root(tmp_path: Path) -> None:
+    s = settings(tmp_path)
+    backend = load_backend("fake", "n", dev_root="/dev")
+    without = wiring._sharing(s, backend, None)
+    assert without.mps is None and without.timeslice is None
+    root = debian_layout().build(tmp_path / "driver-root")
+    with_root = wiring._sharing(s, backend, DriverFiles(DriverRoot.at(str(root))))
+    assert with_root.mps is not None and with_root.timeslice is not None
+    assert with_root.root == tmp_path / "state"
