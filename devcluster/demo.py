@@ -192,7 +192,7 @@ def _demo(args: argparse.Namespace, stop: threading.Event) -> int:
   kubectl logs -n {DEMO_NAMESPACE} {pod_name} -c {pod["spec"]["containers"][0]["name"]}
   kubectl exec -n {DEMO_NAMESPACE} {pod_name} -- ls -l /dev
   kubectl logs -n {plugin["namespace"]} {plugin["name"]}     (the plugin)
-  {sys.executable} -m devcluster.demo apply -n {DEMO_NAMESPACE} -f examples/06-first-available-fallback/first-available.yaml
+  {sys.executable} -m devcluster.demo apply -n {DEMO_NAMESPACE} -f examples/01-single-gpu/single-gpu.yaml
   (MPS and time-slicing, examples 09 and 10, need a driver root with nvidia-smi and the MPS tools:
   the demo's fake GPUs have none, so those claims fail with an Event that says so)
   (`apply` swaps the examples' public image for {node.workload_image}, which the node has; no registry here)
