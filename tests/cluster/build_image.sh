@@ -46,6 +46,13 @@ step() { echo "build-image: [$(( $(date +%s) - started ))s] $*" >&2; }
 
 tests/cluster/install_debs.sh buildah mmdebstrap
 mkdir -p "$cache"
+# One build at a time per cache: two builds into one buildah store (a test and
+# the demo, say) would see each other's half-written layers.
+exec 9>"$cache/.build.lock"
+if ! flock -n 9; then
+  step "waiting for another build_image.sh using $cache"
+  flock 9
+fi
 # A private store: nothing touches the machine's /var/lib/containers.
 buildah=(buildah --root "$cache/storage" --runroot "$cache/run" --storage-driver overlay)
 
