@@ -3,14 +3,60 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from devcluster.controlplane import ControlPlane
+from devcluster.kubelet import KubeletNode
+from devcluster.plugin import PluginProcess
 from dracommon.kubeapi import KubeApi
+from tests.driverroot_layout import debian_layout
+from tests.e2e.cleanup import release_namespace
+from tests.e2e.plugin import running_plugin
+
+POD_TIMEOUT = 120.0
 
 
 @pytest.fixture(scope="module")
 def api(kube_cluster: ControlPlane) -> Iterator[KubeApi]:
     with kube_cluster.api_client() as client:
         yield KubeApi(client)
+
+
+@pytest.fixture(scope="module")
+def driver_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A Debian-layout driver install whose nvidia-smi and nvidia-cuda-mps-control are recording stand-ins."""
+    return debian_layout().build(tmp_path_factory.mktemp("driver-root"))
+
+
+@pytest.fixture(scope="module")
+def driver_root_plugin(
+    kube_cluster: ControlPlane,
+    kubelet_node: KubeletNode,
+    api: KubeApi,
+    driver_root: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[PluginProcess]:
+    """One plugin for the module, with the driver root: CDI specs mount its files, and MPS daemons
+    and time-slices run through its tools. It deletes its slices when stopped."""
+    with running_plugin(
+        kube_cluster,
+        kubelet_node,
+        api,
+        tmp_path_factory.mktemp("plugin"),
+        delete_slices_on_shutdown=True,
+        extra_env={"DRIVER_ROOT": str(driver_root)},
+    ) as process:
+        yield process
+
+
+@pytest.fixture
+def restarting_namespace(test_namespace: str, api: KubeApi, plugin: PluginProcess) -> Iterator[str]:
+    """The test's namespace (for tests that stop the module's `plugin`): afterwards the plugin runs
+    again and every GPU the namespace used is free."""
+    yield test_namespace
+    if not plugin.running:
+        plugin.start()
+        plugin.wait_registered()
+    release_namespace(api, plugin, test_namespace, POD_TIMEOUT)

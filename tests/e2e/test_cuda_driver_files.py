@@ -15,13 +15,11 @@ is the check for that.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from devcluster import pods
-from devcluster.controlplane import ControlPlane
 from devcluster.images import workload_image
 from devcluster.kubelet import KubeletNode
 from devcluster.plugin import PluginProcess
@@ -29,7 +27,6 @@ from dracommon.kubeapi import KubeApi
 from tests.driverroot_layout import debian_layout
 from tests.e2e import inside
 from tests.e2e.cleanup import release_namespace
-from tests.e2e.plugin import running_plugin
 
 pytestmark = pytest.mark.kubelet
 
@@ -39,27 +36,8 @@ POD_TIMEOUT = 120.0
 
 
 @pytest.fixture(scope="module")
-def driver_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return debian_layout().build(tmp_path_factory.mktemp("driver-root"))
-
-
-@pytest.fixture(scope="module")
-def plugin(
-    kube_cluster: ControlPlane,
-    kubelet_node: KubeletNode,
-    api: KubeApi,
-    driver_root: Path,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[PluginProcess]:
-    with running_plugin(
-        kube_cluster,
-        kubelet_node,
-        api,
-        tmp_path_factory.mktemp("cuda-plugin"),
-        delete_slices_on_shutdown=True,
-        extra_env={"DRIVER_ROOT": str(driver_root)},
-    ) as process:
-        yield process
+def plugin(driver_root_plugin: PluginProcess) -> PluginProcess:
+    return driver_root_plugin
 
 
 def test_container_finds_libcuda_nvidia_smi_and_void_visible_devices(

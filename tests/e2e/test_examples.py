@@ -38,10 +38,9 @@ from devcluster.plugin import PluginProcess, node_slices
 from devcluster.wait import wait_for
 from dracommon.kubeapi import ApiError, KubeApi
 from draplugin.devices.fake import make_device_nodes
-from tests.driverroot_layout import command_log, debian_layout
+from tests.driverroot_layout import command_log
 from tests.e2e import inside
 from tests.e2e.cleanup import release_namespace
-from tests.e2e.plugin import running_plugin
 
 pytestmark = pytest.mark.kubelet
 
@@ -58,32 +57,9 @@ MPS_DIR = "/var/run/draplugin/mps"
 
 
 @pytest.fixture(scope="module")
-def driver_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A driver install whose nvidia-smi and nvidia-cuda-mps-control are recording stand-ins."""
-    return debian_layout().build(tmp_path_factory.mktemp("examples-driver-root"))
-
-
-@pytest.fixture(scope="module")
-def plugin(
-    kube_cluster: ControlPlane,
-    kubelet_node: KubeletNode,
-    api: KubeApi,
-    driver_root: Path,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[PluginProcess]:
-    """One plugin for the whole module; it publishes the node's slices and deletes them when stopped.
-
-    It has a driver root: MPS daemons and time-slices are run through the driver's own tools."""
-    state_dir = tmp_path_factory.mktemp("examples-plugin")
-    with running_plugin(
-        kube_cluster,
-        kubelet_node,
-        api,
-        state_dir,
-        delete_slices_on_shutdown=True,
-        extra_env={"DRIVER_ROOT": str(driver_root)},
-    ) as process:
-        yield process
+def plugin(driver_root_plugin: PluginProcess) -> PluginProcess:
+    """One plugin for the whole module, with a driver root (MPS and time-slices run through its tools)."""
+    return driver_root_plugin
 
 
 @pytest.fixture(scope="module")

@@ -66,12 +66,8 @@ def plugin(
 
 
 @pytest.fixture
-def namespace(test_namespace: str, api: KubeApi, plugin: PluginProcess) -> Iterator[str]:
-    yield test_namespace
-    if not plugin.running:
-        plugin.start()
-        plugin.wait_registered()
-    release_namespace(api, plugin, test_namespace, POD_TIMEOUT)
+def namespace(restarting_namespace: str) -> str:
+    return restarting_namespace
 
 
 def instances(plugin: PluginProcess) -> list[dict[str, Any]]:

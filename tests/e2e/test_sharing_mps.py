@@ -13,24 +13,21 @@ Verified on the fake only: no GPU here.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from devcluster import pods
-from devcluster.controlplane import ControlPlane
 from devcluster.images import workload_image
 from devcluster.kubelet import KubeletNode
 from devcluster.plugin import PluginProcess
 from dracommon.kubeapi import KubeApi
 from draplugin import crashpoints
 from draplugin.prepare.mps import PID_FILE, process_start_time
-from tests.driverroot_layout import command_log, debian_layout
+from tests.driverroot_layout import command_log
 from tests.e2e import inside
 from tests.e2e.cleanup import release_namespace
-from tests.e2e.plugin import running_plugin
 from tests.e2e.test_prepare_kubelet import touch
 
 pytestmark = pytest.mark.kubelet
@@ -46,36 +43,13 @@ SLICE = {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Medium"}}
 
 
 @pytest.fixture(scope="module")
-def driver_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return debian_layout().build(tmp_path_factory.mktemp("sharing-driver-root"))
-
-
-@pytest.fixture(scope="module")
-def plugin(
-    kube_cluster: ControlPlane,
-    kubelet_node: KubeletNode,
-    api: KubeApi,
-    driver_root: Path,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[PluginProcess]:
-    with running_plugin(
-        kube_cluster,
-        kubelet_node,
-        api,
-        tmp_path_factory.mktemp("sharing-plugin"),
-        delete_slices_on_shutdown=True,
-        extra_env={"DRIVER_ROOT": str(driver_root)},
-    ) as process:
-        yield process
+def plugin(driver_root_plugin: PluginProcess) -> PluginProcess:
+    return driver_root_plugin
 
 
 @pytest.fixture
-def namespace(test_namespace: str, api: KubeApi, plugin: PluginProcess) -> Iterator[str]:
-    yield test_namespace
-    if not plugin.running:
-        plugin.start()
-        plugin.wait_registered()
-    release_namespace(api, plugin, test_namespace, POD_TIMEOUT)
+def namespace(restarting_namespace: str) -> str:
+    return restarting_namespace
 
 
 def shared_pod(api: KubeApi, ns: str, device_class: str, sharing: dict[str, Any]) -> None:
