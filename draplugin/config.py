@@ -2,6 +2,9 @@
 
 All checks happen here, at start-up, so a bad value stops the daemon with one
 clear message instead of failing later in the middle of serving.
+
+Size: one table of every setting with its flag, variable and check; splitting it would hide one from
+the others.
 """
 
 from __future__ import annotations

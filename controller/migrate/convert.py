@@ -14,6 +14,8 @@ Tolerations: the ExtendedResourceToleration admission plugin adds a toleration
 for `<resource>:NoSchedule` to pods that ask for an extended resource. A
 converted pod no longer asks, so the toleration is written out here unless the
 pod already has one; pods keep landing on GPU nodes tainted `nvidia.com/gpu`.
+
+Size: one conversion of a pod template, whose steps share the same report.
 """
 
 from __future__ import annotations

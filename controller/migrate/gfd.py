@@ -21,6 +21,8 @@ GFD's (internal/lm in k8s-device-plugin):
 
 `migrate`, `docs/migration.md` and `docs/deviceclasses.md` (`markdown_table`)
 and the tests read this table; nothing else lists the labels.
+
+Size: a data table of labels with its translators, kept as the one source of the docs' table.
 """
 
 from __future__ import annotations

@@ -41,6 +41,8 @@ their GPUs; the root is named after the first GPU of its group. The default
 of 1 gives every GPU its own root: it keeps the `pcieRoot` attribute (and so
 the published slices) of existing fake nodes unchanged, and flags-only fake
 nodes (`--fake-gpus`) keep it too.
+
+Size: the fake backend mirrors the NVML one in one file, inventory parsing included.
 """
 
 from __future__ import annotations

@@ -26,6 +26,8 @@ running claims stay taken and their specs stay on disk.
 
 Every step is safe to repeat, so a crash anywhere is repaired by the
 kubelet's retry: see `crashpoints` for the named points the tests kill at.
+
+Size: the side effects of prepare and unprepare in their crash-safe order read best in one file.
 """
 
 from __future__ import annotations

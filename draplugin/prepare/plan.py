@@ -5,7 +5,9 @@ driver name, our pool and the discovered devices, `plan_claim` decides which
 allocation results are ours, which opaque config applies to each, and the CDI
 names they get. `render_spec` turns a plan into the claim's CDI spec and
 `check_sharing` says whether a plan may take devices other claims hold.
-Everything that touches disk or the network lives in `prepare.py`.
+Everything that touches disk or the network lives in `driver.py`.
+
+Size: one pure planning pass from claim JSON to spec; each step feeds the next.
 """
 
 from __future__ import annotations

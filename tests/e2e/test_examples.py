@@ -15,6 +15,8 @@ container gets is read from inside it, through the API server: the variables
 from the container's own log (the examples print them with `env | grep`), the
 device nodes `/dev/nvidia*` (character devices it can open) and mounts with
 `exec`. containerd applied our CDI specs; nothing here resolves them for it.
+
+Size: one test per example, sharing one plugin and the example helpers.
 """
 
 from __future__ import annotations

@@ -13,6 +13,8 @@ check which CDI IDs the kubelet passed to the runtime across plugin crashes
 and restarts, which a real runtime does not show, and running containers
 adds nothing to that. What containers get from a real runtime is
 tests/e2e/test_examples.py's subject.
+
+Size: one file because every case shares the module's kubelet node and plugin.
 """
 
 from __future__ import annotations

@@ -9,6 +9,8 @@ exclusive device is handed out twice; no temp file is left behind; memory stays 
 
 Seeded and bounded (SEEDS x 64 claims, one kill each) to fit the test command's time budget.
 The figures of a run are logged at INFO (`-o log_cli=true` shows them).
+
+Size: one rig (plugin, proxy, claims) shared by every fault.
 """
 
 from __future__ import annotations
