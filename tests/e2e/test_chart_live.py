@@ -34,6 +34,7 @@ from dracommon.kubeapi import ApiError, KubeApi
 from draplugin.kubelet.sockets import socket_paths
 from draplugin.prepare.plan import env_key
 from tests.e2e.inside import log_env
+from tests.e2e.workloads import claim_pod
 from tests.kube.chart import (
     ChartError,
     ChartRelease,
@@ -103,23 +104,15 @@ def create_gpu_pod(api: KubeApi, node: KubeletNode, namespace: str, name: str) -
             {"name": "gpu", "exactly": {"deviceClassName": DRIVER}},
         ]}}},
     })  # fmt: skip
-    api.create(f"/api/v1/namespaces/{namespace}/pods", {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name},
-        "spec": {
-            "nodeSelector": {"kubernetes.io/hostname": node.name},
-            "automountServiceAccountToken": False,
-            "terminationGracePeriodSeconds": 1,
-            "containers": [{
-                "name": "app",
-                "image": node.workload_image,
-                "imagePullPolicy": "Never",
-                "resources": {"claims": [{"name": "gpu"}]},
-            }],
-            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": name}],
-        },
-    })  # fmt: skip
+    pod = claim_pod(
+        name,
+        node.workload_image,
+        {"resourceClaimTemplateName": name},
+        nodeSelector={"kubernetes.io/hostname": node.name},
+        automountServiceAccountToken=False,
+        terminationGracePeriodSeconds=1,
+    )
+    api.create(f"/api/v1/namespaces/{namespace}/pods", pod)
 
 
 def claim_of(api: KubeApi, namespace: str, pod_name: str) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from dracommon.kubeapi import KubeApi
 from tests.driverroot_layout import debian_layout
 from tests.e2e import inside
 from tests.e2e.cleanup import release_namespace
+from tests.e2e.workloads import claim_pod
 
 pytestmark = pytest.mark.kubelet
 
@@ -58,22 +59,14 @@ def test_container_finds_libcuda_nvidia_smi_and_void_visible_devices(
             {"name": "gpu", "exactly": {"deviceClassName": gpu_device_class}},
         ]}},
     })  # fmt: skip
-    api.create(f"/api/v1/namespaces/{ns}/pods", {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "cuda"},
-        "spec": {
-            "restartPolicy": "Never",
-            "resourceClaims": [{"name": "gpu", "resourceClaimName": "gpu"}],
-            "containers": [{
-                "name": "app",
-                "image": workload_image().name,
-                "imagePullPolicy": "Never",
-                "command": ["sh", "-c", "env; sleep 3600"],
-                "resources": {"claims": [{"name": "gpu"}]},
-            }],
-        },
-    })  # fmt: skip
+    pod = claim_pod(
+        "cuda",
+        workload_image().name,
+        {"resourceClaimName": "gpu"},
+        command=["sh", "-c", "env; sleep 3600"],
+        restartPolicy="Never",
+    )
+    api.create(f"/api/v1/namespaces/{ns}/pods", pod)
     try:
         pods.wait_running(api, ns, "cuda", POD_TIMEOUT, kubelet_node.cdi_root)
 

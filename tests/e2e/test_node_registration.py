@@ -34,6 +34,7 @@ from devcluster.wait import wait_for
 from dracommon.kubeapi import KubeApi
 from draplugin.kubelet.sockets import socket_paths
 from tests.e2e import inside
+from tests.e2e.workloads import claim_pod
 
 pytestmark = pytest.mark.kubelet
 
@@ -153,24 +154,17 @@ def test_daemon_registers_publishes_and_runs_a_pod_with_our_cdi_device(
                 {"name": "gpu", "exactly": {"deviceClassName": gpu_device_class}},
             ]}}},
         })  # fmt: skip
-        api.create(f"/api/v1/namespaces/{ns}/pods", {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": "one-gpu"},
-            "spec": {
-                "nodeSelector": {"kubernetes.io/hostname": kubelet_node.name},
-                "automountServiceAccountToken": False,
-                "terminationGracePeriodSeconds": 0,
-                "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}],
-                "containers": [{
-                    "name": "main",
-                    # Its entrypoint prints the environment and /dev it got to its log.
-                    "image": kubelet_node.workload_image,
-                    "imagePullPolicy": "Never",
-                    "resources": {"claims": [{"name": "gpu"}]},
-                }],
-            },
-        })  # fmt: skip
+        # The image's entrypoint prints the environment and /dev it got to its log.
+        pod = claim_pod(
+            "one-gpu",
+            kubelet_node.workload_image,
+            {"resourceClaimTemplateName": "one-gpu"},
+            containers=("main",),
+            nodeSelector={"kubernetes.io/hostname": kubelet_node.name},
+            automountServiceAccountToken=False,
+            terminationGracePeriodSeconds=0,
+        )
+        api.create(f"/api/v1/namespaces/{ns}/pods", pod)
 
         pod = pods.wait_running(api, ns, "one-gpu", POD_TIMEOUT, kubelet_node.cdi_root)
         assert daemon.proc.poll() is None, daemon.log_text()

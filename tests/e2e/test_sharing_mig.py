@@ -33,6 +33,7 @@ from tests.e2e import inside
 from tests.e2e.cleanup import release_namespace
 from tests.e2e.plugin import running_plugin
 from tests.e2e.test_prepare_kubelet import touch
+from tests.e2e.workloads import claim_pod
 
 pytestmark = pytest.mark.kubelet
 
@@ -84,22 +85,15 @@ def mig_pod(api: KubeApi, ns: str, name: str, device_class: str) -> None:
             "deviceClassName": device_class, "selectors": [{"cel": {"expression": ON_GPU_1}}],
         }}]}},
     })  # fmt: skip
-    api.create(f"/api/v1/namespaces/{ns}/pods", {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name},
-        "spec": {
-            "restartPolicy": "Never",
-            "resourceClaims": [{"name": "mig", "resourceClaimName": name}],
-            "containers": [{
-                "name": "app",
-                "image": workload_image().name,
-                "imagePullPolicy": "Never",
-                "command": ["sh", "-c", "env; ls /dev/nvidia-caps; sleep 3600"],
-                "resources": {"claims": [{"name": "mig"}]},
-            }],
-        },
-    })  # fmt: skip
+    pod = claim_pod(
+        name,
+        workload_image().name,
+        {"resourceClaimName": name},
+        claim="mig",
+        command=["sh", "-c", "env; ls /dev/nvidia-caps; sleep 3600"],
+        restartPolicy="Never",
+    )
+    api.create(f"/api/v1/namespaces/{ns}/pods", pod)
 
 
 def allocated_device(api: KubeApi, ns: str, name: str) -> str:

@@ -29,6 +29,7 @@ from tests.driverroot_layout import command_log
 from tests.e2e import inside
 from tests.e2e.cleanup import release_namespace
 from tests.e2e.test_prepare_kubelet import touch
+from tests.e2e.workloads import claim_pod
 
 pytestmark = pytest.mark.kubelet
 
@@ -64,22 +65,15 @@ def shared_pod(api: KubeApi, ns: str, device_class: str, sharing: dict[str, Any]
                 "apiVersion": API_VERSION, "kind": "GpuConfig", "sharing": sharing}}}],
         }},
     })  # fmt: skip
-    container = {
-        "image": workload_image().name,
-        "imagePullPolicy": "Never",
-        "command": ["sh", "-c", "env; sleep 3600"],
-        "resources": {"claims": [{"name": "gpu"}]},
-    }
-    api.create(f"/api/v1/namespaces/{ns}/pods", {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "shared"},
-        "spec": {
-            "restartPolicy": "Never",
-            "resourceClaims": [{"name": "gpu", "resourceClaimName": "shared"}],
-            "containers": [{"name": "a", **container}, {"name": "b", **container}],
-        },
-    })  # fmt: skip
+    pod = claim_pod(
+        "shared",
+        workload_image().name,
+        {"resourceClaimName": "shared"},
+        containers=("a", "b"),
+        command=["sh", "-c", "env; sleep 3600"],
+        restartPolicy="Never",
+    )
+    api.create(f"/api/v1/namespaces/{ns}/pods", pod)
 
 
 def running_daemons(plugin: PluginProcess) -> list[int]:
