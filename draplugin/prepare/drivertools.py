@@ -6,6 +6,8 @@ so the plugin runs the tools of exactly the driver the node has loaded.
 
 from __future__ import annotations
 
+import subprocess
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from draplugin.cdi.driverfiles import DriverFiles
@@ -31,3 +33,30 @@ class DriverTools:
             f"{name} is not in the NVIDIA driver root {install.root.host} (looked in its usr/bin, bin, "
             "usr/sbin, sbin)",
         )
+
+
+def run_tool(
+    command: Sequence[str],
+    *,
+    error: type[PlanError],
+    reason: str,
+    what: str,
+    timeout_s: float,
+    env: Mapping[str, str] | None = None,
+    stdin: str | None = None,
+    new_session: bool = False,
+) -> str:
+    """Run one driver tool to completion; its stdout, or `error(reason, ...)` saying what failed.
+
+    `what` names the step in the message ("starting nvidia-cuda-mps-control -d"); the tool's
+    own stderr (else stdout) follows a non-zero exit, since that is what tells an admin why."""
+    try:
+        done = subprocess.run(
+            list(command), input=stdin, env=dict(env) if env is not None else None, capture_output=True,
+            text=True, timeout=timeout_s, start_new_session=new_session, check=False,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as err:
+        raise error(reason, f"{what} failed: {err}") from None
+    if done.returncode != 0:
+        raise error(reason, f"{what} exited with {done.returncode}: {(done.stderr or done.stdout).strip()}")
+    return done.stdout.strip()

@@ -35,7 +35,6 @@ import logging
 import os
 import shutil
 import signal
-import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -43,6 +42,7 @@ from pathlib import Path
 
 from draplugin import crashpoints
 from draplugin.prepare.claimconfig import MpsConfig, SharingStrategy
+from draplugin.prepare.drivertools import run_tool
 from draplugin.prepare.ledger import LedgerEntry, SharingLedger
 from draplugin.prepare.plan import ClaimPlan, PlanError
 
@@ -144,24 +144,15 @@ class MpsDaemons:
         control = self._control()
         env = self._env(pipe, logs, settings.devices)
         ledger.put(LedgerEntry(uid, KIND, KEY, "starting", {"pipe": str(pipe), "log": str(logs)}))
-        try:
-            started = subprocess.run(
-                [str(control), "-d"],
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=COMMAND_TIMEOUT_S,
-                start_new_session=True,  # the claim's daemon outlives this plugin process
-                check=False,
-            )
-        except (OSError, subprocess.TimeoutExpired) as err:
-            raise MpsError("MpsStartFailed", f"starting {control} -d failed: {err}") from None
-        if started.returncode != 0:
-            raise MpsError(
-                "MpsStartFailed",
-                f"{control} -d exited with {started.returncode}: "
-                f"{(started.stderr or started.stdout).strip()}",
-            )
+        run_tool(
+            [str(control), "-d"],
+            error=MpsError,
+            reason="MpsStartFailed",
+            what=f"starting {control} -d",
+            timeout_s=COMMAND_TIMEOUT_S,
+            env=env,
+            new_session=True,  # the claim's daemon outlives this plugin process
+        )
         crashpoints.reach(crashpoints.AFTER_MPS_START)
         self._wait_ready(control, env)
         pid = self._pid(pipe)
@@ -200,20 +191,15 @@ class MpsDaemons:
 
     def command(self, control: Path, env: Mapping[str, str], command: str) -> str:
         """One control command (`echo <command> | nvidia-cuda-mps-control`); its answer, or MpsError."""
-        try:
-            done = subprocess.run(
-                [str(control)], input=command + "\n", env=dict(env), capture_output=True, text=True,
-                timeout=COMMAND_TIMEOUT_S, check=False,
-            )  # fmt: skip
-        except (OSError, subprocess.TimeoutExpired) as err:
-            raise MpsError("MpsControlFailed", f"MPS control command {command!r} failed: {err}") from None
-        if done.returncode != 0:
-            raise MpsError(
-                "MpsControlFailed",
-                f"MPS control command {command!r} failed ({done.returncode}): "
-                f"{(done.stderr or done.stdout).strip()}",
-            )
-        return done.stdout.strip()
+        return run_tool(
+            [str(control)],
+            error=MpsError,
+            reason="MpsControlFailed",
+            what=f"MPS control command {command!r}",
+            timeout_s=COMMAND_TIMEOUT_S,
+            env=env,
+            stdin=command + "\n",
+        )
 
     def _wait_ready(self, control: Path, env: Mapping[str, str]) -> None:
         deadline = time.monotonic() + READY_TIMEOUT_S

@@ -17,13 +17,13 @@ found orphaned at start).
 from __future__ import annotations
 
 import logging
-import subprocess
 import threading
 from collections.abc import Callable
 from pathlib import Path
 
 from draplugin import crashpoints
 from draplugin.prepare.claimconfig import SharingStrategy, TimeSliceInterval
+from draplugin.prepare.drivertools import run_tool
 from draplugin.prepare.ledger import LedgerEntry, SharingLedger
 from draplugin.prepare.plan import ClaimPlan, PlanError
 
@@ -110,17 +110,10 @@ class TimeSlicer:
     def _set(self, gpu: str, level: int, who: str) -> None:
         tool = self._tool()
         command = [str(tool), "compute-policy", "-i", gpu, "--set-timeslice", str(level)]
-        try:
-            done = subprocess.run(
-                command, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S, check=False
-            )
-        except (OSError, subprocess.TimeoutExpired) as err:
-            raise TimeSliceError(
-                "TimeSliceFailed", f"claim {who}: {' '.join(command)} failed: {err}"
-            ) from None
-        if done.returncode != 0:
-            raise TimeSliceError(
-                "TimeSliceFailed",
-                f"claim {who}: {' '.join(command)} exited with {done.returncode}: "
-                f"{(done.stderr or done.stdout).strip()}",
-            )
+        run_tool(
+            command,
+            error=TimeSliceError,
+            reason="TimeSliceFailed",
+            what=f"claim {who}: {' '.join(command)}",
+            timeout_s=COMMAND_TIMEOUT_S,
+        )
