@@ -112,7 +112,7 @@ def apply_example(api: KubeApi, example: str, namespace: str) -> list[dict[str, 
     namespaces = [doc for doc in docs if doc["kind"] == "Namespace"]
     for doc in namespaces:
         labels = {"metadata": {"labels": doc["metadata"]["labels"]}}
-        merge_patch(api, f"/api/v1/namespaces/{namespace}", labels)
+        api.merge_patch(f"/api/v1/namespaces/{namespace}", labels)
     for doc in docs:
         if doc["kind"] != "Namespace":
             create(api, collection_path(doc, namespace), doc, retry=bool(namespaces))
@@ -126,10 +126,6 @@ def create(api: KubeApi, path: str, doc: dict[str, Any], *, retry: bool) -> None
     # The API server checks namespace labels (admin access) against its
     # namespace cache, which sees a new label a moment later.
     wait_for(f"{doc['kind']} {doc['metadata']['name']} to be accepted", lambda: api.create(path, doc), 30)
-
-
-def merge_patch(api: KubeApi, path: str, patch: dict[str, Any]) -> None:
-    api.merge_patch(path, patch)
 
 
 def wait_running(api: KubeApi, namespace: str, name: str, node: KubeletNode | None = None) -> dict[str, Any]:
