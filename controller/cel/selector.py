@@ -9,7 +9,7 @@ from collections.abc import Hashable, Mapping
 from functools import cache, lru_cache
 from typing import Any
 
-from controller.cel import analysis, versions
+from controller.cel import analysis, literaltypes, versions
 from controller.cel.device import device_name
 from controller.cel.engine import Engine, EvalFailure, Program
 from controller.cel.errors import CompileError, EngineUnavailable, EvaluationError
@@ -159,6 +159,8 @@ def _compile_cached(expression: str, engine_name: str, version: KubernetesVersio
     info = _analyze(expression, engine)
     versions.check_available(expression, info.calls, version)
     program = engine.compile(expression, info)
+    # A validator upstream runs after type checking: its errors come after the engine's.
+    literaltypes.check_homogeneous_literals(expression)
     if info.cost > MAX_COST:
         raise CompileError(f"too complex, exceeds cost limit (estimated cost {info.cost} > {MAX_COST})")
     log.debug(

@@ -302,8 +302,9 @@ class Parser:
             node = self.expr()
             self.expect(")")
             return node
-        if token.kind == "op" and token.text == "[":
-            return self.list_literal(token)
+        if token.kind == "op" and token.text in ("[", "[?"):
+            # `[?` is one token (it also opens an optional index): here a list with an optional first item.
+            return self.list_literal(token, first_optional=token.text == "[?")
         if token.kind == "op" and token.text == "{":
             return self.map_literal(token)
         shown = "<EOF>" if token.kind == "eof" else token.text
@@ -319,11 +320,13 @@ class Parser:
                 return args
             self.expect(",")
 
-    def list_literal(self, opener: Token) -> Node:
+    def list_literal(self, opener: Token, *, first_optional: bool = False) -> Node:
         items: list[Node] = []
-        optional: list[int] = []
-        while not self.accept("]"):
-            if self.accept("?"):
+        optional: list[int] = [0] if first_optional else []
+        while first_optional or not self.accept("]"):
+            if first_optional:
+                first_optional = False
+            elif self.accept("?"):
                 optional.append(len(items))
             items.append(self.expr())
             if not self.accept(","):

@@ -486,6 +486,40 @@ CASES: tuple[Case, ...] = (
         celpy=UNSUPPORTED,
     ),
     Case("cel.bind(x, 1, cel.bind(y, x + 1, y == 2))", True, celpy=UNSUPPORTED),
+    # --- homogeneous aggregate literals (cel-go's validator, as kube-apiserver 1.37.2 answered) -
+    Case('[1, "a"].size() == 2', COMPILE, message="expected type 'int' but found 'string'"),
+    Case("[1, 2.0].size() == 2", COMPILE, message="expected type 'int' but found 'double'"),
+    Case("[1u, 1].size() == 2", COMPILE, message="expected type 'uint' but found 'int'"),
+    Case("[1, null].size() == 2", COMPILE, message="expected type 'int' but found 'null'"),
+    Case('{"a": 1, "b": "x"}.size() == 2', COMPILE, message="expected type 'int' but found 'string'"),
+    Case('{"a": 1, 2: 1}.size() == 2', COMPILE, message="expected type 'string' but found 'int'"),
+    Case(
+        '[[1], ["a"]].size() == 2',
+        COMPILE,
+        celpy=COMPILE,
+        message="expected type 'list(int)' but found 'list(string)'",
+    ),
+    Case(f"[{A}.index, 1].size() == 2", COMPILE, message="expected type 'any' but found 'int'"),
+    Case(
+        f'[{A}, {{"a": 1}}].size() == 2',
+        COMPILE,
+        celpy=COMPILE,
+        message="expected type 'map(string, any)' but found 'map(string, int)'",
+    ),
+    Case(
+        "[optional.of(1), 2].size() == 2",
+        COMPILE,
+        celpy=UNSUPPORTED,
+        message="expected type 'optional_type(int)' but found 'int'",
+    ),
+    Case("[?optional.of(1), 2].size() == 2", True, celpy=UNSUPPORTED),
+    Case(f"[{A}.index, {A}.model].size() == 2", True),
+    Case('[device.driver, "a"].size() == 2', True),
+    Case(f'[{C}.memory, quantity("1")].size() == 2', True),
+    Case("[[], [1]].size() == 2", True),
+    Case('[{}, {"a": 1}].size() == 2', True),
+    Case("[true, 1 == 1].all(x, x)", True),
+    Case('"%s %d".format(["a", 1]) == "a 1"', True),
     # --- realistic DeviceClass selectors ---------------------------------------------------
     Case(
         f'device.driver == "gpu.example.com" && {A}.model in ["H100", "H200"] '

@@ -104,7 +104,10 @@ def _extend(children: st.SearchStrategy[tuple[str, str, str]]) -> st.SearchStrat
         st.sampled_from(["model", "index", "mig", "nosuch"]).map(lambda k: f"has({A}.{k})"),
         st.sampled_from(WORDS).map(lambda w: f'("{w}" in device.attributes["other.dev"])'),
         strs.map(lambda s: f'{s}.matches("^[a-z]+$")'),
-        st.lists(ints, min_size=1, max_size=3).map(lambda xs: f"[{', '.join(xs)}].exists(v, v > 0)"),
+        # int(): upstream rejects a list literal mixing attribute values (`any`) and ints.
+        st.lists(ints, min_size=1, max_size=3).map(
+            lambda xs: f"[{', '.join(f'int({x})' for x in xs)}].exists(v, v > 0)"
+        ),
     )
     return st.tuples(st.one_of(ints, int_ops), st.one_of(strs, str_ops), st.one_of(bools, bool_ops))
 
