@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 KUBE_BUILD := tests/cluster/build.sh
 
-.PHONY: venv kube kube-tools lint unit test test-compat demo cluster bench proto clean-venv gpu-check
+.PHONY: venv kube kube-tools lint unit test test-compat demo cluster bench bench-compare proto clean-venv gpu-check
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -65,6 +65,10 @@ cluster: venv kube
 
 bench: venv kube
 	DRA_KUBE_BIN_DIR="$$($(KUBE_BUILD))" $(PY) -m bench
+
+# Two saved bench/results.json files side by side: make bench-compare A=old.json B=new.json
+bench-compare: venv
+	$(PY) -m bench.compare "$(A)" "$(B)"
 
 # On a machine with an NVIDIA GPU and driver, never in CI: NVML discovery, the CDI specs and a
 # runc container against the driver's own nvidia-smi (draplugin/gpucheck.py). No set-up step:

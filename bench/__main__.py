@@ -1,15 +1,21 @@
 """`python -m bench [NAME ...]`: run the benchmarks one after another (all by default).
 
 Each benchmark is its own process so one's memory high-water mark or leftover
-threads never colour the next one's figures.
+threads never colour the next one's figures. Every side-by-side figure they record
+(bench.summary) is printed in one table at the end and written to bench/results.json.
 """
 
 from __future__ import annotations
 
+import os
+import platform
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
+
+from bench.summary import ROWS_ENV, read_rows, table, write_results
 
 BENCHMARKS = ("cel", "slices", "prepare", "allocate")
 
@@ -25,13 +31,22 @@ def main(argv: list[str]) -> int:
         )
         return 2
     failed: list[str] = []
+    rows_file = Path(tempfile.mkstemp(prefix="bench-rows-", suffix=".jsonl")[1])
+    environ = {**os.environ, ROWS_ENV: str(rows_file)}
     for name in chosen:
         print(f"\n=== bench.{name} ===", flush=True)
         started = time.monotonic()
-        rc = subprocess.call([sys.executable, "-m", f"bench.{name}"], cwd=here.parent)
+        rc = subprocess.call([sys.executable, "-m", f"bench.{name}"], cwd=here.parent, env=environ)
         print(f"=== bench.{name}: exit {rc} after {time.monotonic() - started:.1f}s ===", flush=True)
         if rc != 0:
             failed.append(name)
+    rows = read_rows(rows_file)
+    rows_file.unlink(missing_ok=True)
+    if rows:
+        results = here / "results.json"
+        meta = {"benchmarks": chosen, "failed": failed, "machine": platform.node(), "cpus": os.cpu_count()}
+        write_results(results, rows, meta)
+        print(f"\n=== summary: ours and the peer, same run ({results}) ===\n{table(rows)}")
     if failed:
         print(f"bench: failed: {', '.join(failed)}", file=sys.stderr)
         return 1

@@ -1,0 +1,88 @@
+"""One row per side-by-side figure, shared by every benchmark and read back by `python -m bench`.
+
+A benchmark process calls `record(...)` for each figure it measured against a peer; rows go,
+as JSON lines, to the file named by $BENCH_ROWS (set by `python -m bench` for its children;
+unset: rows are only printed by the benchmark itself). The parent then prints one summary
+table and writes every row to bench/results.json, which `python -m bench.compare A B` reads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+ROWS_ENV = "BENCH_ROWS"
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    benchmark: str
+    figure: str
+    unit: str
+    ours: float
+    peer: float
+    peer_name: str
+    # Whether a larger number is better (rates) or worse (latency, memory): it decides
+    # which way `compare` calls a change an improvement.
+    higher_is_better: bool = False
+
+    @property
+    def ratio(self) -> float | None:
+        return self.ours / self.peer if self.peer else None
+
+
+def record(row: Row) -> None:
+    """Append the row for the parent's summary; a no-op when run on its own."""
+    target = os.environ.get(ROWS_ENV)
+    if not target:
+        return
+    with open(target, "a", encoding="utf-8") as out:
+        out.write(json.dumps(asdict(row)) + "\n")
+
+
+def read_rows(path: Path) -> list[Row]:
+    if not path.exists():
+        return []
+    return [Row(**json.loads(line)) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def load_results(path: Path) -> list[Row]:
+    """Rows of a results file written by `write_results` (clear error for anything else)."""
+    try:
+        document: Any = json.loads(path.read_text(encoding="utf-8"))
+        return [Row(**row) for row in document["rows"]]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise SystemExit(f"bench: {path} is not a results file written by `make bench`: {err}") from None
+
+
+def write_results(path: Path, rows: list[Row], meta: dict[str, Any]) -> None:
+    path.write_text(json.dumps({"meta": meta, "rows": [asdict(r) for r in rows]}, indent=2) + "\n")
+
+
+def format_number(value: float) -> str:
+    if value == 0 or abs(value) >= 100:
+        return f"{value:,.0f}"
+    return f"{value:.3g}"
+
+
+def table(rows: list[Row]) -> str:
+    """Both sides and the ratio ours/peer, one line per figure."""
+    header = ("benchmark", "figure", "ours", "peer", "peer is", "ours/peer")
+    body = [
+        (
+            r.benchmark,
+            f"{r.figure} ({r.unit})",
+            format_number(r.ours),
+            format_number(r.peer),
+            r.peer_name,
+            "n/a" if r.ratio is None else f"{r.ratio:.2f}x",
+        )
+        for r in rows
+    ]
+    widths = [max(len(line[i]) for line in (header, *body)) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)) for line in (header, *body)
+    )
