@@ -20,6 +20,7 @@ from dracommon.drivername import DEFAULT_DRIVER_NAME, DriverNameError, check_dri
 from dracommon.duration import parse_duration
 from dracommon.kubeversion import KubernetesVersion, VersionError, parse_kubernetes_version
 from dracommon.logs import LOG_FORMATS, LOG_LEVELS
+from draplugin.devices.deviceplugin_guard import DEFAULT_DEVICE_PLUGIN_DIR, CoexistencePolicy
 from draplugin.devices.health import (
     DEFAULT_APPLICATION_XIDS,
     DEFAULT_FATAL_XIDS,
@@ -29,6 +30,7 @@ from draplugin.devices.health import (
     Recovery,
     parse_xids,
 )
+from draplugin.devices.shared import SharedGpus
 
 DEFAULT_KUBELET_ROOT_DIR: Final = "/var/lib/kubelet"
 DEFAULT_STATE_DIR: Final = "/var/lib/draplugin"
@@ -41,6 +43,13 @@ DEFAULT_REDISCOVER_INTERVAL: Final = "60s"
 # NodePrepareResources, so the kubelet hears our specific error instead of its own timeout.
 DEFAULT_PREPARE_API_DEADLINE: Final = "40s"
 PREPARE_API_DEADLINE_MAX_S: Final = 600.0
+DEFAULT_USAGE_SAMPLE_INTERVAL: Final = "10s"
+DEFAULT_IDLE_THRESHOLD_PERCENT: Final = "5"
+DEFAULT_IDLE_AFTER: Final = "30m"
+# --device-status: auto writes status.devices only where the API server can narrow the plugin's
+# grant to its own node and driver (resourceclaims/driver, Kubernetes 1.36+; see claimstatus).
+DEVICE_STATUS_AUTO: Final = "auto"
+DEVICE_STATUS_MODES: Final = (DEVICE_STATUS_AUTO, "on", "off")
 
 # Kubernetes limits: a node name is a DNS-1123 subdomain (at most 253). The driver
 # name's rule (a subdomain of at most 63) is dracommon.drivername's.
@@ -116,6 +125,13 @@ RUN_OPTIONS: Final = (
         boolean=True,
     ),
     Option(
+        "--shared-gpus",
+        "SHARED_GPUS",
+        SharedGpus.OFF.value,
+        "publish whole GPUs for several claims at once (consumable capacity; prepare enforces each "
+        "claim's share through its own MPS daemon): off, memory, or memory-and-compute",
+    ),
+    Option(
         "--driver-root",
         "DRIVER_ROOT",
         None,
@@ -127,6 +143,27 @@ RUN_OPTIONS: Final = (
         "DRIVER_ROOT_MOUNT",
         None,
         "where this process sees --driver-root (the chart mounts it at /driver-root); default: the same path",
+    ),
+    Option(
+        "--mps-daemon",
+        "MPS_DAEMON",
+        "process",
+        "where a claim's MPS control daemon runs: process (a detached process of the plugin; outside "
+        "Kubernetes, ends with a container) or pod (a Pod per claim on this node that outlives plugin "
+        "restarts; the chart's default, needs --mps-daemon-image and --pod-namespace)",
+    ),
+    Option("--mps-daemon-image", "MPS_DAEMON_IMAGE", None, "--mps-daemon=pod: the daemon Pods' image (ours)"),
+    Option(
+        "--mps-daemon-image-pull-policy",
+        "MPS_DAEMON_IMAGE_PULL_POLICY",
+        "IfNotPresent",
+        "--mps-daemon=pod: the daemon Pods' imagePullPolicy (Always, IfNotPresent, Never)",
+    ),
+    Option(
+        "--pod-namespace",
+        "POD_NAMESPACE",
+        None,
+        "the plugin's namespace (--mps-daemon=pod creates Pods there)",
     ),
     Option(
         "--rediscover-interval",
@@ -172,6 +209,52 @@ RUN_OPTIONS: Final = (
         None,
         "release of the API server (e.g. 1.34) whose ResourceSlice rules to follow; default: ask it",
     ),
+    Option(
+        "--device-status",
+        "DEVICE_STATUS",
+        DEVICE_STATUS_AUTO,
+        "write status.devices (data and a Ready condition) on prepared claims: auto (on where the "
+        "server narrows the grant to this node and driver, Kubernetes 1.36+), on, or off",
+    ),
+    # Usage metrics and idle claims (draplugin.usage).
+    Option(
+        "--usage-sample-interval",
+        "USAGE_SAMPLE_INTERVAL",
+        DEFAULT_USAGE_SAMPLE_INTERVAL,
+        "how often GPU usage is sampled for the per-device and per-claim metrics, e.g. 10s; 0 disables",
+    ),
+    Option(
+        "--idle-threshold-percent",
+        "IDLE_THRESHOLD_PERCENT",
+        DEFAULT_IDLE_THRESHOLD_PERCENT,
+        "a claim whose devices all stay below this SM utilization (0-100) for --idle-after is idle",
+    ),
+    Option(
+        "--idle-after",
+        "IDLE_AFTER",
+        DEFAULT_IDLE_AFTER,
+        "how long a claim must stay below --idle-threshold-percent to be reported idle (an Event), e.g. 30m",
+    ),
+    Option(
+        "--usage-proc-root",
+        "USAGE_PROC_ROOT",
+        "/proc",
+        "the node's /proc as this process sees it (the chart mounts it at /host/proc), to tie GPU "
+        "processes to pods",
+    ),
+    Option(
+        "--device-plugin-coexistence",
+        "DEVICE_PLUGIN_COEXISTENCE",
+        "refuse",
+        "while an NVIDIA device plugin serves this node: refuse (publish no GPU), publish-tainted "
+        "(publish with a NoSchedule device taint), or split:<GPU indexes> (publish only those)",
+    ),
+    Option(
+        "--device-plugin-dir",
+        "DEVICE_PLUGIN_DIR",
+        DEFAULT_DEVICE_PLUGIN_DIR,
+        "the kubelet's device plugin socket directory (fixed by the kubelet, whatever its --root-dir)",
+    ),
 )
 
 FAKE_FAULT_FILE_NAME: Final = "fake-faults.yaml"
@@ -205,8 +288,12 @@ class Settings:
     nvml_lib_path: str | None = None
     # Dynamic MIG: devices for every MIG placement, created at prepare (draplugin.prepare.mig).
     partitionable_mig: bool = False
+    # Shared whole GPUs: consumable memory (and compute), enforced through MPS (draplugin.devices.shared).
+    shared_gpus: SharedGpus = SharedGpus.OFF
     # None: the API server's own release, read with GET /version.
     kubernetes_version: KubernetesVersion | None = None
+    # status.devices on prepared claims (draplugin.prepare.claimstatus): auto, on or off.
+    device_status: str = DEVICE_STATUS_AUTO
     # The driver root on the host (paths in CDI specs) and where we read it; None: no driver files.
     driver_root: str | None = None
     driver_root_mount: Path | None = None
@@ -214,6 +301,19 @@ class Settings:
     rediscover_interval_s: float = 60.0
     prepare_api_deadline_s: float = 40.0
     health_policy: HealthPolicy = field(default_factory=HealthPolicy)
+    # 0: no usage sampling (no per-device or per-claim usage metrics, no idle claims).
+    usage_sample_interval_s: float = 10.0
+    idle_threshold_percent: float = 5.0
+    idle_after_s: float = 1800.0
+    usage_proc_root: Path = Path("/proc")
+    # Where MPS daemons run (draplugin.prepare.mps): "process", or "pod" with the image and namespace.
+    mps_daemon: str = "process"
+    mps_daemon_image: str | None = None
+    mps_daemon_image_pull_policy: str = "IfNotPresent"
+    pod_namespace: str | None = None
+    # What to publish while an NVIDIA device plugin serves the node (devices.deviceplugin_guard).
+    device_plugin_coexistence: CoexistencePolicy = field(default_factory=CoexistencePolicy)
+    device_plugin_dir: Path = Path(DEFAULT_DEVICE_PLUGIN_DIR)
 
     def backend_options(self) -> dict[str, object]:
         """Keyword options for `draplugin.devices.load_backend(self.backend, ...)`."""
@@ -231,6 +331,8 @@ class Settings:
             options["lib_path"] = self.nvml_lib_path
         if self.partitionable_mig:
             options["partitionable"] = True
+        if self.shared_gpus is not SharedGpus.OFF:
+            options["shared_gpus"] = self.shared_gpus
         return options
 
     @property
@@ -412,11 +514,51 @@ def health_policy_setting(values: Mapping[str, str | None]) -> HealthPolicy:
     return HealthPolicy(application, fatal, effect, recovery)  # type: ignore[arg-type]
 
 
+def coexistence_setting(values: Mapping[str, str | None]) -> CoexistencePolicy:
+    try:
+        return CoexistencePolicy.parse(values.get("device_plugin_coexistence") or "refuse")
+    except ValueError as err:
+        raise ConfigError(f"{_name_of('device_plugin_coexistence')}: {err}") from None
+
+
+MPS_DAEMON_MODES: Final = ("process", "pod")
+PULL_POLICIES: Final = ("Always", "IfNotPresent", "Never")
+
+
+def mps_daemon_setting(values: Mapping[str, str | None]) -> tuple[str, str | None, str, str | None]:
+    """(mode, image, pull policy, namespace): the pod mode needs the image and the namespace."""
+    mode = _choice("mps_daemon", values.get("mps_daemon") or "process", MPS_DAEMON_MODES)
+    image = values.get("mps_daemon_image") or None
+    policy = _choice(
+        "mps_daemon_image_pull_policy",
+        values.get("mps_daemon_image_pull_policy") or "IfNotPresent",
+        PULL_POLICIES,
+    )
+    namespace = values.get("pod_namespace") or None
+    if namespace is not None:
+        namespace = _dns_subdomain("pod_namespace", namespace, 63)
+    if mode == "pod":
+        for dest, value in (("mps_daemon_image", image), ("pod_namespace", namespace)):
+            if value is None:
+                raise ConfigError(f"{_name_of('mps_daemon')}=pod needs {_name_of(dest)}")
+    return mode, image, policy, namespace
+
+
 def _interval(dest: str, raw: str) -> float:
     try:
         return parse_duration(raw)
     except ValueError as err:
         raise ConfigError(f"{_name_of(dest)}: {raw!r} {err}") from None
+
+
+def _percent(dest: str, raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{_name_of(dest)}: {raw!r} is not a number") from None
+    if not 0 <= value <= 100:
+        raise ConfigError(f"{_name_of(dest)}: {raw!r} must be from 0 to 100")
+    return value
 
 
 def _deadline(dest: str, raw: str, maximum: float) -> float:
@@ -457,6 +599,7 @@ def validate(values: Mapping[str, str | None]) -> Settings:
         raise ConfigError(f"{_name_of('kubernetes_version')}: {err}") from None
 
     driver_root, driver_root_mount = driver_root_setting(values, backend)
+    mps_mode, mps_image, mps_pull_policy, pod_namespace = mps_daemon_setting(values)
     return Settings(
         driver_name=_driver_name(required("driver_name")),
         node_name=_dns_subdomain("node_name", required("node_name"), NODE_NAME_MAX),
@@ -472,6 +615,9 @@ def validate(values: Mapping[str, str | None]) -> Settings:
         healthcheck_port=healthcheck_port or None,
         delete_slices_on_shutdown=_boolean("delete_slices_on_shutdown", delete_raw),
         partitionable_mig=_boolean("partitionable_mig", values.get("partitionable_mig") or "false"),
+        shared_gpus=SharedGpus(
+            _choice("shared_gpus", values.get("shared_gpus") or SharedGpus.OFF.value, tuple(SharedGpus))
+        ),
         fake_gpus=chosen.fake_gpus,
         fake_model=chosen.fake_model,
         fake_config=chosen.fake_config,
@@ -479,12 +625,31 @@ def validate(values: Mapping[str, str | None]) -> Settings:
         fake_device_dir=chosen.fake_device_dir,
         nvml_lib_path=chosen.nvml_lib_path,
         kubernetes_version=kubernetes_version,
+        device_status=_choice(
+            "device_status", values.get("device_status") or DEVICE_STATUS_AUTO, DEVICE_STATUS_MODES
+        ),
         driver_root=driver_root,
         driver_root_mount=driver_root_mount,
         rediscover_interval_s=_interval(
             "rediscover_interval", values.get("rediscover_interval") or DEFAULT_REDISCOVER_INTERVAL
         ),
         health_policy=health_policy_setting(values),
+        usage_sample_interval_s=_interval(
+            "usage_sample_interval", values.get("usage_sample_interval") or DEFAULT_USAGE_SAMPLE_INTERVAL
+        ),
+        idle_threshold_percent=_percent(
+            "idle_threshold_percent", values.get("idle_threshold_percent") or DEFAULT_IDLE_THRESHOLD_PERCENT
+        ),
+        idle_after_s=_interval("idle_after", values.get("idle_after") or DEFAULT_IDLE_AFTER),
+        usage_proc_root=_absolute_dir("usage_proc_root", values.get("usage_proc_root") or "/proc"),
+        mps_daemon=mps_mode,
+        mps_daemon_image=mps_image,
+        mps_daemon_image_pull_policy=mps_pull_policy,
+        pod_namespace=pod_namespace,
+        device_plugin_coexistence=coexistence_setting(values),
+        device_plugin_dir=_absolute_dir(
+            "device_plugin_dir", values.get("device_plugin_dir") or DEFAULT_DEVICE_PLUGIN_DIR
+        ),
         prepare_api_deadline_s=_deadline(
             "prepare_api_deadline",
             values.get("prepare_api_deadline") or DEFAULT_PREPARE_API_DEADLINE,

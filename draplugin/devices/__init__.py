@@ -15,6 +15,7 @@ from draplugin.devices.model import (
     DeviceValidationError,
     Version,
 )
+from draplugin.devices.shared import SharedGpus
 
 __all__ = [
     "AttributeValue",
@@ -37,8 +38,10 @@ def load_backend(kind: str, node_name: str, **options: Any) -> DeviceBackend:
     fake: `config_file` (YAML path) or `gpus` + `model` (+ `partitionable`), `dev_root` or
     `device_dir` (where to create the fake device nodes).
     nvml: `lib_path` (libnvidia-ml.so.1 or a driver root), `partitionable`, `sysfs_root`, `proc_root`.
+    Both: `shared_gpus` (a `SharedGpus` mode; whole GPUs several claims may share).
     Raises ValueError (a subclass naming the problem) for bad options or a missing NVML library.
     """
+    shared_gpus = SharedGpus(options.pop("shared_gpus", SharedGpus.OFF))
     if kind == "fake":
         import draplugin.devices.fake as fake
 
@@ -69,6 +72,7 @@ def load_backend(kind: str, node_name: str, **options: Any) -> DeviceBackend:
             # The file is read again when it changes: fake devices can come and go like real ones.
             config_file=None if config_file is None else Path(config_file),
             force_partitionable=partitionable,
+            shared_gpus=shared_gpus,
         )
     if kind == "nvml":
         from draplugin.devices.nvml import NvmlBackend
@@ -77,6 +81,7 @@ def load_backend(kind: str, node_name: str, **options: Any) -> DeviceBackend:
             node_name,
             lib_path=options.pop("lib_path", None),
             partitionable=bool(options.pop("partitionable", False)),
+            shared_gpus=shared_gpus,
             sysfs_root=options.pop("sysfs_root", "/sys"),
             proc_root=options.pop("proc_root", "/proc"),
         )

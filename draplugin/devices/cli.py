@@ -20,6 +20,7 @@ from draplugin.devices import DeviceBackend, load_backend
 from draplugin.devices.fake import FakeConfigError
 from draplugin.devices.model import DeviceValidationError
 from draplugin.devices.nvml import NvmlUnavailableError
+from draplugin.devices.shared import SharedGpus
 from draplugin.slices.render import NodeRef, render_pool
 
 
@@ -43,6 +44,12 @@ def add_backend_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--partitionable", action="store_true", help="publish MIG profiles with shared counters"
     )
+    parser.add_argument(
+        "--shared-gpus",
+        choices=tuple(SharedGpus),
+        default=SharedGpus.OFF.value,
+        help="publish whole GPUs for several claims at once (consumable memory, and compute)",
+    )
     nvml = parser.add_argument_group("nvml backend")
     nvml.add_argument("--nvml-lib-path", help="libnvidia-ml.so.1 file or NVIDIA driver root directory")
     fake = parser.add_argument_group("fake backend")
@@ -54,7 +61,10 @@ def add_backend_arguments(parser: argparse.ArgumentParser) -> None:
 
 def backend_from_args(args: argparse.Namespace) -> DeviceBackend:
     """The backend `add_backend_arguments` describes; raises like `load_backend`."""
-    options: dict[str, Any] = {"partitionable": args.partitionable}
+    options: dict[str, Any] = {
+        "partitionable": args.partitionable,
+        "shared_gpus": SharedGpus(args.shared_gpus),
+    }
     if args.backend == "fake":
         options.update(config_file=args.fake_config, gpus=args.fake_gpus, model=args.fake_model)
         options["dev_root"] = args.fake_dev_root

@@ -33,6 +33,8 @@ File format (all keys optional except `gpus`):
                                   # or [{profile: 1g.5gb, start: 6}, ...]
       - model: L4
         memory: 24Gi              # override the model's memory
+        usage: idle               # how busy it looks (draplugin.devices.fakeusage)
+        numaNode: 1               # resource.kubernetes.io/numaNode of these GPUs (absent: none)
 
 PCIe topology: GPU `i` sits on bus `0x18 + 0x10*i`. `gpusPerPcieRoot: N`
 puts GPUs `0..N-1` behind one root complex, `N..2N-1` behind the next, and so
@@ -59,8 +61,10 @@ from typing import Any
 
 import yaml
 
+from draplugin.devices.fakeusage import FakeUsage, default_usage, parse_usage
 from draplugin.devices.model import CounterSet, Device, Version
 from draplugin.devices.schema import (
+    MAX_NUMA_NODES,
     NVIDIA_CONTROL_NODES,
     GpuInfo,
     MigInstance,
@@ -68,6 +72,7 @@ from draplugin.devices.schema import (
     SystemInfo,
     build_devices,
 )
+from draplugin.devices.shared import SharedGpus
 
 log = logging.getLogger(__name__)
 
@@ -186,6 +191,10 @@ class FakeGpuSpec:
     memory_bytes: int | None = None
     # Static MIG layout: (profile name, placement start or None for first-fit).
     mig: tuple[tuple[str, int | None], ...] = ()
+    # The utilization the usage sampler reports; None: the default wave of the GPU's index.
+    usage: FakeUsage | None = None
+    # NUMA node of these GPUs; None: no affinity, so no numaNode attribute (as on most VMs).
+    numa_node: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,6 +224,7 @@ class FakeBackend:
         device_dir: Path | None = None,
         config_file: Path | None = None,
         force_partitionable: bool = False,
+        shared_gpus: SharedGpus = SharedGpus.OFF,
     ) -> None:
         if not node_name:
             raise FakeConfigError("fake backend: a node name is required (UUIDs are derived from it)")
@@ -227,14 +237,18 @@ class FakeBackend:
         self._device_dir = device_dir
         self._config_file = config_file
         self._force_partitionable = force_partitionable
+        self._shared_gpus = shared_gpus
         self._stamp = _file_stamp(config_file)
         # Validate eagerly so bad input fails at start-up, not on first publish.
         self._devices, self._counter_sets = self._build(config)
+        self._config = config
 
     def _build(self, config: FakeConfig) -> tuple[list[Device], list[CounterSet]]:
         system = SystemInfo(config.driver_version, config.cuda_driver_version)
         gpus = self._build_gpus(config)
-        devices, counter_sets = build_devices(system, gpus, partitionable=config.partitionable)
+        devices, counter_sets = build_devices(
+            system, gpus, partitionable=config.partitionable, shared=self._shared_gpus
+        )
         if self._device_dir is not None:
             make_device_nodes(self._device_dir, sorted({n for d in devices for n in d.device_nodes}))
             devices = [replace(d, host_dev_dir=str(self._device_dir)) for d in devices]
@@ -259,6 +273,7 @@ class FakeBackend:
         changed = devices != self._devices or counter_sets != self._counter_sets
         # One assignment: a concurrent discover() sees the old or the new list, never a mix.
         self._devices, self._counter_sets = devices, counter_sets
+        self._config = config
         if changed:
             log.info("fake GPU file re-read path=%s devices=%d", self._config_file, len(devices))
         return changed
@@ -276,6 +291,15 @@ class FakeBackend:
 
     def shared_counters(self) -> list[CounterSet]:
         return list(self._counter_sets)
+
+    def usage_of(self, gpu_index: int) -> FakeUsage:
+        """How busy fake GPU `gpu_index` looks (its entry's `usage`, else its default wave)."""
+        first = 0
+        for spec in self._config.gpus:
+            if first <= gpu_index < first + spec.count:
+                return spec.usage if spec.usage is not None else default_usage(gpu_index)
+            first += spec.count
+        return default_usage(gpu_index)
 
     # --- construction -------------------------------------------------------------------------------
 
@@ -323,6 +347,7 @@ class FakeBackend:
             mig_profiles=model.mig_profiles,
             mig_instances=instances,
             multiprocessors=model.multiprocessors,
+            numa_node=spec.numa_node,
         )
 
     def _device_nodes(self, minor: int) -> tuple[str, ...]:
@@ -481,7 +506,7 @@ def _parse_gpu(i: int, entry: Any) -> FakeGpuSpec:
     where = f"gpus[{i}]"
     if not isinstance(entry, dict):
         raise FakeConfigError(f"{where}: must be a mapping")
-    unknown = set(entry) - {"model", "count", "memory", "mig"}
+    unknown = set(entry) - {"model", "count", "memory", "mig", "usage", "numaNode"}
     if unknown:
         raise FakeConfigError(f"{where}: unknown keys: {', '.join(sorted(map(str, unknown)))}")
     model = entry.get("model", DEFAULT_MODEL)
@@ -511,7 +536,20 @@ def _parse_gpu(i: int, entry: Any) -> FakeGpuSpec:
             raise FakeConfigError(f"{where}.mig[{j}]: must be a profile name or {{profile, start}}")
     if mig and not MODELS[model].mig_profiles:
         raise FakeConfigError(f"{where}: model {model} does not support MIG")
-    return FakeGpuSpec(model=model, count=count, memory_bytes=memory_bytes, mig=tuple(mig))
+    try:
+        usage = parse_usage(f"{where}.usage", entry["usage"]) if "usage" in entry else None
+    except ValueError as err:
+        raise FakeConfigError(str(err)) from None
+    numa_node = entry.get("numaNode")
+    if numa_node is not None and (
+        not isinstance(numa_node, int) or isinstance(numa_node, bool) or not 0 <= numa_node < MAX_NUMA_NODES
+    ):
+        raise FakeConfigError(
+            f"{where}.numaNode: must be an integer from 0 to {MAX_NUMA_NODES - 1}, got {numa_node!r}"
+        )
+    return FakeGpuSpec(
+        model=model, count=count, memory_bytes=memory_bytes, mig=tuple(mig), usage=usage, numa_node=numa_node
+    )
 
 
 def _check_model(model: Any, where: str) -> None:

@@ -13,6 +13,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
+from dracommon.quantity import Quantity
+
 # --- Limits from resource.k8s.io/v1 validation (Kubernetes 1.34 floor) -------------------------------
 
 MAX_ATTRIBUTES_AND_CAPACITIES = 32
@@ -156,6 +158,80 @@ class CounterConsumption:
 
 
 @dataclass(frozen=True, slots=True)
+class CapacityPolicy:
+    """`capacity.<name>.requestPolicy` of a device that several claims may share (KEP-5075).
+
+    What one allocation takes from the capacity: `default` when the request
+    names no amount, else the requested amount rounded up to `min + n * step`
+    (at least `min`, at most `max` when set). Quantity strings, as the API
+    writes them.
+    """
+
+    default: str
+    min: str
+    max: str | None = None
+    step: str | None = None
+
+    def to_api(self) -> dict[str, Any]:
+        valid_range: dict[str, str] = {"min": self.min}
+        if self.max is not None:
+            valid_range["max"] = self.max
+        if self.step is not None:
+            valid_range["step"] = self.step
+        return {"default": self.default, "validRange": valid_range}
+
+    def validate(self, device: str, path: str, capacity: str) -> None:
+        """The API server's rules for a validRange policy (`validateRequestPolicyRange`, 1.37)."""
+        values: dict[str, int] = {}
+        for name, text in (
+            ("default", self.default),
+            ("min", self.min),
+            ("max", self.max),
+            ("step", self.step),
+        ):
+            if text is None:
+                continue
+            where = f"{path}.{name}" if name == "default" else f"{path}.validRange.{name}"
+            if not isinstance(text, str) or not _QUANTITY.match(text):
+                raise DeviceValidationError(device, where, f"{text!r} is not a Kubernetes quantity")
+            quantity = Quantity.parse(text)
+            if not quantity.is_integer() or quantity.sign() < 0 or quantity.compare_int(INT64_MAX) > 0:
+                raise DeviceValidationError(device, where, f"{text!r} must be a whole number in int64")
+            values[name] = quantity.value()
+        total = Quantity.parse(capacity).value()
+        low, default, high, step = values["min"], values["default"], values.get("max"), values.get("step")
+        problems = [
+            (low > total, "validRange.min", f"min is larger than capacity value {capacity}"),
+            (default < low, "default", f"default is less than min {self.min}"),
+            (high is not None and high < low, "validRange.max", f"max is less than min {self.min}"),
+            (
+                high is not None and high > total,
+                "validRange.max",
+                f"max is larger than capacity value {capacity}",
+            ),
+            (high is not None and default > high, "default", f"default is more than max {self.max}"),
+            (step is not None and step <= 0, "validRange.step", "must be greater than zero"),
+        ]
+        if step is not None and step > 0:
+            problems += [
+                (
+                    low + step > total,
+                    "validRange.step",
+                    f"one step above min is larger than capacity {capacity}",
+                ),
+                ((default - low) % step != 0, "default", f"not min plus a multiple of step {self.step}"),
+                (
+                    high is not None and (high - low) % step != 0,
+                    "validRange.max",
+                    "not min plus a multiple of step",
+                ),
+            ]
+        for failed, name, problem in problems:
+            if failed:
+                raise DeviceValidationError(device, f"{path}.{name}", problem)
+
+
+@dataclass(frozen=True, slots=True)
 class Device:
     """One allocatable device on this node: a full GPU or a MIG device.
 
@@ -180,6 +256,10 @@ class Device:
     host_dev_dir: str | None = None
     consumes_counters: tuple[CounterConsumption, ...] = ()
     taints: tuple[DeviceTaint, ...] = ()
+    # Consumable capacity (KEP-5075): several claims may hold the device at once, each taking
+    # part of the capacities that have a policy here (`draplugin.devices.shared`).
+    allow_multiple_allocations: bool = False
+    capacity_policies: Mapping[str, CapacityPolicy] = field(default_factory=dict, hash=False)
 
     @property
     def needs_small_slice(self) -> bool:
@@ -194,7 +274,12 @@ class Device:
                 key: _render_attribute(value) for key, value in sorted(self.attributes.items())
             }
         if self.capacity:
-            out["capacity"] = _quantities(self.capacity)
+            capacity: dict[str, dict[str, Any]] = dict(_quantities(self.capacity))
+            for key, policy in self.capacity_policies.items():
+                capacity[key] = {**capacity[key], "requestPolicy": policy.to_api()}
+            out["capacity"] = capacity
+        if self.allow_multiple_allocations:
+            out["allowMultipleAllocations"] = True
         if self.consumes_counters:
             out["consumesCounters"] = [c.to_api() for c in self.consumes_counters]
         if self.taints:
@@ -223,6 +308,13 @@ class Device:
             _check_qualified_name(self.name, path, key)
             if not isinstance(quantity, str) or not _QUANTITY.match(quantity):
                 raise DeviceValidationError(self.name, path, f"{quantity!r} is not a Kubernetes quantity")
+        for key, policy in self.capacity_policies.items():
+            path = f"capacity[{key}].requestPolicy"
+            if not self.allow_multiple_allocations:
+                raise DeviceValidationError(self.name, path, "allowMultipleAllocations must be true")
+            if key not in self.capacity:
+                raise DeviceValidationError(self.name, path, "the device has no such capacity")
+            policy.validate(self.name, path, self.capacity[key])
         if len(self.consumes_counters) > MAX_CONSUMES_COUNTERS:
             raise DeviceValidationError(
                 self.name,

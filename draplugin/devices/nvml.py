@@ -36,6 +36,7 @@ from draplugin.devices.mig import (
 )
 from draplugin.devices.model import CounterSet, Device
 from draplugin.devices.schema import (
+    MAX_NUMA_NODES,
     NVIDIA_CONTROL_NODES,
     GpuInfo,
     MigInstance,
@@ -43,6 +44,7 @@ from draplugin.devices.schema import (
     SystemInfo,
     build_devices,
 )
+from draplugin.devices.shared import SharedGpus
 
 log = logging.getLogger(__name__)
 
@@ -158,6 +160,21 @@ def pcie_root(sysfs_root: str, bus_id: str) -> str | None:
     return None
 
 
+def numa_node(sysfs_root: str, bus_id: str) -> int | None:
+    """The NUMA node a PCI device is attached to, from sysfs `numa_node`; None if it has none.
+
+    The kernel writes -1 for a device without NUMA affinity (single-socket
+    machines, most VMs); like upstream's deviceattribute helper, that and an
+    unreadable or out-of-range value mean "publish no numaNode", never a guess.
+    """
+    path = Path(sysfs_root) / "bus" / "pci" / "devices" / bus_id / "numa_node"
+    try:
+        node = int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return node if 0 <= node < MAX_NUMA_NODES else None
+
+
 class NvmlBackend:
     """Devices from NVML. Discovery runs at construction and on `refresh()`.
 
@@ -174,12 +191,14 @@ class NvmlBackend:
         *,
         lib_path: str | None = None,
         partitionable: bool = False,
+        shared_gpus: SharedGpus = SharedGpus.OFF,
         sysfs_root: str = "/sys",
         proc_root: str = "/proc",
         nvml: Any = None,
     ) -> None:
         self._node_name = node_name
         self._partitionable = partitionable
+        self._shared_gpus = shared_gpus
         self._sysfs_root = sysfs_root
         self._proc_root = proc_root
         self._nvml = nvml if nvml is not None else _import_pynvml()
@@ -194,6 +213,8 @@ class NvmlBackend:
         self._system: SystemInfo | None = None
         self._lost: set[str] = set()  # UUIDs of GPUs kept from an earlier read: NVML lost them
         self._health: HealthTracker | None = None
+        # Called with (device names, xid) for every XID event, application XIDs too (usage metrics).
+        self._xid_listeners: list[Callable[[list[str], int], None]] = []
         self._generation = 0  # bumped when the GPUs change: the event monitor registers new ones
         self._refresh_lock = threading.Lock()
         self.refresh()
@@ -210,6 +231,15 @@ class NvmlBackend:
         with self._lock:
             return list(self._counter_sets)
 
+    def add_xid_listener(self, listener: Callable[[list[str], int], None]) -> None:
+        """`listener(device names, xid)` runs on the event watch's thread for every XID event."""
+        self._xid_listeners.append(listener)
+
+    @property
+    def nvml(self) -> Any:
+        """The initialised pynvml module, for other readers of the same GPUs (usage sampling)."""
+        return self._nvml
+
     def attach_health(self, tracker: HealthTracker) -> None:
         """Where lost and recovered GPUs found by `refresh` are reported."""
         self._health = tracker
@@ -222,7 +252,9 @@ class NvmlBackend:
     def _refresh(self) -> bool:
         system, gpus, lost = self._read_all()
         try:
-            devices, counter_sets = build_devices(system, gpus, partitionable=self._partitionable)
+            devices, counter_sets = build_devices(
+                system, gpus, partitionable=self._partitionable, shared=self._shared_gpus
+            )
         except ValueError as err:
             # Hardware in a state we cannot describe (mid MIG reconfiguration): keep the last list.
             if self._system is None:
@@ -354,6 +386,7 @@ class NvmlBackend:
             memory_bytes=int(nvml.nvmlDeviceGetMemoryInfo(handle).total),
             pci_bus_id=bus_id,
             pcie_root=pcie_root(self._sysfs_root, bus_id),
+            numa_node=numa_node(self._sysfs_root, bus_id),
             device_nodes=(f"/dev/nvidia{minor}", *NVIDIA_CONTROL_NODES),
             mig_enabled=mig_enabled,
             mig_profiles=profiles,
@@ -696,6 +729,8 @@ class NvmlBackend:
             return
         if event_type & nvml.nvmlEventTypeXidCriticalError:
             xid = int(data.eventData)
+            for listener in self._xid_listeners:
+                listener(names, xid)
             effect = tracker.policy.effect_for_xid(xid)
             if effect is None:
                 log.info("ignoring application XID gpu=%s xid=%d", uuid, xid)

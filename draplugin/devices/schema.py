@@ -6,7 +6,10 @@ the fake backend means a DeviceClass or selector written against fake GPUs
 works unchanged on real ones. Attribute names follow NVIDIA's own DRA driver
 (`type`, `uuid`, `productName`, `brand`, `architecture`, `cudaComputeCapability`,
 `driverVersion`, `cudaDriverVersion`, MIG: `parentUUID`, `profile`), so selectors
-carry over, plus the standard `resource.kubernetes.io/pciBusID` and `pcieRoot`.
+carry over, plus the standard `resource.kubernetes.io/pciBusID`, `pcieRoot` and
+`numaNode` (scalar int form, which upstream accepts on every release without a
+gate; omitted for a GPU with no NUMA affinity, since a shared -1 would make
+`matchAttribute` pair every NUMA-less device).
 """
 
 from __future__ import annotations
@@ -24,12 +27,16 @@ from draplugin.devices.model import (
     dns_label_from,
     format_bytes,
 )
+from draplugin.devices.shared import SharedGpus, share
 
 KIND_GPU = "gpu"
 KIND_MIG = "mig"
 
 PCI_BUS_ID = f"{STANDARD_DOMAIN}/pciBusID"
 PCIE_ROOT = f"{STANDARD_DOMAIN}/pcieRoot"
+NUMA_NODE = f"{STANDARD_DOMAIN}/numaNode"
+# Upstream's bound (deviceattribute.maxNUMANodes: Linux's MAX_NUMNODES at its largest).
+MAX_NUMA_NODES = 1024
 
 # Control nodes every CUDA container needs next to its /dev/nvidiaN.
 NVIDIA_CONTROL_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
@@ -114,6 +121,8 @@ class GpuInfo:
     multiprocessors: int = 0
     memory_slice_count: int = 8
     engines: dict[str, int] = field(default_factory=dict, hash=False)
+    # The NUMA node the GPU is attached to; None when the platform reports no affinity.
+    numa_node: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,7 +145,11 @@ def counter_set_name(gpu_index: int) -> str:
 
 
 def build_devices(
-    system: SystemInfo, gpus: Sequence[GpuInfo], *, partitionable: bool = False
+    system: SystemInfo,
+    gpus: Sequence[GpuInfo],
+    *,
+    partitionable: bool = False,
+    shared: SharedGpus = SharedGpus.OFF,
 ) -> tuple[list[Device], list[CounterSet]]:
     """All devices of the node in a stable order (GPU index, then MIG placement), plus counter sets.
 
@@ -146,6 +159,9 @@ def build_devices(
     - Partitionable (MIG-capable GPUs): the whole GPU and every possible
       profile placement, all drawing from one counter set per GPU, so the
       scheduler never hands out overlapping pieces.
+    - `shared` (not off): each whole GPU that is not partitionable is published
+      for several claims at once, with consumable memory (and compute)
+      (`draplugin.devices.shared`).
     """
     devices: list[Device] = []
     counter_sets: list[CounterSet] = []
@@ -162,7 +178,7 @@ def build_devices(
             for instance in sorted(gpu.mig_instances, key=lambda m: (m.placement_start, m.profile.name)):
                 devices.append(_mig_device(gpu, common, instance))
         else:
-            devices.append(_gpu_device(gpu, common, consumes=None))
+            devices.append(share(_gpu_device(gpu, common, consumes=None), gpu.memory_bytes, shared))
     return devices, counter_sets
 
 
@@ -181,6 +197,8 @@ def _common_attributes(system: SystemInfo, gpu: GpuInfo) -> dict[str, AttributeV
     }
     if gpu.pcie_root:
         attrs[PCIE_ROOT] = gpu.pcie_root
+    if gpu.numa_node is not None:
+        attrs[NUMA_NODE] = gpu.numa_node
     return attrs
 
 

@@ -2,8 +2,9 @@
 
 Nothing here does I/O. Given the claim as the API server returned it, the
 driver name, our pool and the discovered devices, `plan_claim` decides which
-allocation results are ours, which opaque config applies to each, and the CDI
-names they get. `render_spec` turns a plan into the claim's CDI spec and
+allocation results are ours, which opaque config applies to each (a share of
+a shared GPU gets the MPS limits of what it consumed, `draplugin.prepare.shares`),
+and the CDI names they get. `render_spec` turns a plan into the claim's CDI spec and
 `check_sharing` says whether a plan may take devices other claims hold.
 Everything that touches disk or the network lives in `driver.py`.
 
@@ -13,6 +14,7 @@ Size: one pure planning pass from claim JSON to spec; each step feeds the next.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -31,17 +33,11 @@ from draplugin.prepare.claimconfig import (
     default_config,
     validate_opaque_config,
 )
+from draplugin.prepare.errors import PlanError as PlanError  # re-exported: its home before errors.py
+from draplugin.prepare.shares import Share, enforced_configs, parse_consumed
 
 # Where a claim's MPS pipe and log directories appear inside its containers.
 MPS_CONTAINER_DIR = "/var/run/draplugin/mps"
-
-
-class PlanError(Exception):
-    """The claim cannot be prepared as allocated. `reason` is a CamelCase word for Events and metrics."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
 
 
 def base_request_name(request: str) -> str:
@@ -135,6 +131,8 @@ def plan_claim(
     configs = _our_configs(allocated.get("config") or [], driver, who)
 
     planned: list[PlannedDevice] = []
+    # Results with a shareID (a share of a shared GPU): index in `planned` and what was consumed.
+    shared: dict[int, dict[str, int]] = {}
     results = _sequence(allocated.get("results") or [], "status.allocation.devices.results", who)
     for i, result in enumerate(results):
         where = f"status.allocation.devices.results[{i}]"
@@ -154,6 +152,10 @@ def plan_claim(
         if share_id is not None and not isinstance(share_id, str):
             raise PlanError("InvalidClaim", f"claim {who}: {where}.shareID is not a string")
         config = _config_for(request, configs, default_config(api_version))
+        if share_id is not None:
+            shared[len(planned)] = parse_consumed(
+                result.get("consumedCapacity"), f"{where}.consumedCapacity", who
+            )
         cdi_name = cdi.claim_device_name(claim.uid, device.name)
         planned.append(
             PlannedDevice(
@@ -167,9 +169,24 @@ def plan_claim(
                 admin_access=result.get("adminAccess") is True,
             )
         )
+    _enforce_shares(planned, shared, api_version, who)
     plan = ClaimPlan(claim, tuple(planned))
     _check_plan(plan, configs, who)
     return plan
+
+
+def _enforce_shares(
+    planned: list[PlannedDevice], shared: Mapping[int, Mapping[str, int]], api_version: str, who: str
+) -> None:
+    """Give the claim's shares of shared GPUs the MPS limits of what they consumed (`shares`)."""
+    if not shared:
+        return
+    indices = sorted(shared)
+    found = [
+        Share(planned[i].device, planned[i].request_names[0], planned[i].config, shared[i]) for i in indices
+    ]
+    for i, config in zip(indices, enforced_configs(found, api_version=api_version, who=who), strict=True):
+        planned[i] = dataclasses.replace(planned[i], config=config)
 
 
 def plan_from_record(
@@ -329,6 +346,9 @@ def _sharing_conflict(planned: PlannedDevice, held: DeviceRecord) -> str:
     if planned.admin_access or held.admin_access:
         return ""  # admin access is monitoring next to the real user, by design
     if planned.share_id is not None and held.share_id is not None:
+        if not planned.device.allow_multiple_allocations:
+            # Share IDs from an allocation this node no longer publishes as shared (--shared-gpus).
+            return "the device is not published as a shared GPU on this node (--shared-gpus is off)"
         return "" if planned.share_id != held.share_id else "both use the same share ID"
     api_version = planned.config.api_version
     held_config = default_config(api_version)

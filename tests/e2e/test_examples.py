@@ -25,6 +25,7 @@ import functools
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,7 @@ from devcluster.images import use_local_image, workload_image
 from devcluster.kubelet import KubeletNode
 from devcluster.manifests import DEVICE_CLASSES, collection_path, load_manifests
 from devcluster.objects import create_namespace, delete_namespace
-from devcluster.plugin import PluginProcess, node_slices
+from devcluster.plugin import PluginProcess, node_slices, wait_published
 from devcluster.wait import wait_for
 from dracommon.kubeapi import ApiError, KubeApi
 from draplugin.devices.fake import make_device_nodes
@@ -51,7 +52,6 @@ RESOURCE = "/apis/resource.k8s.io/v1"
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 POD_TIMEOUT = 120.0
 WHOLE_GPUS = {"gpu-0", "gpu-1", "gpu-2"}  # gpu-3 is split into MIG devices
-CONTROL_NODES = ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
 MPS_DIR = "/var/run/draplugin/mps"
 
 
@@ -158,24 +158,8 @@ def devices(claim: dict[str, Any]) -> list[str]:
 def container_got(
     api: KubeApi, namespace: str, pod: str, container: str, claim: dict[str, Any]
 ) -> dict[str, str]:
-    """Check, from inside the container, that it got every device of the claim; return its variables.
-
-    Each device's variables are in the container's log (printed by the
-    example's command), and its device nodes, `/dev/nvidia<index>` and the
-    control nodes, are character devices the container can open.
-    """
-    env = inside.log_env(pods.container_log(api, namespace, pod, container))
-    nodes = list(CONTROL_NODES)
-    for device in devices(claim):
-        key = env_key(device)
-        assert env.get(f"DRAPLUGIN_DEVICE_{key}_NAME") == device, (
-            f"{pod}/{container}: {device} missing: {env}"
-        )
-        assert env[f"DRAPLUGIN_DEVICE_{key}_UUID"], env
-        nodes.append(f"/dev/nvidia{env[f'DRAPLUGIN_DEVICE_{key}_INDEX']}")
-    found = inside.device_nodes_in(api, namespace, pod, container, nodes)
-    assert found == dict.fromkeys(nodes, "ok"), f"{pod}/{container}: device nodes {found}"
-    return env
+    """Check, from inside the container, that it got every device of the claim; return its variables."""
+    return inside.container_got(api, namespace, pod, container, devices(claim))
 
 
 def env_key(device: str) -> str:
@@ -462,6 +446,73 @@ def test_12_bad_opaque_config_is_reported_on_the_pod(
     pod = api.get(f"/api/v1/namespaces/{namespace}/pods/bad-config")
     assert pod["status"]["phase"] == "Pending"  # ContainerCreating: no container was started
     assert not any(s.get("containerID") for s in pod["status"].get("containerStatuses") or [])
+
+
+@contextmanager
+def plugin_restarted_with(api: KubeApi, plugin: PluginProcess, env: dict[str, str]) -> Iterator[None]:
+    """The module's plugin restarted with more environment, and restarted as it was afterwards."""
+    before = dict(plugin.extra_env)
+
+    def restart(extra: dict[str, str]) -> None:
+        plugin.stop()  # the module's plugin deletes its slices: the new ones are the restarted plugin's
+        plugin.extra_env = extra
+        plugin.start()
+        plugin.wait_registered()
+        wait_published(plugin, api.api_client)
+
+    restart({**before, **env})
+    try:
+        yield
+    finally:
+        restart(before)
+
+
+def test_13_shared_gpu(
+    kubelet_node: KubeletNode, api: KubeApi, namespace: str, plugin: PluginProcess, driver_root: Path
+) -> None:
+    # pod: (consumedCapacity.memory the scheduler counts, the MPS limit that enforces it)
+    expected = {"small-inference": ("10Gi", "10240M"), "large-inference": ("30Gi", "30720M")}
+    with plugin_restarted_with(api, plugin, {"SHARED_GPUS": "memory"}):
+        published = node_slices(api.api_client, kubelet_node.name, DRIVER)
+        whole = {
+            d["name"]: d for s in published for d in s["spec"].get("devices", []) if d["name"] in WHOLE_GPUS
+        }
+        assert set(whole) == WHOLE_GPUS and all(
+            d.get("allowMultipleAllocations") is True for d in whole.values()
+        )
+        apply_example(api, "13-shared-gpu", namespace)
+        share_ids, uuids = set(), set()
+        for pod_name, (consumed, limit) in expected.items():
+            claim = claims_of(api, namespace, wait_running(api, namespace, pod_name, kubelet_node))["gpu"]
+            (allocated,) = results(claim)
+            assert allocated["device"] == "gpu-0", allocated
+            assert allocated["consumedCapacity"]["memory"] == consumed, allocated
+            share_ids.add(allocated["shareID"])
+            env = container_got(api, namespace, pod_name, "server", claim)
+            uuid = env["DRAPLUGIN_DEVICE_GPU_0_UUID"]
+            uuids.add(uuid)
+            assert env["DRAPLUGIN_DEVICE_GPU_0_SHARING"] == "MPS"
+            assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"{uuid}={limit}"
+            assert MPS_DIR in inside.mounts_in(api, namespace, pod_name, "server")
+            # The container reaches its own claim's daemon, which holds its own limit.
+            code, out, err = pods.exec_in(api, namespace, pod_name, "server", [
+                "sh", "-c", "echo get_default_device_pinned_mem_limit 0 | nvidia-cuda-mps-control",
+            ])  # fmt: skip
+            assert (code, out.strip()) == (0, limit), err
+            # On the GPU (the recorded commands): the claim's daemon, started for that GPU, got that limit.
+            uid = claim["metadata"]["uid"]
+            pipe = plugin.state_dir / "mps" / uid / "pipe"
+            pid = (pipe / "nvidia-cuda-mps-control.pid").read_text().strip()
+            log = command_log(driver_root)
+            (start,) = [line for line in log if line.startswith(f"nvidia-cuda-mps-control -d pipe={pipe} ")]
+            assert start.endswith(f"CUDA_VISIBLE_DEVICES={uuid}"), start
+            assert f"mps-daemon {pid}: set_default_device_pinned_mem_limit 0 {limit}" in [
+                line.rstrip() for line in log
+            ]
+        assert len(uuids) == 1 and len(share_ids) == 2  # one GPU, two shares of it
+        # Unprepare stops both claims' daemons.
+        release_namespace(api, plugin, namespace, POD_TIMEOUT)
+        assert not list(plugin.state_dir.glob("mps/*/pipe/nvidia-cuda-mps-control.pid"))
 
 
 def test_a_cdi_device_the_runtime_cannot_inject_fails_naming_the_spec_and_the_runtime_error(

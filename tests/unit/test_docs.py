@@ -62,7 +62,19 @@ RUN_HERE: frozenset[str] = frozenset({
     "dra-controller simulate --objects examples/device-plugin/extended-resource/ examples/resourceslices/",
     "dra-controller explain pod/four-gpus --objects examples/device-plugin/extended-resource/"
     " examples/resourceslices/",
+    "dra-controller lint --objects examples/deviceclasses.yaml examples/resourceslices/fake-node.yaml"
+    " docs/migration/tainted-node.yaml",
+    # docs/usage.md (tests/unit/test_top_docs.py checks that the page shows what the first prints)
+    "dra-controller top --metrics-file docs/usage/gpu-node-1.prom",
+    "dra-controller top --metrics-file docs/usage/gpu-node-1.prom --idle",
+    "dra-controller top --metrics-file docs/usage/gpu-node-1.prom --namespace team-b -o json",
 })  # fmt: skip
+
+# Pages whose every command (kubectl against a cluster included) runs in order on a local cluster
+# with a real kubelet, in the test named: commands shown only there need no NOT_RUN entry.
+RUN_ON_LOCAL_CLUSTER: dict[str, str] = {
+    "docs/migration.md": "tests/e2e/test_migration_doc.py",
+}
 
 # RUN_HERE commands the docs show failing on purpose, with the exit status they must give.
 EXPECTED_EXIT: dict[str, int] = {
@@ -79,6 +91,10 @@ _KUBECTL_EXAMPLES = (
     "kubectl against a real cluster (there is no kubectl here); tests/e2e/test_examples.py applies the "
     "same manifests on a local cluster with a real kubelet and checks the stated outcome"
 )
+_KUBECTL_EXTENDED = (
+    "kubectl against a real cluster (there is no kubectl here); tests/e2e/test_extended_resource.py applies "
+    "the same manifests on a local cluster with a real kubelet and checks the stated outcome"
+)
 _KUBECTL_INSPECT = "kubectl reading a real cluster's objects (there is no kubectl or user cluster here)"
 _HELM_INSTALL = (
     "installs into a real cluster; tests/integration/test_chart.py renders the same chart (and values file) "
@@ -86,6 +102,10 @@ _HELM_INSTALL = (
 )
 _CLUSTER_CLAIM = "needs a live cluster holding that claim; the --objects form of the command is run here"
 _MAKE = "the project's own set-up and test entry points (run by CI, not from inside the test suite)"
+_TOP_CLUSTER = (
+    "reads the plugin pods of a live cluster; tests/integration/test_top_cluster.py runs it against the real "
+    "API server's pod proxy, tests/e2e/test_top_plugin.py against a real plugin's /metrics"
+)
 
 NOT_RUN: dict[str, str] = {
     # README.md
@@ -117,6 +137,9 @@ NOT_RUN: dict[str, str] = {
     'dra-controller cel \'device.attributes["gpu.draplugin.dev"].type == "mig"\' -f slices.yaml': (
         "reads slices saved from a live cluster; the same command on examples/resourceslices/ is run here"
     ),
+    # docs/usage.md
+    "dra-controller top": _TOP_CLUSTER,
+    "dra-controller top --plugin-namespace draplugin-system --node gpu-node-1": _TOP_CLUSTER,
     # docs/troubleshooting.md
     "kubectl describe pod my-pod": _KUBECTL_INSPECT,
     "kubectl get resourceclaims": _KUBECTL_INSPECT,
@@ -173,6 +196,16 @@ NOT_RUN: dict[str, str] = {
     "kubectl apply -f examples/12-bad-opaque-config/bad-config.yaml": _KUBECTL_EXAMPLES,
     "kubectl describe pod bad-config": _KUBECTL_INSPECT,
     "kubectl delete -f examples/12-bad-opaque-config/bad-config.yaml": _KUBECTL_EXAMPLES,
+    "kubectl apply -f examples/13-shared-gpu/shared-gpu.yaml": _KUBECTL_EXAMPLES,
+    "kubectl get resourceclaims -o yaml | grep -A3 consumedCapacity": _KUBECTL_INSPECT,
+    "kubectl logs small-inference": _KUBECTL_INSPECT,
+    "kubectl logs large-inference": _KUBECTL_INSPECT,
+    "kubectl delete -f examples/13-shared-gpu/shared-gpu.yaml": _KUBECTL_EXAMPLES,
+    # examples/device-plugin/extended-resource/README.md
+    "kubectl apply -f examples/device-plugin/extended-resource/": _KUBECTL_EXTENDED,
+    "kubectl get pod two-gpus-a -o jsonpath='{.status.extendedResourceClaimStatus}'": _KUBECTL_INSPECT,
+    "kubectl logs two-gpus-a": _KUBECTL_INSPECT,
+    "kubectl delete -f examples/device-plugin/extended-resource/": _KUBECTL_EXTENDED,
 }
 
 _FENCE = re.compile(r"^\s*```(\S*)\s*$")
@@ -238,11 +271,21 @@ def test_shell_block_parsing() -> None:
 def test_every_documented_command_is_run_or_listed() -> None:
     found = documented_commands()
     assert found, "no shell commands found in the docs: the parser is broken"
-    unlisted = {cmd: files for cmd, files in found.items() if cmd not in RUN_HERE and cmd not in NOT_RUN}
+    unlisted = {
+        cmd: files
+        for cmd, files in found.items()
+        if cmd not in RUN_HERE and cmd not in NOT_RUN and not set(files) <= RUN_ON_LOCAL_CLUSTER.keys()
+    }
     assert not unlisted, f"add these to RUN_HERE or NOT_RUN (with a reason): {unlisted}"
     assert not RUN_HERE & NOT_RUN.keys()
     assert EXPECTED_EXIT.keys() <= RUN_HERE
     assert all(reason.strip() for reason in NOT_RUN.values())
+
+
+def test_pages_run_on_a_local_cluster_have_their_test() -> None:
+    for page, test in RUN_ON_LOCAL_CLUSTER.items():
+        assert (REPO_ROOT / page).is_file() and (REPO_ROOT / test).is_file(), (page, test)
+        assert page in (REPO_ROOT / test).read_text(encoding="utf-8"), f"{test} does not read {page}"
 
 
 def test_lists_hold_only_documented_commands() -> None:
@@ -314,3 +357,4 @@ def test_published_slices_example_is_current() -> None:
     )  # fmt: skip
     committed = (REPO_ROOT / "examples" / "resourceslices" / "fake-node.yaml").read_text(encoding="utf-8")
     assert list(yaml.safe_load_all(committed)) == list(yaml.safe_load_all(proc.stdout))
+

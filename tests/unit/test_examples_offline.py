@@ -22,7 +22,10 @@ from controller.commands_common import build_allocator, cluster_nodes
 from controller.commands_simulate import ClaimResult, simulate
 from controller.objects import load_manifests
 from dracommon.drivername import DEFAULT_DRIVER_NAME, config_api_version
+from draplugin.devices import load_backend
+from draplugin.devices.shared import SharedGpus
 from draplugin.prepare.claimconfig import ConfigError, validate_opaque_config
+from draplugin.slices.render import NodeRef, render_pool
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 BASE = [EXAMPLES / "deviceclasses.yaml", EXAMPLES / "resourceslices" / "fake-node.yaml"]
@@ -179,3 +182,38 @@ def test_example_12_bad_config_allocates_and_fails_at_prepare() -> None:
             "spec.devices.config[0].opaque.parameters",
             api_version=config_api_version(DEFAULT_DRIVER_NAME),
         )
+
+
+def shared_gpu_slices(tmp_path: Path) -> Path:
+    """What the plugin publishes for the examples' inventory with `--shared-gpus memory`."""
+    backend = load_backend(
+        "fake", NODE, config_file=str(EXAMPLES / "fake-gpus.yaml"), shared_gpus=SharedGpus.MEMORY
+    )
+    slices = render_pool(
+        backend.discover(), backend.shared_counters(), node=NodeRef(NODE, None), driver=DEFAULT_DRIVER_NAME
+    )
+    path = tmp_path / "fake-node-shared-gpus.yaml"
+    path.write_text(yaml.safe_dump_all(slices))
+    return path
+
+
+def test_example_13_two_claims_share_the_h100_each_consuming_its_memory(tmp_path: Path) -> None:
+    slices = shared_gpu_slices(tmp_path)
+    objects = load_manifests([EXAMPLES / "deviceclasses.yaml", slices, EXAMPLES / "13-shared-gpu"])
+    allocator = build_allocator(objects)
+    small, large = simulate(objects, allocator, cluster_nodes(objects, allocator))
+    consumed = {}
+    for result in (small, large):
+        assert result.allocated and devices(result) == ["gpu-0"], result.to_json()
+        assert result.allocation is not None
+        (allocated,) = result.allocation["devices"]["results"]
+        consumed[result.pod] = allocated["consumedCapacity"]["memory"]
+        assert allocated["shareID"]
+    assert consumed == {"small-inference": "10Gi", "large-inference": "30Gi"}
+
+
+def test_example_13_on_unshared_gpus_the_second_claim_waits_for_the_h100() -> None:
+    # Without --shared-gpus (or with the feature gate off) each claim takes the whole GPU.
+    small, large = run("13-shared-gpu")
+    assert small.allocated and devices(small) == ["gpu-0"]
+    assert not large.allocated

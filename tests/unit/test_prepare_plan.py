@@ -290,7 +290,9 @@ def test_device_held_exclusively_by_another_claim_is_refused() -> None:
         ({}, {}, "TimeSlicing", "Exclusive", False),
         ({}, {}, "MPS", "MPS", False),
         ({"adminAccess": True}, {}, "Exclusive", "Exclusive", True),
-        ({"shareID": "a"}, {"shareID": "b"}, "Exclusive", "Exclusive", True),
+        # Distinct share IDs, but gpu-0 is not published as a shared GPU (tests/unit/test_shares.py
+        # has the shared case).
+        ({"shareID": "a"}, {"shareID": "b"}, "Exclusive", "Exclusive", False),
         ({"shareID": "a"}, {"shareID": "a"}, "Exclusive", "Exclusive", False),
     ],
 )

@@ -8,6 +8,8 @@ leaves behind survives into the next process, as it would on a node.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -16,6 +18,7 @@ from prometheus_client import CollectorRegistry
 from draplugin import crashpoints
 from draplugin.cdi.spec import SpecStore
 from draplugin.checkpoint import CheckpointStore
+from draplugin.devices.model import Device
 from draplugin.kubelet.interface import ClaimError
 from draplugin.metrics import ClaimMetrics
 from draplugin.prepare.driver import GpuDriver
@@ -29,12 +32,14 @@ tool_node = sharing_fixtures.tool_node
 GPU0 = DEVICES["gpu-0"].uuid
 
 
-def driver(node: ToolNode, claims: FakeClaims, events: RecordingEvents) -> GpuDriver:
+def driver(
+    node: ToolNode, claims: FakeClaims, events: RecordingEvents, devices: Sequence[Device] = ()
+) -> GpuDriver:
     """A fresh plugin process on the node (start-up recovery included)."""
     process = GpuDriver(
         driver_name=DRIVER,
         node_name=NODE,
-        devices=list(DEVICES.values()),
+        devices=list(devices or DEVICES.values()),
         claims=claims,
         cdi_store=SpecStore(node.state.parent / "cdi", DRIVER),
         checkpoint=CheckpointStore(node.state / "checkpoint.json", "boot-1"),
@@ -121,8 +126,9 @@ async def test_a_restart_keeps_the_daemon_of_a_prepared_claim(tool_node: ToolNod
 
 async def test_a_conflicting_time_slice_fails_prepare_with_an_event(tool_node: ToolNode) -> None:
     claims, events = FakeClaims(), RecordingEvents()
-    process = driver(tool_node, claims, events)
-    # Two claims on one GPU: only consumable capacity (distinct share IDs) does that.
+    # Two claims on one GPU: only consumable capacity (distinct share IDs on a shared GPU) does that.
+    shared = dataclasses.replace(DEVICES["gpu-0"], allow_multiple_allocations=True)
+    process = driver(tool_node, claims, events, [shared, *(d for d in DEVICES.values() if d.name != "gpu-0")])
     first = claim_doc(
         "uid-a",
         [result("gpu", "gpu-0", shareID="s-1")],
