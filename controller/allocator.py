@@ -24,6 +24,7 @@ from controller.allocation.result import NodeSelectorConflict, allocation_config
 from controller.allocation.search import AllocationError, Search
 from controller.allocation.selectors import Compiler, SelectorCache, SelectorError
 from controller.allocation.state import AllocatedState, allocated_state, apply_taint_rules
+from controller.allocation.unsupported import Unsupported, claim_problems, slice_problems
 from dracommon.quantity import QuantityError
 
 JSON = Mapping[str, Any]
@@ -91,6 +92,7 @@ class Allocator:
         self.new_share_id = new_share_id or (lambda: str(uuid.uuid4()))
         self._slices_by_node: dict[str, list[JSON]] = {}
         self._shared_slices: list[JSON] = []
+        self._slice_problems: dict[int, Unsupported | None] = {}
         for slice_obj in self.slices:
             node_name = (slice_obj.get("spec") or {}).get("nodeName")
             if node_name:
@@ -129,6 +131,10 @@ class Allocator:
             return AllocationOutcome(failure=Failure(missing), node=node_name)
         try:
             search = self.search(claims, node)
+            unsupported = self._unsupported(claims, search.pools)
+            if unsupported is not None:
+                # An error, not "unschedulable": we cannot tell what the scheduler would decide.
+                return AllocationOutcome(failure=Failure(unsupported.message, error=True), node=node_name)
             search.prepare()
             done = search.run()
             if not done:
@@ -143,6 +149,22 @@ class Allocator:
         except (AllocationError, NodeSelectorError, NodeSelectorConflict, QuantityError) as err:
             return AllocationOutcome(failure=Failure(str(err), error=True), node=node_name)
         return AllocationOutcome(allocations=allocations, node=node_name)
+
+    def _unsupported(self, claims: Sequence[JSON], pools: Sequence[Pool]) -> Unsupported | None:
+        """The first field we do not model in the claims or in the slices the search reads."""
+        for claim in claims:
+            found = claim_problems(claim)
+            if found:
+                return found[0]
+        for pool in pools:
+            for slice_obj in (*pool.slices_on_node, *pool.slices_elsewhere):
+                key = id(slice_obj)  # slices do not change during the allocator's life
+                if key not in self._slice_problems:
+                    self._slice_problems[key] = next(iter(slice_problems(slice_obj)), None)
+                problem = self._slice_problems[key]
+                if problem is not None:
+                    return problem
+        return None
 
     def commit(self, claim: JSON, allocation: JSON) -> None:
         """Mark the devices of a new allocation as in use for later calls."""

@@ -1,16 +1,23 @@
 """`dra-controller explain CLAIM|pod/NAME`: why a claim cannot be allocated, filter by filter.
 
-CLAIM is a ResourceClaim, or the claim a pod makes from a ResourceClaimTemplate
-(offline, where no such claim exists yet, it is named `<pod>-<podClaimName>`,
-see `controller.podclaims`). `pod/NAME` explains every claim of the pod on the
-nodes the pod may run on.
+CLAIM is a ResourceClaim, or the claim a pod makes from a ResourceClaimTemplate.
+A pod's template claims are found as kube-scheduler finds them: by the name in
+`pod.status.resourceClaimStatuses`, else as the controller adopts them; offline,
+where no such claim exists yet, it is named after kube-controller-manager's
+generateName without the random suffix (`<pod>-<podClaimName>` for short names;
+long names are cut as upstream cuts them, and the uncut `<pod>-<podClaimName>`
+finds the claim too; see `controller.podclaims`). `pod/NAME` explains every
+claim of the pod on the nodes the pod may run on.
 
 JSON: one claim is `Explanation.to_json()` (`claim`, `allocated`, `summary`,
 `schedulingError`, `nodes`), plus `pod` and `generatedFrom` for a claim generated
 here; a pod is `{"pod", "nodes": [names], "schedulingError", "claims": [one claim
 as above, plus "podClaimName"]}`. `schedulingError` (`{"node", "message"}` or
 null) is a kube-scheduler Filter error on some node, which fails the pod's whole
-scheduling attempt (see `controller.nodefilter`).
+scheduling attempt (see `controller.nodefilter`). Without one, a pod also has
+`nodeChoice` (`{"chosen", "candidates", "deterministic", "scores"}`, see
+`controller.nodescore`): the node(s) kube-scheduler may pick; more than one
+candidate means it picks one of them at random.
 """
 
 from __future__ import annotations
@@ -35,19 +42,22 @@ from controller.commands_common import (
 )
 from controller.explain import Explanation, explain_claim
 from controller.extendedclaim import class_mappings, device_plugin_nodes, unmapped_extended_resources
-from controller.nodefilter import filter_nodes
+from controller.nodefilter import FilterResult, filter_nodes
+from controller.nodescore import NodeChoice, ScoreError, choose_node
 from controller.objects import ClusterObjects
 from controller.podclaims import (
     PodClaim,
     PodClaims,
     allocations_fit_node,
     candidate_nodes,
+    claim_generate_name,
     no_node_reason,
     pod_node_constraints,
     reachable_nodes,
     resolve_pods,
 )
 
+JSON = Mapping[str, Any]
 POD_PREFIX = "pod/"
 
 
@@ -56,7 +66,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "claim",
         metavar="CLAIM",
         help="name of the ResourceClaim (or of the claim a pod makes from a template: offline "
-        "<pod>-<podClaimName>), or pod/NAME for every claim of a pod",
+        "<pod>-<podClaimName>, cut like kube-controller-manager's generateName), or pod/NAME for every "
+        "claim of a pod",
     )
     parser.add_argument("-n", "--namespace", default="default", help="namespace of the claim or pod")
     parser.add_argument("--node", help="explain for this node only (default: every node the claim may use)")
@@ -110,14 +121,18 @@ class _Explainer:
             )
             header += self._device_plugin_note(entry)
         elif entry.generated:
+            generate_name = claim_generate_name(pod.name, entry.pod_claim_name)
             header = (
                 f"ResourceClaim {ref}: generated here from ResourceClaimTemplate {entry.template} for pod "
-                f"{pod.ref} (in a cluster its name ends in a random suffix)"
+                f"{pod.ref} (in a cluster kube-controller-manager names it {generate_name}<5 random "
+                "characters>)"
             )
+            extra["generateName"] = generate_name
         else:
             header = f"ResourceClaim {ref} (pod {pod.ref})"
         summary = None
-        if entry.claim is None:
+        if entry.claim is None or entry.problem:
+            # Missing, or one the scheduler refuses (not the pod's own, being deleted).
             summary = f"claim {ref}: {entry.problem}"
         elif not nodes and not entry.allocated:
             allocated = [c.claim for c in pod.claims if c.claim is not None and c.allocated]
@@ -151,8 +166,9 @@ class _Explainer:
             f"{'it' if len(names) == 1 else 'them'}"
         )
 
-    def pod_error(self, pod: PodClaims) -> dict[str, str] | None:
-        """The Filter error that fails the pod's scheduling attempt, as {"node", "message"}, or None.
+    def pod_filter(self, pod: PodClaims) -> tuple[FilterResult, list[JSON]] | None:
+        """The scheduler's Filter over the pod's nodes for its pending claims (and those claims),
+        or None when nothing is pending or a claim is missing.
 
         The scheduler allocates a pod's pending claims together on every node the pod may run on
         (even where an allocated claim of the pod is unavailable) before it picks one; an error
@@ -170,9 +186,28 @@ class _Explainer:
             if not nodes and not allocated and not pod_node_constraints(pod.pod):
                 nodes = [None]  # no node is known: allocate without a node, as simulate does
         filtered = filter_nodes(self.allocator, pending, nodes, lambda n: allocations_fit_node(allocated, n))
-        if filtered.error is None:
-            return None
-        return {"node": filtered.error.node_name, "message": filtered.failure.message}
+        return filtered, pending
+
+    def pod_scheduling(self, pod: PodClaims) -> tuple[dict[str, str] | None, tuple[NodeChoice, int] | None]:
+        """What the scheduler makes of the pod: the error that fails its scheduling attempt
+        ({"node", "message"}: a Filter error on some node, or a Score error), else the node(s) it
+        may pick and how many nodes fit; (None, None) when nothing is pending or a claim is missing."""
+        found = self.pod_filter(pod)
+        if found is None:
+            return None, None
+        filtered, pending = found
+        if filtered.error is not None:
+            return {"node": filtered.error.node_name, "message": filtered.failure.message}, None
+        allocated = sum(1 for c in pod.claims if c.claim is not None and c.allocated)
+        try:
+            choice = choose_node(filtered.feasible, pending, self.allocator.features, allocated=allocated)
+        except ScoreError as err:
+            return {"node": filtered.feasible[0].node_name, "message": str(err)}, None
+        return None, ((choice, len(filtered.feasible)) if choice is not None else None)
+
+    def pod_error(self, pod: PodClaims) -> dict[str, str] | None:
+        """The error that fails the pod's scheduling attempt, as {"node", "message"}, or None."""
+        return self.pod_scheduling(pod)[0]
 
     def find_pod(self, namespace: str, name: str) -> PodClaims | None:
         """The pod with its claims; a finished pod or one without claims has none."""
@@ -186,9 +221,14 @@ class _Explainer:
         return None
 
     def find_generated(self, namespace: str, name: str) -> tuple[PodClaims, PodClaim] | None:
+        """A claim made here from a template: by its offline name, or by the uncut
+        `<pod>-<podClaimName>` when the generateName cut it."""
         for pod in self.pods:
             for entry in pod.claims:
-                if pod.namespace == namespace and entry.claim_name == name and entry.generated:
+                if pod.namespace != namespace or not entry.generated:
+                    continue
+                uncut = f"{pod.name}-{entry.pod_claim_name}" if entry.template else None
+                if name in (entry.claim_name, uncut):
                     return pod, entry
         return None
 
@@ -220,10 +260,16 @@ def _explain_pod(args: argparse.Namespace, explainer: _Explainer, name: str) -> 
     unmapped = explainer.unmapped_note(pod)
     if unmapped:
         texts.append(unmapped)
-    error = explainer.pod_error(pod)
+    error, chosen = explainer.pod_scheduling(pod)
     if error is not None:
         texts.insert(0, f"pod {pod.ref} cannot be scheduled: {error['message']}")
     data = {"pod": pod.ref, "nodes": [n.name for n in nodes], "schedulingError": error, "claims": claims}
+    if chosen is not None:
+        choice, feasible = chosen
+        data["nodeChoice"] = choice.to_json()
+        described = choice.describe(feasible, continuing=False)
+        if described:
+            texts.insert(0, f"pod {pod.ref}: {described}")
     emit(args, data, lambda: "\n\n".join(texts))
     return EXIT_OK if error is None and all(_usable(c) for c in claims) else EXIT_FAILURE
 
@@ -239,7 +285,8 @@ def _explain_claim(args: argparse.Namespace, explainer: _Explainer) -> int:
     if generated is None:
         sys.stderr.write(
             f"error: ResourceClaim {args.namespace}/{args.claim} not found (nor generated from a "
-            "ResourceClaimTemplate for a pod: offline such a claim is named <pod>-<podClaimName>)\n"
+            "ResourceClaimTemplate for a pod: offline such a claim is named <pod>-<podClaimName>, cut "
+            "like kube-controller-manager's generateName when longer than 57 characters)\n"
         )
         return EXIT_USAGE
     pod, entry = generated

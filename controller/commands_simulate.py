@@ -9,9 +9,14 @@ already allocated claim of the pod can be used on. Claims a pod makes from a
 ResourceClaimTemplate are generated here when the cluster has not made them
 yet (see `controller.podclaims`).
 
-Without a fixed node, each claim or pod goes to the first node (in name
-order, starting after the node used last, like the scheduler's rotating
-start) where it fits. As in kube-scheduler, every node the pod may run on is
+Without a fixed node, a claim on its own goes to the first node (in name
+order, starting after the node used last) where it fits, as dra-controller
+pre-allocates. A pod goes to the node kube-scheduler would pick for a pod with
+no other constraints (`controller.nodescore`: the DynamicResources score for
+prioritized lists from 1.35 on); where several nodes score the same the
+scheduler picks one at random, so the result lists them all
+(`possibleNodes`) and the simulation continues with the first in rotating
+order. As in kube-scheduler, every node the pod may run on is
 filtered first, and a Filter error on any of them (a CEL runtime error, All
 mode over an incomplete pool, ...) leaves the pod unscheduled, naming that
 node (see `controller.nodefilter`). Claims annotated for pre-allocation to a
@@ -42,6 +47,7 @@ from controller.commands_common import (
 from controller.explain import explain_claim
 from controller.extendedclaim import Mapped
 from controller.nodefilter import filter_nodes
+from controller.nodescore import ScoreError, choose_node
 from controller.objects import ClusterObjects
 from controller.podclaims import (
     PodClaim,
@@ -73,6 +79,9 @@ class ClaimResult:
     template: str | None = None  # set when the claim was generated here from this template
     # Set for the scheduler's implicit claim: which extended resources map to which class.
     extended: str | None = None
+    # Every node kube-scheduler may equally pick for the pod (more than one: a random choice), and why.
+    possible_nodes: list[str] = field(default_factory=list)
+    node_choice: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -84,6 +93,8 @@ class ClaimResult:
             "reason": self.reason,
             "pod": self.pod,
             **({"extendedResources": self.extended} if self.extended else {}),
+            **({"possibleNodes": self.possible_nodes} if self.possible_nodes else {}),
+            **({"nodeChoice": self.node_choice} if self.node_choice else {}),
         }
 
 
@@ -265,13 +276,30 @@ class Simulator:
             return
         candidates = [n for n in reachable if allocations_fit_node(allocated, n)]
         claims = [claim for _, claim in pending]
-        outcome, node = self._try(claims, reachable, lambda n: allocations_fit_node(allocated, n))
-        if outcome.ok:
+        filtered = filter_nodes(
+            self.allocator, claims, reachable, lambda n: allocations_fit_node(allocated, n)
+        )
+        try:
+            choice = (
+                choose_node(filtered.feasible, claims, self.allocator.features, allocated=len(allocated))
+                if filtered.error is None
+                else None
+            )
+        except ScoreError as err:
+            self._fail(results, str(err))
+            return
+        if choice is not None:
+            node = choice.chosen.node
             if only is None:
                 self._advance_past(node)
+            described = choice.describe(len(filtered.feasible))
             for index, (claim, result) in enumerate(zip(claims, results, strict=True)):
-                self._record(result, claim, outcome, index, node)
+                self._record(result, claim, choice.chosen.outcome, index, node)
+                result.node_choice = described
+                result.possible_nodes = choice.candidate_names if not choice.deterministic else []
             return
+        node_name = filtered.error.node_name if filtered.error is not None else None
+        outcome = AllocationOutcome(failure=filtered.failure, node=node_name)
         assert outcome.failure is not None
         if not candidates and not outcome.failure.error:
             self._fail(results, no_node_reason(pod, allocated, [n for n in self.nodes if n is not None]))
@@ -338,7 +366,8 @@ def to_text(results: Sequence[ClaimResult]) -> str:
     for r in results:
         if r.allocated:
             devices = ", ".join(f"{d['request']}={d['pool']}/{d['device']}" for d in r.results)
-            lines.append(f"{_label(r)}: allocated on {r.node_name or '(any node)'}: {devices}")
+            line = f"{_label(r)}: allocated on {r.node_name or '(any node)'}: {devices}"
+            lines.append(f"{line} ({r.node_choice})" if r.node_choice else line)
         else:
             lines.append(f"{_label(r)}: not allocated: {r.reason}")
     return "\n".join(lines) if lines else "no pending claims"

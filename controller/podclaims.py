@@ -7,11 +7,21 @@ from which kube-controller-manager creates one claim per pod (name
 `resource.kubernetes.io/pod-claim-name`) and records it in
 `pod.status.resourceClaimStatuses`.
 
-Offline, nobody has created those claims: `resolve_pod` makes them here, with
-the deterministic name `<pod>-<podClaimName>` and `generated=True`. Against a
-cluster, a claim that already exists (recorded in the pod's status, or owned by
-the pod with the right annotation, as the controller would adopt it) is used
-instead, so it is not counted twice.
+The controller's generateName is `<pod>-<podClaimName>-`; when that is longer
+than 57 characters it cuts both names in proportion to their lengths and joins
+them with one hyphen (no trailing one), and the apiserver appends 5 random
+characters (`claim_generate_name`, upstream pkg/controller/resourceclaim
+`handleClaim`, the same in 1.34 and 1.37).
+
+A claim is looked up as upstream does (`resourceclaim.Name`, then the
+controller's `findPodResourceClaim`): the name in `pod.status.resourceClaimStatuses`
+first (such a claim must be controlled by the pod and not being deleted, or the
+scheduler refuses it), else a claim controlled by the pod whose
+`resource.kubernetes.io/pod-claim-name` annotation names the entry (made but not
+yet recorded; the controller adopts it). Offline, nobody has created those
+claims: `resolve_pod` makes them here, named after the generateName without the
+random suffix (`offline_claim_name`: `<pod>-<podClaimName>` while short) and
+`generated=True`.
 
 Pure: API objects (JSON dicts) in, resolved claims out; no I/O.
 """
@@ -93,9 +103,52 @@ def is_schedulable_pod(pod: JSON) -> bool:
     return (pod.get("status") or {}).get("phase") not in FINISHED_PHASES
 
 
+# kube-controller-manager's limit for the claim's generateName: "Leave space for hyphen and 5 random
+# characters in a name with 63 characters" (pkg/controller/resourceclaim/controller.go).
+GENERATE_NAME_MAX_BASE = 57
+# The apiserver's name generator (apiserver/pkg/storage/names): base cut to 63 - 5, then 5 random
+# characters from this alphabet.
+API_MAX_GENERATED_BASE = 58
+RANDOM_SUFFIX_LENGTH = 5
+RANDOM_SUFFIX_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
+
+
+def claim_generate_name(pod_name: str, pod_claim_name: str) -> str:
+    """The generateName kube-controller-manager gives the claim it makes for a template entry.
+
+    `<pod>-<podClaimName>-`; longer than 57 characters, both parts are cut in proportion to their
+    lengths (upstream: "we would loose everything from the pod claim name when the pod name is
+    long"), joined by one hyphen and without the trailing one. Go slices bytes, Python code points:
+    the same for the ASCII that object names are.
+    """
+    generate_name = f"{pod_name}-{pod_claim_name}-"
+    if len(generate_name) > GENERATE_NAME_MAX_BASE:
+        total = len(generate_name)
+        generate_name = (
+            pod_name[: len(pod_name) * GENERATE_NAME_MAX_BASE // total]
+            + "-"
+            + pod_claim_name[: len(pod_claim_name) * GENERATE_NAME_MAX_BASE // total]
+        )
+    return generate_name[:API_MAX_GENERATED_BASE]  # the apiserver's cut; never reached from 57
+
+
+def is_generated_name(name: str, generate_name: str) -> bool:
+    """`name` is what the apiserver makes of `generate_name`: it plus 5 characters of its alphabet."""
+    suffix = name[len(generate_name) :]
+    return (
+        name.startswith(generate_name)
+        and len(suffix) == RANDOM_SUFFIX_LENGTH
+        and all(c in RANDOM_SUFFIX_ALPHABET for c in suffix)
+    )
+
+
 def offline_claim_name(pod_name: str, pod_claim_name: str) -> str:
-    """`<pod>-<podClaimName>`: the controller's generateName without its random suffix."""
-    return f"{pod_name}-{pod_claim_name}"
+    """The name used offline for a claim not created yet: its generateName without the random
+    suffix, and without the trailing hyphen the controller adds when it does not truncate
+    (`<pod>-<podClaimName>` for short names)."""
+    generate_name = claim_generate_name(pod_name, pod_claim_name)
+    untruncated = f"{pod_name}-{pod_claim_name}-"
+    return generate_name[:-1] if generate_name == untruncated else generate_name
 
 
 def claim_from_template(template: JSON, namespace: str, name: str) -> dict[str, Any]:
@@ -131,13 +184,16 @@ def generated_claim(pod: JSON, pod_claim_name: str, template: JSON, name: str) -
     if pod_meta.get("uid"):
         owner["uid"] = pod_meta["uid"]
     metadata["ownerReferences"] = [owner]
+    metadata["generateName"] = claim_generate_name(owner["name"], pod_claim_name)
     return claim
 
 
 def _owned_by(claim: JSON, pod: JSON) -> bool:
+    """The pod controls the claim (upstream `metav1.IsControlledBy`: by UID; offline manifests
+    often have no UIDs, then by name)."""
     pod_meta = _meta(pod)
     for owner in _meta(claim).get("ownerReferences") or []:
-        if owner.get("kind") != "Pod" or not owner.get("controller"):
+        if owner.get("kind") != "Pod" or owner.get("apiVersion", "v1") != "v1" or not owner.get("controller"):
             continue
         if pod_meta.get("uid") and owner.get("uid"):
             if owner["uid"] == pod_meta["uid"]:
@@ -186,6 +242,20 @@ def _recorded_status(pod: JSON, pod_claim_name: str) -> JSON | None:
     return None
 
 
+def _unusable(pod: JSON, namespace: str, name: str, claim: JSON | None, *, check_owner: bool) -> str | None:
+    """Why kube-scheduler's PreFilter refuses the claim a pod entry names (the pod is then
+    unschedulable), in its words (`foreachPodResourceClaim`, `resourceclaim.IsForPod`); None if usable.
+    A claim recorded for a template entry must be controlled by the pod."""
+    if claim is None:
+        return f"resource claim {namespace}/{name} not found"
+    if _meta(claim).get("deletionTimestamp"):
+        return f'resourceclaim "{name}" is being deleted'
+    if check_owner and not _owned_by(claim, pod):
+        pod_ref = f"{namespace}/{_meta(pod).get('name', '')}"
+        return f"ResourceClaim {namespace}/{name} was not created for Pod {pod_ref} (Pod is not owner)"
+    return None
+
+
 def _resolve_entry(pod: JSON, namespace: str, entry: JSON, index: ClaimIndex) -> PodClaim | None:
     pod_name = str(_meta(pod).get("name", ""))
     pod_claim_name = str(entry.get("name", ""))
@@ -201,7 +271,7 @@ def _resolve_entry(pod: JSON, namespace: str, entry: JSON, index: ClaimIndex) ->
         )
     if claim_name:
         claim = index.claims.get((namespace, str(claim_name)))
-        problem = None if claim else f"resource claim {namespace}/{claim_name} not found"
+        problem = _unusable(pod, namespace, str(claim_name), claim, check_owner=False)
         return PodClaim(pod_claim_name, str(claim_name), claim, problem=problem)
     template = str(template_name)
     recorded = _recorded_status(pod, pod_claim_name)
@@ -210,7 +280,7 @@ def _resolve_entry(pod: JSON, namespace: str, entry: JSON, index: ClaimIndex) ->
             return None  # the controller decided that no claim is needed for this entry
         existing_name = str(recorded["resourceClaimName"])
         existing = index.claims.get((namespace, existing_name))
-        problem = None if existing else f"resource claim {namespace}/{existing_name} not found"
+        problem = _unusable(pod, namespace, existing_name, existing, check_owner=True)
         return PodClaim(pod_claim_name, existing_name, existing, template=template, problem=problem)
     adopted = index.adoptable(pod, namespace, pod_claim_name)
     if adopted is not None:
@@ -380,7 +450,9 @@ __all__ = [
     "allocation_fits_node",
     "candidate_nodes",
     "claim_from_template",
+    "claim_generate_name",
     "generated_claim",
+    "is_generated_name",
     "is_schedulable_pod",
     "no_node_reason",
     "offline_claim_name",

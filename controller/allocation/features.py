@@ -75,6 +75,13 @@ class Features:
     distinct_rule: DistinctRule = DistinctRule.EVERY_DEVICE
     all_subrequest_selects_as_previous: bool = False
     all_subrequest_continues_with_first: bool = False
+    # The DynamicResources plugin's Score (kubernetes#134711, in 1.35; 1.34.4 has none): with
+    # DRAPrioritizedList on, nodes where better-ranked firstAvailable subrequests fit score higher.
+    prioritized_list_scoring: bool = True
+    # 1.35 (up to 1.35.4) and 1.36.0/1.36.1 pair the pod's claims by index with the allocations
+    # of its pending claims only, so a pod that also has an allocated claim fails Score with an
+    # error wherever more than one node fits; 1.36.3 and 1.37 fixed it (see controller.nodescore).
+    score_fails_with_allocated_claims: bool = False
 
     @classmethod
     def for_release(cls, minor: int) -> Features:
@@ -94,6 +101,8 @@ class Features:
             distinct_rule=DistinctRule.LATEST_PER_REQUEST if minor >= 35 else DistinctRule.SAME_DEVICE_ONLY,
             all_subrequest_selects_as_previous=True,
             all_subrequest_continues_with_first=True,
+            prioritized_list_scoring=minor >= 35,
+            score_fails_with_allocated_claims=minor == 35,
         )
 
     def with_gates(self, gates: Mapping[str, bool]) -> Features:

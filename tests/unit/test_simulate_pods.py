@@ -164,8 +164,12 @@ def test_node_selector_without_node_objects_says_labels_are_unknown() -> None:
 
 
 def test_existing_generated_claim_is_used_not_generated_again() -> None:
-    # In a cluster the controller already made the claim and recorded it in the pod's status.
+    # In a cluster the controller already made the claim (controlled by the pod, which the scheduler
+    # checks) and recorded it in the pod's status.
     made = claim("p-gpu-x7k2p", [exactly("gpu")])
+    made["metadata"]["ownerReferences"] = [
+        {"apiVersion": "v1", "kind": "Pod", "name": "p", "uid": "uid-p", "controller": True}
+    ]
     p = pod("p", from_template("gpu", "one"), uid="uid-p")
     p["status"] = {"resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": "p-gpu-x7k2p"}]}
     objects = cluster(claims=[made], claim_templates=[template("one", [exactly("gpu")])], pods=[p])
@@ -194,6 +198,10 @@ def test_allocated_claims_are_not_counted_twice_and_pin_the_pod() -> None:
         ]}]},
     }  # fmt: skip
     done = with_allocation(claim("p-gpu-1", [exactly("gpu")]), allocation)
+    # Controlled by the pod whose status records it, as the scheduler checks.
+    done["metadata"]["ownerReferences"] = [
+        {"apiVersion": "v1", "kind": "Pod", "name": "p", "controller": True}
+    ]
     first = pod("p", from_template("gpu", "one"))
     first["status"] = {"resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": "p-gpu-1"}]}
     second = pod("q", standalone("shared", "p-gpu-1"), from_template("more", "one"))
