@@ -71,9 +71,11 @@ def dra_settings(kubernetes_version: str) -> DRASettings:
     if minor <= 34:
         # 1.34: taints, partitionable devices, consumable capacity, binding
         # conditions and extended resources are alpha; DeviceTaintRule is v1alpha3.
+        # ResourceHealthStatus (alpha until 1.36) makes the kubelet open our
+        # device health stream, as 1.37's does by default.
         defaults = DRASettings(
             "DRADeviceTaints=true,DRAPartitionableDevices=true,DRAConsumableCapacity=true,"
-            "DRADeviceBindingConditions=true,DRAExtendedResource=true",
+            "DRADeviceBindingConditions=true,DRAExtendedResource=true,ResourceHealthStatus=true",
             "resource.k8s.io/v1beta1=true,resource.k8s.io/v1beta2=true,resource.k8s.io/v1alpha3=true",
         )
     else:

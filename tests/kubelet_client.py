@@ -29,8 +29,10 @@ from draplugin.kubelet._proto.dra.v1 import api_pb2 as v1
 from draplugin.kubelet._proto.dra.v1 import api_pb2_grpc as v1_grpc
 from draplugin.kubelet._proto.dra.v1beta1 import api_pb2 as v1beta1
 from draplugin.kubelet._proto.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
-from draplugin.kubelet._proto.dra_health.v1alpha1 import api_pb2 as health_pb
-from draplugin.kubelet._proto.dra_health.v1alpha1 import api_pb2_grpc as health_grpc
+from draplugin.kubelet._proto.dra_health.v1 import api_pb2 as health_pb
+from draplugin.kubelet._proto.dra_health.v1 import api_pb2_grpc as health_grpc
+from draplugin.kubelet._proto.dra_health.v1alpha1 import api_pb2 as health_v1alpha1_pb
+from draplugin.kubelet._proto.dra_health.v1alpha1 import api_pb2_grpc as health_v1alpha1_grpc
 from draplugin.kubelet._proto.pluginregistration.v1 import api_pb2 as reg_pb2
 from draplugin.kubelet._proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from draplugin.kubelet.interface import ClaimRef, PreparedDevice
@@ -170,8 +172,18 @@ class RegisteredPlugin:
     def watch_health(
         self,
     ) -> grpc.aio.UnaryStreamCall[health_pb.NodeWatchResourcesRequest, health_pb.NodeWatchResourcesResponse]:
+        """The v1 health stream, as the 1.37+ kubelet opens it."""
         stub = health_grpc.DRAResourceHealthStub(self.channel)
         return stub.NodeWatchResources(health_pb.NodeWatchResourcesRequest())
+
+    def watch_health_v1alpha1(
+        self,
+    ) -> grpc.aio.UnaryStreamCall[
+        health_v1alpha1_pb.NodeWatchResourcesRequest, health_v1alpha1_pb.NodeWatchResourcesResponse
+    ]:
+        """The v1alpha1 health stream, as kubelets before 1.37 open it."""
+        stub = health_v1alpha1_grpc.DRAResourceHealthStub(self.channel)
+        return stub.NodeWatchResources(health_v1alpha1_pb.NodeWatchResourcesRequest())
 
     async def close(self) -> None:
         await self.channel.close()

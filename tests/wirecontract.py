@@ -31,20 +31,25 @@ from typing import Final
 from google.protobuf import descriptor_pb2
 
 from devcluster.binaries import BUILD_COMMAND, CLUSTER_MODULE
+from draplugin.kubelet._proto.deviceplugin.v1beta1 import api_pb2 as deviceplugin_v1beta1
 from draplugin.kubelet._proto.dra.v1 import api_pb2 as dra_v1
 from draplugin.kubelet._proto.dra.v1beta1 import api_pb2 as dra_v1beta1
+from draplugin.kubelet._proto.dra_health.v1 import api_pb2 as health_v1
 from draplugin.kubelet._proto.dra_health.v1alpha1 import api_pb2 as health_v1alpha1
 from draplugin.kubelet._proto.pluginregistration.v1 import api_pb2 as registration
 
 KUBELET_MODULE: Final = "k8s.io/kubelet"
 
 # Upstream's file (relative to the k8s.io/kubelet module) for each of our generated modules.
-# dra-health/v1 exists upstream as well; we serve v1alpha1 only, so only that one is compared.
+# Both health versions are served (v1 for the 1.37+ kubelet, v1alpha1 for older ones), so both are compared.
 UPSTREAM_FILES: Final[Mapping[str, ModuleType]] = {
     "pkg/apis/pluginregistration/v1/api.proto": registration,
     "pkg/apis/dra/v1/api.proto": dra_v1,
     "pkg/apis/dra/v1beta1/api.proto": dra_v1beta1,
+    "pkg/apis/dra-health/v1/api.proto": health_v1,
     "pkg/apis/dra-health/v1alpha1/api.proto": health_v1alpha1,
+    # Not served by us: the end-to-end tests' fake device plugin speaks it (tests/fakedeviceplugin.py).
+    "pkg/apis/deviceplugin/v1beta1/api.proto": deviceplugin_v1beta1,
 }
 
 Contract = dict[str, str]

@@ -231,6 +231,12 @@ class AsyncKubeApi:
     async def get(self, path: str, query: Query | None = None) -> JSON:
         return await self._run(lambda: self.api.get(path, query))
 
+    async def apply(
+        self, path: str, body: Mapping[str, Any], *, field_manager: str, force: bool = False
+    ) -> JSON:
+        """`KubeApi.apply` (server-side apply) off the event loop."""
+        return await self._run(lambda: self.api.apply(path, body, field_manager=field_manager, force=force))
+
     async def get_bytes(self, path: str, *, request_timeout: Timeout | None = None) -> bytes:
         """The raw body; `request_timeout` bounds the HTTP request (see `KubeApi`), not this await."""
         return await self._run(lambda: self.api.get_bytes(path, timeout=request_timeout))

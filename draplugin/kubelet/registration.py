@@ -27,6 +27,7 @@ PLUGIN_TYPE_DRA: Final = "DRAPlugin"
 # `<last segment of the proto package>.<service>`, not the full gRPC service name.
 DRA_V1_SERVICE: Final = "v1.DRAPlugin"
 DRA_V1BETA1_SERVICE: Final = "v1beta1.DRAPlugin"
+HEALTH_V1_SERVICE: Final = "v1.DRAResourceHealth"
 HEALTH_V1ALPHA1_SERVICE: Final = "v1alpha1.DRAResourceHealth"
 
 log = logging.getLogger(__name__)
@@ -44,7 +45,9 @@ def supported_versions(*, serve_v1beta1: bool = True, serve_health: bool) -> lis
     if serve_v1beta1:
         versions.append(DRA_V1BETA1_SERVICE)
     if serve_health:
-        versions.append(HEALTH_V1ALPHA1_SERVICE)
+        # The 1.37+ kubelet picks the first health service in this list that it knows (v1);
+        # older kubelets know only v1alpha1 and, before 1.37, open it without looking here.
+        versions += [HEALTH_V1_SERVICE, HEALTH_V1ALPHA1_SERVICE]
     return versions
 
 

@@ -21,10 +21,16 @@ from grpc_health.v1 import health_pb2_grpc
 from draplugin.kubelet import sockets
 from draplugin.kubelet._proto.dra.v1 import api_pb2_grpc as v1_grpc
 from draplugin.kubelet._proto.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
-from draplugin.kubelet._proto.dra_health.v1alpha1 import api_pb2_grpc as dra_health_grpc
+from draplugin.kubelet._proto.dra_health.v1 import api_pb2_grpc as dra_health_v1_grpc
+from draplugin.kubelet._proto.dra_health.v1alpha1 import api_pb2_grpc as dra_health_v1alpha1_grpc
 from draplugin.kubelet._proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from draplugin.kubelet.dra import DEFAULT_MAX_CONCURRENT_CLAIMS, ClaimRunner, DRAPluginV1, DRAPluginV1Beta1
-from draplugin.kubelet.health import DeviceHealthServicer, LivenessHealth
+from draplugin.kubelet.health import (
+    DeviceHealthServicerV1,
+    DeviceHealthServicerV1Alpha1,
+    DeviceHealthStream,
+    LivenessHealth,
+)
 from draplugin.kubelet.interface import Driver, HealthSource
 from draplugin.kubelet.registration import RegistrationServicer, RegistrationState, supported_versions
 from draplugin.kubelet.serialize import FileLockSerializer, lock_path
@@ -76,7 +82,7 @@ class KubeletPluginServer:
         # Without a health source the health service is neither served nor advertised.
         self._health_source = health_source
         self._device_health = (
-            DeviceHealthServicer(self._health_source) if self._health_source is not None else None
+            DeviceHealthStream(self._health_source) if self._health_source is not None else None
         )
         self._dra_server: grpc.aio.Server | None = None
         self._registration_server: grpc.aio.Server | None = None
@@ -131,7 +137,13 @@ class KubeletPluginServer:
         if self.options.serve_v1beta1:
             v1beta1_grpc.add_DRAPluginServicer_to_server(DRAPluginV1Beta1(self._runner), server)
         if self._device_health is not None:
-            dra_health_grpc.add_DRAResourceHealthServicer_to_server(self._device_health, server)
+            # Both versions, one stream: a 1.37+ kubelet takes v1, older ones v1alpha1.
+            dra_health_v1_grpc.add_DRAResourceHealthServicer_to_server(
+                DeviceHealthServicerV1(self._device_health), server
+            )
+            dra_health_v1alpha1_grpc.add_DRAResourceHealthServicer_to_server(
+                DeviceHealthServicerV1Alpha1(self._device_health), server
+            )
         health_pb2_grpc.add_HealthServicer_to_server(self.liveness.servicer, server)
         await self._bind_unix(server, self.paths.dra)
         return server

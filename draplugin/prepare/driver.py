@@ -60,6 +60,7 @@ from draplugin.prepare.api import (
     holds_too_deep,
     iter_opaque_configs,
 )
+from draplugin.prepare.claimstatus import ClaimStatusWriter
 from draplugin.prepare.plan import (
     ClaimPlan,
     PlanError,
@@ -115,6 +116,7 @@ class GpuDriver:
         driver_files: DriverFiles | None = None,
         api_deadline_s: float = DEFAULT_API_DEADLINE_S,
         started_at: float = cdi.PROCESS_STARTED,
+        status: ClaimStatusWriter | None = None,
     ) -> None:
         self.driver_name = driver_name
         self.node_name = node_name
@@ -133,6 +135,8 @@ class GpuDriver:
         self.api_deadline_s = api_deadline_s
         # Temp files older than this (wall clock) are left over from a process that is gone.
         self.started_at = started_at
+        # status.devices of prepared claims, written in the background (claimstatus); None: off.
+        self.status = status
 
     # --- start-up ---------------------------------------------------------------------------------
 
@@ -457,7 +461,8 @@ class GpuDriver:
         if record is not None and record.completed and record.devices == records:
             # Repeated prepare (kubelet retry or restart): same answer, and put back
             # anything a reboot or a cleaner took away.
-            await asyncio.to_thread(self._materialize, plan)
+            realized = await asyncio.to_thread(self._materialize, plan)
+            self._report_status(realized, doc)
             return plan.prepared_devices()
 
         # No await between the check and the record: no other claim can slip in between.
@@ -481,7 +486,7 @@ class GpuDriver:
         if record is not None and not plan.uses_mps:
             # A redo whose config dropped MPS must not leave the old MPS directory behind.
             await asyncio.to_thread(self.sharing.release, claim.uid)
-        await asyncio.to_thread(self._materialize, plan)
+        realized = await asyncio.to_thread(self._materialize, plan)
         crashpoints.reach(crashpoints.AFTER_CDI_WRITE)
 
         self.checkpoint.put(
@@ -489,20 +494,31 @@ class GpuDriver:
         )
         await self.checkpoint.commit()
         crashpoints.reach(crashpoints.AFTER_CHECKPOINT_COMPLETED)
+        self._report_status(realized, doc)
         return plan.prepared_devices()
 
-    def _materialize(self, plan: ClaimPlan) -> None:
-        """Sharing state, then the CDI spec that may point at it. Both idempotent."""
-        spec = self._spec(plan)
+    def _report_status(self, realized: ClaimPlan, doc: dict[str, object]) -> None:
+        """Queue the claim's status.devices write; it never delays or fails the prepare."""
+        if self.status is not None:
+            self.status.prepared(realized, doc)
+
+    def _materialize(self, plan: ClaimPlan) -> ClaimPlan:
+        """Sharing state, then the CDI spec that may point at it. Both idempotent. Returns the plan
+        as realized (MIG devices created at prepare filled in)."""
+        realized, spec = self._realize(plan)
         if self.cdi.write(plan.claim.uid, spec):
             log.info(
                 "CDI spec written",
                 extra={"uid": plan.claim.uid, "path": str(self.cdi.path_for(plan.claim.uid))},
             )
+        return realized
 
     def _spec(self, plan: ClaimPlan) -> cdi.Spec:
-        """The claim's spec, after its sharing state; the driver files first, so a claim whose
-        containers would lack them fails before anything is set up for it."""
+        return self._realize(plan)[1]
+
+    def _realize(self, plan: ClaimPlan) -> tuple[ClaimPlan, cdi.Spec]:
+        """The plan as realized and the claim's spec, after its sharing state; the driver files first,
+        so a claim whose containers would lack them fails before anything is set up for it."""
         driver_edits = None
         if self.driver_files is not None:
             try:
@@ -511,7 +527,7 @@ class GpuDriver:
                 message = f"CUDA containers cannot get the NVIDIA driver files: {err}"
                 raise PlanError(err.reason, message) from None
         plan = self.sharing.apply(plan)  # the plan as realized: created MIG devices filled in
-        return render_spec(plan, self.sharing.host_dir_for(plan), self.cdi_kind, driver_edits)
+        return plan, render_spec(plan, self.sharing.host_dir_for(plan), self.cdi_kind, driver_edits)
 
     async def _unprepare(self, claim: ClaimRef) -> None:
         removed = False
@@ -526,6 +542,9 @@ class GpuDriver:
         if known:
             self.metrics.prepared_claims.set(len(self.checkpoint))
             await self.checkpoint.commit()
+            if self.status is not None:
+                # Only a claim we prepared can carry our entries; the rest cost no API call.
+                self.status.unprepared(claim)
         log.info(
             "claim unprepared",
             extra={

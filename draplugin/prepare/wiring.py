@@ -13,7 +13,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from dracommon.kubeapi import AsyncKubeApi, KubeApi, load_api_client
+from prometheus_client import REGISTRY, CollectorRegistry
+
+from dracommon.kubeapi import ApiError, AsyncKubeApi, KubeApi, load_api_client
+from dracommon.kubeversion import VersionError, server_version
 from draplugin.cdi import driverfiles
 from draplugin.cdi.driverlayout import DriverRoot, DriverRootError
 from draplugin.cdi.spec import SpecStore
@@ -28,9 +31,11 @@ from draplugin.events import KubeEvents
 from draplugin.metrics import ClaimMetrics
 from draplugin.prepare import mps, timeslice
 from draplugin.prepare.api import DEFAULT_WORKERS, REQUEST_TIMEOUT_S, KubeClaimReader
+from draplugin.prepare.claimstatus import ClaimStatusWriter, enabled_for
 from draplugin.prepare.driver import GpuDriver
 from draplugin.prepare.drivertools import DriverTools
-from draplugin.prepare.mps import MpsDaemons
+from draplugin.prepare.mps import DaemonRunner, MpsDaemons
+from draplugin.prepare.mpspod import PodRunner, PodSettings
 from draplugin.prepare.sharing import SharingState
 from draplugin.prepare.timeslice import TimeSlicer
 
@@ -93,16 +98,60 @@ def _mig_partitioner(settings: Settings, backend: DeviceBackend) -> MigPartition
     return None
 
 
+def _mps_runner(settings: Settings, api: KubeApi, tools: DriverTools) -> DaemonRunner | None:
+    """`--mps-daemon=pod`: a Pod per claim (the chart); else None, processes of this plugin."""
+    if settings.mps_daemon != "pod":
+        return None
+    assert settings.mps_daemon_image is not None and settings.pod_namespace is not None  # config checks
+    pods = PodSettings(
+        namespace=settings.pod_namespace,
+        node_name=settings.node_name,
+        driver_name=settings.driver_name,
+        image=settings.mps_daemon_image,
+        pull_policy=settings.mps_daemon_image_pull_policy,
+        driver_root=settings.driver_root,
+        driver_root_mount=settings.driver_root_mount,
+        privileged=settings.backend == "nvml",  # real GPUs: the daemon opens their device nodes
+    )
+    return PodRunner(api, pods, library_path=tools.library_path)
+
+
 def _sharing(
-    settings: Settings, backend: DeviceBackend, files: driverfiles.DriverFiles | None
+    settings: Settings, backend: DeviceBackend, files: driverfiles.DriverFiles | None, api: KubeApi
 ) -> SharingState:
     """MIG from the backend; MPS daemons and time-slices through the driver root's own tools."""
     tools = DriverTools(files) if files is not None else None
     return SharingState(
         settings.state_dir,
         mig_partitioner=_mig_partitioner(settings, backend),
-        mps_daemons=MpsDaemons(lambda: tools.path(mps.CONTROL)) if tools is not None else None,
+        mps_daemons=(
+            MpsDaemons(lambda: tools.path(mps.CONTROL), runner=_mps_runner(settings, api, tools))
+            if tools is not None
+            else None
+        ),
         time_slicer=TimeSlicer(lambda: tools.path(timeslice.TOOL)) if tools is not None else None,
+    )
+
+
+def _claim_status(
+    settings: Settings, api: KubeApi, async_api: AsyncKubeApi, registry: CollectorRegistry = REGISTRY
+) -> ClaimStatusWriter | None:
+    """The status.devices writer, if `--device-status` (auto: the server's release) turns it on."""
+    version = settings.kubernetes_version
+    if settings.device_status == "auto" and version is None:
+        try:
+            version = server_version(api)
+        except (ApiError, VersionError) as err:
+            # Off rather than guessed: a write the server may not narrow is worse than no status.
+            log.warning(
+                "cannot read the server's release: status.devices stays off", extra={"error": str(err)}
+            )
+            return None
+    if not enabled_for(settings.device_status, version):
+        log.info("status.devices is off", extra={"device_status": settings.device_status})
+        return None
+    return ClaimStatusWriter(
+        async_api, driver_name=settings.driver_name, node_name=settings.node_name, registry=registry
     )
 
 
@@ -123,19 +172,22 @@ def driver_from_settings(settings: Settings, backend: DeviceBackend | None = Non
     boot_id = read_boot_id(Path(os.environ.get(BOOT_ID_FILE_ENV) or DEFAULT_BOOT_ID_PATH))
     events = KubeEvents(api, settings.driver_name, settings.node_name)
     files = _driver_files(settings, backend, events)
+    # retries=0: the reader and the status writer retry themselves, within their own limits.
+    async_api = AsyncKubeApi(api, DEFAULT_WORKERS, retries=0)
     driver = GpuDriver(
         driver_name=settings.driver_name,
         node_name=settings.node_name,
         devices=devices,
-        # retries=0: the reader retries within the prepare's deadline; urllib3's own would outlast it.
-        claims=KubeClaimReader(AsyncKubeApi(api, DEFAULT_WORKERS, retries=0)),
+        # The reader retries within the prepare's deadline; urllib3's own retries would outlast it.
+        claims=KubeClaimReader(async_api),
         cdi_store=SpecStore(settings.cdi_root, settings.driver_name),
         checkpoint=CheckpointStore(settings.state_dir / CHECKPOINT_FILE, boot_id),
-        sharing=_sharing(settings, backend, files),
+        sharing=_sharing(settings, backend, files, api),
         events=events,
         metrics=ClaimMetrics(),
         driver_files=files,
         api_deadline_s=settings.prepare_api_deadline_s,
+        status=_claim_status(settings, api, async_api),
     )
     driver.recover()
     log.info(

@@ -31,6 +31,7 @@ from devcluster.kubelet import KubeletNode
 from devcluster.pods import wait_running, workload_report
 from devcluster.wait import wait_for
 from dracommon.kubeapi import ApiError, KubeApi
+from dracommon.kubeversion import server_version
 from draplugin.kubelet.sockets import socket_paths
 from draplugin.prepare.plan import env_key
 from tests.e2e.inside import log_env
@@ -146,6 +147,26 @@ def assert_container_got_its_gpu(api: KubeApi, node: KubeletNode, namespace: str
     return device
 
 
+def assert_device_status(api: KubeApi, node: KubeletNode, namespace: str, pod_name: str, device: str) -> None:
+    """The plugin pod's own writes (chart `deviceStatus: auto`, its RBAC, its pod-bound token): the
+    GPU's UUID in status.devices on 1.36+; nothing on 1.34/1.35, where the grant cannot be narrowed."""
+    found = api.get(f"{RESOURCE}/resourceslices", query={"fieldSelector": f"spec.nodeName={node.name}"})
+    uuids = {
+        d["name"]: d["attributes"]["uuid"]["string"] for s in found["items"] for d in s["spec"]["devices"]
+    }
+
+    def ours() -> list[dict[str, Any]]:
+        entries = claim_of(api, namespace, pod_name)["status"].get("devices", [])
+        return [e for e in entries if e["driver"] == DRIVER]
+
+    if server_version(api) >= (1, 36):
+        (entry,) = wait_for("the plugin pod to write status.devices", ours, 60)
+        assert entry["device"] == device and entry["data"]["uuid"] == uuids[device]
+        assert [c["type"] for c in entry["conditions"] if c["status"] == "True"] == ["Ready"]
+    else:
+        assert ours() == []
+
+
 def delete_pod_and_wait_unprepared(api: KubeApi, node: KubeletNode, namespace: str, pod_name: str) -> None:
     """Delete the pod; its claim goes with it once the plugin unprepared it (CDI spec removed)."""
     claim_uid = claim_of(api, namespace, pod_name)["metadata"]["uid"]
@@ -177,6 +198,7 @@ def test_the_chart_runs_the_plugin_and_prepares_a_claim(
         assert device in WHOLE_GPUS
         claim = claim_of(api, release.namespace, "gpu-app")
         assert cdi_specs(kubelet_node, claim["metadata"]["uid"]), "no CDI spec for the prepared claim"
+        assert_device_status(api, kubelet_node, release.namespace, "gpu-app", device)
         delete_pod_and_wait_unprepared(api, kubelet_node, release.namespace, "gpu-app")
 
 

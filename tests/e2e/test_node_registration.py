@@ -1,5 +1,6 @@
 """`draplugin run` alone makes a node usable: it registers with the real kubelet, publishes the
-node's ResourceSlices itself, and a pod claiming one GPU runs with our CDI device.
+node's ResourceSlices itself, streams device health in the kubelet's preferred version, and a
+pod claiming one GPU runs with our CDI device.
 
 Nothing in this process publishes slices or prepares claims: the scheduler
 allocates from what the daemon published, and the kubelet prepares through
@@ -32,6 +33,7 @@ from devcluster.controlplane import ControlPlane
 from devcluster.kubelet import KubeletNode
 from devcluster.wait import wait_for
 from dracommon.kubeapi import KubeApi
+from dracommon.kubeversion import server_version
 from draplugin.kubelet.sockets import socket_paths
 from tests.e2e import inside
 from tests.e2e.workloads import claim_pod
@@ -110,6 +112,13 @@ def node_slices(api: KubeApi, node: str) -> list[dict[str, Any]]:
     return items
 
 
+def health_streams(daemon: Daemon, version: str) -> float:
+    """How many device health streams of this DRAResourceHealth version the kubelet opened."""
+    prefix = f'draplugin_kubelet_health_streams_total{{version="{version}"}} '
+    lines = [line for line in daemon.metrics().splitlines() if line.startswith(prefix)]
+    return float(lines[0].removeprefix(prefix)) if lines else 0.0
+
+
 def registered(daemon: Daemon) -> bool:
     assert daemon.proc.poll() is None, daemon.log_text()
     return 'draplugin_kubelet_registration_notifications_total{registered="true"} 1.0' in daemon.metrics()
@@ -136,6 +145,14 @@ def test_daemon_registers_publishes_and_runs_a_pod_with_our_cdi_device(
     with kube_cluster.api_client() as client:
         api = KubeApi(client)
         node_uid = api.get(f"/api/v1/nodes/{kubelet_node.name}")["metadata"]["uid"]
+        # The kubelet opened the device health stream in the newest version both sides know:
+        # v1 from 1.37 on; v1alpha1 before (1.34 with ResourceHealthStatus on, as devcluster sets it).
+        _, minor = server_version(api)
+        chosen, other = ("v1", "v1alpha1") if minor >= 37 else ("v1alpha1", "v1")
+        wait_for(
+            f"the kubelet to open the {chosen} health stream", lambda: health_streams(daemon, chosen), 60
+        )
+        assert health_streams(daemon, other) == 0, daemon.metrics()
 
         def two_devices() -> list[dict[str, Any]] | None:
             slices = node_slices(api, kubelet_node.name)
@@ -178,6 +195,20 @@ def test_daemon_registers_publishes_and_runs_a_pod_with_our_cdi_device(
         assert inside.log_env(log)[f"DRAPLUGIN_DEVICE_{key}_NAME"] == result["device"]
         index = inside.log_env(log)[f"DRAPLUGIN_DEVICE_{key}_INDEX"]
         assert re.search(rf"^c.* 1, +3 .* nvidia{index}$", log, re.MULTILINE), log
+        # status.devices (--device-status=auto): the GPU's UUID on 1.36+, nothing on 1.34/1.35.
+        claim_url = f"{RESOURCE}/namespaces/{ns}/resourceclaims/{claim_name}"
+        uuids = {d["name"]: d["attributes"]["uuid"]["string"] for d in published["spec"]["devices"]}
+        if minor >= 36:
+
+            def device_status() -> list[dict[str, Any]] | None:
+                found: list[dict[str, Any]] | None = api.get(claim_url).get("status", {}).get("devices")
+                return found
+
+            (entry,) = wait_for("the plugin to write status.devices", device_status, 30)
+            assert (entry["driver"], entry["device"]) == (DRIVER, result["device"])
+            assert entry["data"]["uuid"] == uuids[result["device"]]
+        else:
+            assert "devices" not in claim["status"]
         # The claim went through our prepare driver and its checkpoint.
         checkpoint = json.loads((daemon.state_dir / "checkpoint.json").read_text())
         assert [c["uid"] for c in checkpoint["claims"]] == [claim["metadata"]["uid"]]

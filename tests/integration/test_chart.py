@@ -52,6 +52,8 @@ NON_DEFAULT_VALUES: dict[str, Any] = {
         "extraArgs": ["--log-level=debug"],
         "podAnnotations": {"example.com/team": "ml"},
         "deviceStatus": True,
+        "devicePluginCoexistence": "split:1",
+        "devicePluginDir": "/data/device-plugins",
     },
     "controller": {
         "replicas": 2,
@@ -63,7 +65,11 @@ NON_DEFAULT_VALUES: dict[str, Any] = {
     "deviceClasses": {
         "mig": False,
         "byModel": [
-            {"name": "a100.gpu.example.com", "productName": "NVIDIA A100-SXM4-40GB"},
+            {
+                "name": "a100.gpu.example.com",
+                "productName": "NVIDIA A100-SXM4-40GB",
+                "extendedResourceName": "example.com/a100",
+            },
             {
                 "name": "shared-l4.gpu.example.com",
                 "productName": "NVIDIA L4",
@@ -267,6 +273,8 @@ def test_non_default_values_reach_every_object(helm_home: Path) -> None:
     assert env["BACKEND"] == "fake"
     assert env["KUBELET_ROOT_DIR"] == "/data/kubelet"
     assert env["EXTRA"] == "1"
+    assert env["DEVICE_PLUGIN_COEXISTENCE"] == "split:1"
+    assert env["DEVICE_PLUGIN_DIR"] == "/data/device-plugins"
     assert "NVML_LIB_PATH" not in env
     assert "livenessProbe" not in container
     assert "startupProbe" not in container
@@ -284,6 +292,8 @@ def test_non_default_values_reach_every_object(helm_home: Path) -> None:
         "plugin-dir": "/data/kubelet/plugins/gpu.example.com",
         "cdi": "/etc/cdi",
         "state": "/data/gpudra",
+        "device-plugins": "/data/device-plugins",
+        "host-proc": "/proc",  # usage metrics: GPU processes to pods (test_chart_usage.py)
     }
     assert pod["nodeSelector"] == {"example.com/gpu": "yes"}
     assert pod["imagePullSecrets"] == [{"name": "regcred"}]
@@ -344,13 +354,75 @@ def test_non_default_values_reach_every_object(helm_home: Path) -> None:
     assert 'c.opaque.driver == "gpu.example.com"' in problems and '"gpu.example.com/v1alpha1"' in problems
 
 
-def test_device_status_rbac_is_off_by_default(helm_home: Path) -> None:
-    """Nothing writes status.devices yet: no plugin may write claim status by default."""
-    roles = by_kind(render_chart(helm_home), "ClusterRole")
-    plugin_role = next(r for r in roles if r["metadata"]["name"].endswith("kubelet-plugin"))
+@pytest.mark.parametrize(
+    ("kube_version", "values", "expected"),
+    [
+        ("v1.34.4", {}, "off"),
+        ("v1.35.2", {}, "off"),
+        ("v1.36.0", {}, "on"),
+        ("v1.37.2", {}, "on"),
+        ("v1.37.2", {"kubeletPlugin": {"deviceStatus": False}}, "off"),
+    ],
+)
+def test_device_status_defaults_on_only_where_the_server_narrows_the_grant(
+    helm_home: Path, kube_version: str, values: dict[str, Any], expected: str
+) -> None:
+    """`auto`: the plugin writes status.devices, and may, only on 1.36+; its setting follows the RBAC."""
+    objects = render_chart(helm_home, values, kube_version=kube_version)
+    plugin_role = next(
+        r for r in by_kind(objects, "ClusterRole") if r["metadata"]["name"].endswith("kubelet-plugin")
+    )
     resources = {res for rule in plugin_role["rules"] for res in rule["resources"]}
-    assert "resourceclaims/status" not in resources
-    assert "resourceclaims/driver" not in resources
+    granted = {"resourceclaims/status", "resourceclaims/driver"} <= resources
+    assert granted is (expected == "on")
+    if expected == "off":
+        assert not resources & {"resourceclaims/status", "resourceclaims/driver"}
+    (container,) = only(objects, "DaemonSet")["spec"]["template"]["spec"]["containers"]
+    assert container_env(container)["DEVICE_STATUS"] == expected
+
+
+def test_mps_daemon_pods_get_pods_of_the_release_namespace_only(helm_home: Path) -> None:
+    """MPS daemons as Pods (the default): the plugin may get/list/create/delete pods of its own
+    namespace, nothing more; the daemon Pods run this image; process mode grants nothing."""
+    objects = render_chart(helm_home)
+    (role,) = [r for r in by_kind(objects, "Role") if r["metadata"]["name"].endswith("kubelet-plugin-mps")]
+    assert role["metadata"]["namespace"] == "draplugin-system"
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "create", "delete"]}
+    ]
+    (binding,) = [
+        b for b in by_kind(objects, "RoleBinding") if b["roleRef"]["name"] == role["metadata"]["name"]
+    ]
+    (subject,) = binding["subjects"]
+    ds = only(objects, "DaemonSet")
+    pod = ds["spec"]["template"]["spec"]
+    assert subject["name"] == pod["serviceAccountName"] and subject["namespace"] == "draplugin-system"
+    plugin_role = next(
+        r for r in by_kind(objects, "ClusterRole") if r["metadata"]["name"].endswith("kubelet-plugin")
+    )
+    assert all("pods" not in rule["resources"] for rule in plugin_role["rules"])  # nothing cluster-wide
+    env = container_env(pod["containers"][0])
+    assert env["MPS_DAEMON"] == "pod" and env["MPS_DAEMON_IMAGE"] == pod["containers"][0]["image"]
+    assert env["POD_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    process = render_chart(helm_home, {"kubeletPlugin": {"mpsDaemon": "process"}})
+    assert not [r for r in by_kind(process, "Role") if r["metadata"]["name"].endswith("kubelet-plugin-mps")]
+    assert (
+        container_env(only(process, "DaemonSet")["spec"]["template"]["spec"]["containers"][0])["MPS_DAEMON"]
+        == "process"
+    )
+
+
+def test_fake_gpus_mount_a_stand_in_driver_root_only_when_named(helm_home: Path) -> None:
+    fake = {"kubeletPlugin": {"backend": "fake", "privileged": False}}
+    none = only(render_chart(helm_home, fake), "DaemonSet")["spec"]["template"]["spec"]
+    assert "DRIVER_ROOT" not in container_env(none["containers"][0])
+    named = {"kubeletPlugin": {**fake["kubeletPlugin"], "fakeDriverRoot": "/opt/stand-in"}}
+    pod = only(render_chart(helm_home, named), "DaemonSet")["spec"]["template"]["spec"]
+    env = container_env(pod["containers"][0])
+    assert (env["DRIVER_ROOT"], env["DRIVER_ROOT_MOUNT"]) == ("/opt/stand-in", "/driver-root")
+    assert "NVML_LIB_PATH" not in env
+    volume = next(v for v in pod["volumes"] if v["name"] == "driver-root")
+    assert volume["hostPath"]["path"] == "/opt/stand-in"
 
 
 @pytest.mark.parametrize("kube_version", ["v1.34.4", "v1.35.2"])
@@ -360,7 +432,7 @@ def test_device_status_is_refused_where_the_server_cannot_narrow_it(
     """Before 1.36 a resourceclaims/status grant is cluster-wide: the chart refuses it, naming the release."""
     with pytest.raises(HelmError, match=r"deviceStatus needs Kubernetes 1\.36"):
         render_chart(helm_home, {"kubeletPlugin": {"deviceStatus": True}}, kube_version=kube_version)
-    # The default (off) renders on the same release.
+    # The default (auto: off there) renders on the same release.
     assert render_chart(helm_home, kube_version=kube_version)
 
 

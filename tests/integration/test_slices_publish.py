@@ -256,3 +256,70 @@ def test_scheduler_allocates_by_product_name_and_memory(
     ]
     assert results == [(DRIVER, node, "gpu-2")]
     assert pod["spec"]["nodeName"] == node
+
+
+NUMA_NODE = "resource.kubernetes.io/numaNode"
+
+
+def test_scheduler_aligns_two_gpus_on_one_numa_node_by_the_standard_attribute(
+    kube_cluster: ControlPlane,
+    fake_node: Callable[..., str],
+    test_namespace: str,
+    gpu_device_class: str,
+) -> None:
+    label = {"draplugin.dev/test": uuid.uuid4().hex[:8]}
+    node = fake_node(labels=label)
+    # gpu-0 alone on node 0, gpu-1 and gpu-2 on node 1, gpu-3 with no affinity (no attribute):
+    # two GPUs that must share a NUMA node can only be gpu-1 and gpu-2.
+    config = parse_config({
+        "gpus": [
+            {"model": "L4", "numaNode": 0},
+            {"model": "L4", "count": 2, "numaNode": 1},
+            {"model": "L4"},
+        ],
+    })  # fmt: skip
+    backend = FakeBackend(node, config)
+    ns = f"/api/v1/namespaces/{test_namespace}"
+    resource_ns = f"{RESOURCE_V1}/namespaces/{test_namespace}"
+    with kube_cluster.api_client() as api:
+        rest = KubeApi(api)
+        make_publisher(rest, node, backend_source(backend)).sync()
+        # The server keeps the scalar int form on every release we support (no gate needed for it).
+        stored = {
+            d["name"]: d["attributes"].get(NUMA_NODE)
+            for s in our_slices(rest, node)
+            for d in s["spec"]["devices"]
+        }
+        assert stored == {"gpu-0": {"int": 0}, "gpu-1": {"int": 1}, "gpu-2": {"int": 1}, "gpu-3": None}
+        rest.create(f"{resource_ns}/resourceclaims", {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": "two-near"},
+            "spec": {"devices": {
+                "requests": [{"name": "gpus", "exactly": {"deviceClassName": gpu_device_class, "count": 2}}],
+                "constraints": [{"matchAttribute": NUMA_NODE}],
+            }},
+        })  # fmt: skip
+        rest.create(f"{ns}/pods", {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "numa-user"},
+            "spec": {
+                "nodeSelector": label,
+                "automountServiceAccountToken": False,
+                "resourceClaims": [{"name": "gpus", "resourceClaimName": "two-near"}],
+                "containers": [{
+                    "name": "main",
+                    "image": "registry.k8s.io/pause:3.10",
+                    "resources": {"claims": [{"name": "gpus"}]},
+                }],
+            },
+        })  # fmt: skip
+
+        def allocated() -> dict[str, Any] | None:
+            claim = rest.get(f"{resource_ns}/resourceclaims/two-near")
+            return claim if claim.get("status", {}).get("allocation") else None
+
+        claim = wait_for("the scheduler to allocate the claim", allocated, 60)
+    devices = sorted(r["device"] for r in claim["status"]["allocation"]["devices"]["results"])
+    assert devices == ["gpu-1", "gpu-2"]

@@ -198,9 +198,42 @@ def test_pcie_roots_past_the_first_pci_domain() -> None:
     assert len(set(roots)) == 5
 
 
+NUMA_NODE = "resource.kubernetes.io/numaNode"
+
+
+def test_numa_node_comes_from_each_entry_and_is_absent_without_one() -> None:
+    config = parse_config({
+        "gpus": [
+            {"model": "H100-80GB-HBM3", "count": 2, "numaNode": 0},
+            {"model": "A100-SXM4-80GB", "mig": ["1g.10gb"], "numaNode": 1},
+            {"model": "L4"},
+        ],
+    })  # fmt: skip
+    devices = FakeBackend("n", config).discover()
+    assert {d.name: d.attributes.get(NUMA_NODE) for d in devices} == {
+        "gpu-0": 0,
+        "gpu-1": 0,
+        # A MIG device is on its parent's NUMA node.
+        "gpu-2-mig-1g10gb-0": 1,
+        # No numaNode: no affinity, so no attribute (a shared -1 would pair every such GPU).
+        "gpu-3": None,
+    }
+    assert NUMA_NODE not in devices[3].attributes
+    validate_devices(devices, [])
+
+
+def test_flags_only_fake_gpus_publish_no_numa_node() -> None:
+    gpus = FakeBackend("n", config_from_flags(2, "L4")).discover()
+    assert all(NUMA_NODE not in g.attributes for g in gpus)
+
+
 @pytest.mark.parametrize(
     ("data", "message"),
     [
+        ({"gpus": [{"numaNode": -1}]}, "gpus[0].numaNode: must be an integer from 0 to 1023, got -1"),
+        ({"gpus": [{"numaNode": 1024}]}, "gpus[0].numaNode: must be an integer from 0 to 1023, got 1024"),
+        ({"gpus": [{"numaNode": "0"}]}, "gpus[0].numaNode: must be an integer from 0 to 1023, got '0'"),
+        ({"gpus": [{"numaNode": True}]}, "gpus[0].numaNode: must be an integer from 0 to 1023, got True"),
         ({"gpus": [{"model": "Z9000"}]}, "gpus[0].model: unknown model 'Z9000'"),
         ({"gpus": [{"model": "L4", "mig": ["1g.5gb"]}]}, "gpus[0]: model L4 does not support MIG"),
         ({"gpus": [{"mig": ["9g.99gb"]}]}, "unknown MIG profile '9g.99gb'"),

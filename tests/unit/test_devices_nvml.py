@@ -15,6 +15,7 @@ from draplugin.devices.nvml import (
     NvmlUnavailableError,
     find_library,
     normalize_bus_id,
+    numa_node,
     pcie_root,
 )
 from tests.unit.fakenvml import FakeEvent, FakeNvml, a10g, h100_with_mig
@@ -142,6 +143,47 @@ def test_bus_id_and_pcie_root(tmp_path: Path) -> None:
     (tmp_path / "bus/pci/devices/0000:3b:00.0").symlink_to(device_dir)
     assert pcie_root(str(tmp_path), "0000:3b:00.0") == "pci0000:3a"
     assert pcie_root(str(tmp_path), "0000:99:00.0") is None
+
+
+def sysfs_with_numa(root: Path, bus_id: str, text: str) -> Path:
+    """A sysfs tree where the PCI device `bus_id` reports `text` as its numa_node."""
+    device_dir = root / "devices/pci0000:3a/0000:3a:00.0" / bus_id
+    device_dir.mkdir(parents=True)
+    (device_dir / "numa_node").write_text(text)
+    (root / "bus/pci/devices").mkdir(parents=True, exist_ok=True)
+    (root / "bus/pci/devices" / bus_id).symlink_to(device_dir)
+    return root
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("1\n", 1), ("0\n", 0), ("-1\n", None), ("1024\n", None), ("garbage\n", None), ("", None)],
+)
+def test_numa_node_from_sysfs_and_no_affinity_means_none(
+    tmp_path: Path, text: str, expected: int | None
+) -> None:
+    root = sysfs_with_numa(tmp_path, "0000:3b:00.0", text)
+    assert numa_node(str(root), "0000:3b:00.0") == expected
+    # A device sysfs does not know has no NUMA node either, rather than an error.
+    assert numa_node(str(root), "0000:99:00.0") is None
+
+
+def test_gpu_publishes_the_standard_numa_attribute_from_sysfs_on_it_and_its_mig_devices(
+    tmp_path: Path,
+) -> None:
+    root = sysfs_with_numa(tmp_path, "0000:3b:00.0", "1\n")
+    (gpu,) = backend(FakeNvml([a10g()]), sysfs_root=str(root)).discover()
+    assert gpu.attributes["resource.kubernetes.io/numaNode"] == 1
+    # The H100 sits at bus 0x18: its MIG devices share the parent's NUMA node.
+    sysfs_with_numa(tmp_path, "0000:18:00.0", "0\n")
+    migs = backend(FakeNvml([h100_with_mig()]), sysfs_root=str(root)).discover()
+    assert migs and {d.attributes["resource.kubernetes.io/numaNode"] for d in migs} == {0}
+
+
+def test_gpu_without_numa_affinity_publishes_no_numa_attribute(tmp_path: Path) -> None:
+    root = sysfs_with_numa(tmp_path, "0000:3b:00.0", "-1\n")
+    (gpu,) = backend(FakeNvml([a10g()]), sysfs_root=str(root)).discover()
+    assert "resource.kubernetes.io/numaNode" not in gpu.attributes
 
 
 def test_events_taint_the_right_devices() -> None:

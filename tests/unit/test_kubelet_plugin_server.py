@@ -20,7 +20,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from draplugin.kubelet._proto.dra.v1 import api_pb2 as v1
 from draplugin.kubelet._proto.dra.v1 import api_pb2_grpc as v1_grpc
-from draplugin.kubelet._proto.dra_health.v1alpha1 import api_pb2 as health_pb
+from draplugin.kubelet._proto.dra_health.v1 import api_pb2 as health_v1
+from draplugin.kubelet._proto.dra_health.v1alpha1 import api_pb2 as health_v1alpha1
 from draplugin.kubelet.interface import (
     ClaimError,
     ClaimRef,
@@ -265,15 +266,24 @@ async def test_per_pod_sockets_register(kubelet_root: Path, driver: FakeDriver) 
             assert await plugin.prepare([claim(1)])
 
 
-async def test_device_health_is_advertised_and_streamed(kubelet_root: Path, driver: FakeDriver) -> None:
+@pytest.mark.parametrize("version", ["v1", "v1alpha1"])
+async def test_device_health_is_advertised_newest_first_and_streamed_in_both_versions(
+    kubelet_root: Path, driver: FakeDriver, version: str
+) -> None:
     health = FakeHealth()
     async with KubeletPluginServer(driver, options(kubelet_root), health_source=health) as server:
-        assert server.advertised_versions[-1] == "v1alpha1.DRAResourceHealth"
+        # The 1.37 kubelet takes the first health service it knows, so v1 must come first.
+        assert server.advertised_versions == [
+            "v1.DRAPlugin",
+            "v1beta1.DRAPlugin",
+            "v1.DRAResourceHealth",
+            "v1alpha1.DRAResourceHealth",
+        ]
         async with FakeKubelet(kubelet_root / "plugins_registry") as kubelet:
             async with asyncio.timeout(WAIT):
                 plugin = await kubelet.register_plugin()
             assert plugin.version == "v1.DRAPlugin"
-            stream = plugin.watch_health()
+            stream = plugin.watch_health() if version == "v1" else plugin.watch_health_v1alpha1()
             long_message = "x" * 2000
             await health.snapshots.put(
                 [
@@ -284,7 +294,9 @@ async def test_device_health_is_advertised_and_streamed(kubelet_root: Path, driv
             async with asyncio.timeout(WAIT):
                 first = await stream.read()
             stream.cancel()
-    assert isinstance(first, health_pb.NodeWatchResourcesResponse)
+    # Each version answers in its own package's message type, decoded by its own stub.
+    expected_type = health_v1 if version == "v1" else health_v1alpha1
+    assert isinstance(first, expected_type.NodeWatchResourcesResponse)
     got = [(d.device.pool_name, d.device.device_name, d.health, d.last_updated_time) for d in first.devices]
     assert got == [("node-a", "gpu-0", 1, 1700000000), ("node-a", "gpu-1", 2, 1700000001)]
     assert [d.health_check_timeout_seconds for d in first.devices] == [60, 0]

@@ -19,7 +19,7 @@ from dracommon.kubeapi import ApiError
 from draplugin import config
 from draplugin.config import Settings
 from draplugin.devices import DeviceBackend
-from draplugin.kubelet._proto.dra_health.v1alpha1 import api_pb2 as health_pb
+from draplugin.kubelet._proto.dra_health.v1 import api_pb2 as health_pb
 from draplugin.kubelet.interface import ClaimRef, Driver
 from draplugin.kubelet.sockets import SocketPathError, socket_paths
 from draplugin.node import NodeDaemon, NodeUnavailable, build_backend

@@ -136,3 +136,14 @@ def test_1_34_layout_rejects_a_counter_set_whose_consumers_exceed_one_slice() ->
         plan_slices(devices, [counter_set], layout=SliceLayout.COUNTERS_WITH_DEVICES)
     # 1.35+ has no such limit: the set has a slice of its own and devices spread over two.
     assert len(plan_slices(devices, [counter_set])) == 3
+
+
+def test_numa_node_renders_as_the_standard_scalar_int_and_keeps_128_per_slice() -> None:
+    config = parse_config({"gpus": [{"model": "L4", "count": 129, "numaNode": 1}, {"model": "L4"}]})
+    devices = FakeBackend(NODE, config).discover()
+    slices = render_pool(devices, [], node=NodeRef(NODE, "u1"), driver=DRIVER)
+    rendered = [d for s in slices for d in s["spec"]["devices"]]
+    assert rendered[0]["attributes"]["resource.kubernetes.io/numaNode"] == {"int": 1}
+    assert "resource.kubernetes.io/numaNode" not in rendered[-1]["attributes"]
+    # A scalar attribute, not a list one: the 128-device limit stays.
+    assert [len(s["spec"]["devices"]) for s in slices] == [128, 2]

@@ -16,6 +16,7 @@ from google.protobuf import descriptor_pb2
 
 from draplugin.kubelet._proto.dra.v1 import api_pb2 as dra_v1
 from draplugin.kubelet._proto.dra.v1beta1 import api_pb2 as dra_v1beta1
+from draplugin.kubelet._proto.dra_health.v1 import api_pb2 as health_v1
 from draplugin.kubelet._proto.dra_health.v1alpha1 import api_pb2 as health_v1alpha1
 from tests.wirecontract import (
     UPSTREAM_FILES,
@@ -201,3 +202,16 @@ def test_v1_and_v1beta1_messages_are_wire_compatible() -> None:
     assert as_v1.claims["uid-1"].devices[0].device_name == "gpu-0"
     assert as_v1.claims["uid-1"].error == "boom"
     assert dra_v1beta1.NodePrepareResourcesResponse.FromString(as_v1.SerializeToString()) == beta
+
+
+def test_health_v1_and_v1alpha1_differ_only_in_their_package() -> None:
+    """The plugin builds one v1 response and re-reads its bytes as v1alpha1 (health.to_v1alpha1):
+    that is sound only while the two files declare the same things under different packages."""
+    v1 = contract_of(our_descriptor(health_v1))
+    alpha = contract_of(our_descriptor(health_v1alpha1))
+    renamed = {
+        key.replace(".v1alpha1.", ".v1."): value.replace(".v1alpha1.", ".v1.") for key, value in alpha.items()
+    }
+    assert renamed.pop("package") == "v1alpha1" and v1.pop("package") == "v1"
+    assert differences(v1, renamed) == []
+    assert "service .v1.DRAResourceHealth" in v1

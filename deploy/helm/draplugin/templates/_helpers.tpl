@@ -69,3 +69,15 @@ namespace in their name so two releases in different namespaces never collide.
 {{- define "draplugin.registrationDir" -}}
 {{- printf "%s/plugins_registry" (trimSuffix "/" .Values.kubeletPlugin.kubeletRootDir) -}}
 {{- end -}}
+
+{{/*
+"on" or "off": whether the plugin writes status.devices and gets the RBAC for it.
+kubeletPlugin.deviceStatus "auto" is on only where the server narrows the grant
+(Kubernetes 1.36+, granular status authorization); true before 1.36 fails in
+kubeletplugin-rbac.yaml.
+*/}}
+{{- define "draplugin.kubeletPlugin.deviceStatus" -}}
+{{- $mode := toString .Values.kubeletPlugin.deviceStatus -}}
+{{- $narrow := semverCompare ">=1.36.0-0" .Capabilities.KubeVersion.Version -}}
+{{- if or (eq $mode "true") (and (eq $mode "auto") $narrow) -}}on{{- else -}}off{{- end -}}
+{{- end -}}
