@@ -83,6 +83,8 @@ def unmount_below(directory: Path) -> None:
 
 
 RUNTIMES = ("containerd", "fakecri")
+# k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1.DevicePluginPath: not under --root-dir.
+KUBELET_DEVICE_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
 UNINITIALIZED_TAINT = "node.cloudprovider.kubernetes.io/uninitialized"
 
 
@@ -97,6 +99,7 @@ class KubeletNode:
         startup_timeout: float = 120.0,
         remove_state_on_stop: bool = True,
         runtime: str = "containerd",
+        private_device_plugin_dir: bool = False,
     ) -> None:
         if runtime not in RUNTIMES:
             raise ValueError(f"unknown container runtime {runtime!r}; choose one of: {', '.join(RUNTIMES)}")
@@ -115,6 +118,17 @@ class KubeletNode:
             Containerd(self.processes, state_dir, self.cdi_root, name) if runtime == "containerd" else None
         )
         self._fakecri_socket = state_dir / "cri.sock"
+        # The kubelet's device plugin directory is a constant, /var/lib/kubelet/device-plugins,
+        # whatever --root-dir says, so every kubelet on the machine would share it (the last one
+        # started owns kubelet.sock, and its checkpoint file outlives it). With
+        # `private_device_plugin_dir` the kubelet runs in a mount namespace of its own where this
+        # directory is bound there: a device plugin registers with this kubelet alone. The price:
+        # mounts the kubelet makes (projected volumes such as service account tokens) are not seen
+        # by the runtime, which runs outside that namespace, so pods on such a node should not need
+        # them (`automountServiceAccountToken: false`).
+        self.device_plugin_dir: Path | None = (
+            state_dir / "device-plugins" if private_device_plugin_dir else None
+        )
 
     @property
     def cri_socket(self) -> Path:
@@ -267,8 +281,21 @@ class KubeletNode:
         path.write_text(yaml.safe_dump(config, sort_keys=False))
         return path
 
+    def _private_mounts(self) -> list[str]:
+        """The command prefix that gives the kubelet its own device plugin directory, if it has one."""
+        if self.device_plugin_dir is None:
+            return []
+        self.device_plugin_dir.mkdir(parents=True, exist_ok=True)
+        KUBELET_DEVICE_PLUGIN_DIR.mkdir(parents=True, exist_ok=True)  # the mount point
+        return [
+            "unshare", "--mount", "--propagation", "private", "--",
+            "sh", "-c", 'mount --bind "$0" "$1" && shift && exec "$@"',
+            str(self.device_plugin_dir), str(KUBELET_DEVICE_PLUGIN_DIR),
+        ]  # fmt: skip
+
     def _start_kubelet(self) -> None:
         kubelet = self.processes.start(f"kubelet-{self.name}", [
+            *self._private_mounts(),
             str(self.cluster.bin_dir / "kubelet"),
             f"--config={self._config()}",
             f"--kubeconfig={self._kubeconfig()}",

@@ -22,6 +22,8 @@ _COLLECTIONS = {
     ("v1", "Namespace"): "/api/v1/namespaces",
     ("v1", "Pod"): "/api/v1/namespaces/{ns}/pods",
     ("v1", "ConfigMap"): "/api/v1/namespaces/{ns}/configmaps",
+    ("apps/v1", "Deployment"): "/apis/apps/v1/namespaces/{ns}/deployments",
+    ("batch/v1", "Job"): "/apis/batch/v1/namespaces/{ns}/jobs",
     ("resource.k8s.io/v1", "DeviceClass"): "/apis/resource.k8s.io/v1/deviceclasses",
     ("resource.k8s.io/v1", "ResourceClaim"): "/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims",
     (

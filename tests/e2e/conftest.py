@@ -9,13 +9,15 @@ import pytest
 
 from devcluster.controlplane import ControlPlane
 from devcluster.kubelet import KubeletNode
+from devcluster.manifests import EXAMPLES, collection_path, load_manifests
 from devcluster.plugin import PluginProcess
-from dracommon.kubeapi import KubeApi
+from dracommon.kubeapi import ApiError, KubeApi
 from tests.driverroot_layout import debian_layout
 from tests.e2e.cleanup import release_namespace
 from tests.e2e.plugin import running_plugin
 
 POD_TIMEOUT = 120.0
+EXTENDED_RESOURCE_CLASS = EXAMPLES / "device-plugin" / "extended-resource" / "deviceclass.yaml"
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +51,22 @@ def driver_root_plugin(
         extra_env={"DRIVER_ROOT": str(driver_root)},
     ) as process:
         yield process
+
+
+@pytest.fixture(scope="module")
+def extended_resource_class(api: KubeApi) -> Iterator[str]:
+    """The DeviceClass of examples/device-plugin/extended-resource/, which maps nvidia.com/gpu to our
+    whole GPUs (`extendedResourceName`), for the module."""
+    (doc,) = load_manifests(EXTENDED_RESOURCE_CLASS)
+    try:
+        api.create(collection_path(doc, ""), doc)
+    except ApiError as err:
+        if err.status != 409:
+            raise
+        yield doc["metadata"]["name"]  # another module's, as the file has it: left to that module
+        return
+    yield doc["metadata"]["name"]
+    api.delete(f"/apis/resource.k8s.io/v1/deviceclasses/{doc['metadata']['name']}")
 
 
 @pytest.fixture

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
-from devcluster.pods import exec_in
+from collections.abc import Sequence
+
+from devcluster.pods import container_log, exec_in
 from dracommon.kubeapi import KubeApi
+from draplugin.prepare.plan import env_key
+
+# Every GPU's CDI device injects these besides its own /dev/nvidia<index>.
+CONTROL_NODES = ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
 
 
 def log_env(log: str) -> dict[str, str]:
@@ -33,3 +39,26 @@ def mounts_in(api: KubeApi, namespace: str, pod: str, container: str) -> set[str
     code, out, err = exec_in(api, namespace, pod, container, ["cat", "/proc/self/mounts"])
     assert code == 0, err
     return {line.split()[1] for line in out.splitlines() if line.strip()}
+
+
+def container_got(
+    api: KubeApi, namespace: str, pod: str, container: str, devices: Sequence[str]
+) -> dict[str, str]:
+    """Check, from inside the container, that it got every one of `devices` (names); return its variables.
+
+    Each device's variables are in the container's log (the workload image and
+    the examples print them), and its device nodes, `/dev/nvidia<index>` and the
+    control nodes, are character devices the container can open.
+    """
+    env = log_env(container_log(api, namespace, pod, container))
+    nodes = list(CONTROL_NODES)
+    for device in devices:
+        key = env_key(device)
+        assert env.get(f"DRAPLUGIN_DEVICE_{key}_NAME") == device, (
+            f"{pod}/{container}: {device} missing: {env}"
+        )
+        assert env[f"DRAPLUGIN_DEVICE_{key}_UUID"], env
+        nodes.append(f"/dev/nvidia{env[f'DRAPLUGIN_DEVICE_{key}_INDEX']}")
+    found = device_nodes_in(api, namespace, pod, container, nodes)
+    assert found == dict.fromkeys(nodes, "ok"), f"{pod}/{container}: device nodes {found}"
+    return env

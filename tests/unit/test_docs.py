@@ -357,4 +357,3 @@ def test_published_slices_example_is_current() -> None:
     )  # fmt: skip
     committed = (REPO_ROOT / "examples" / "resourceslices" / "fake-node.yaml").read_text(encoding="utf-8")
     assert list(yaml.safe_load_all(committed)) == list(yaml.safe_load_all(proc.stdout))
-

@@ -1,0 +1,1 @@
+"""Generated gRPC stubs; edit proto/ and run `make proto` instead."""
