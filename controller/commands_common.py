@@ -13,7 +13,8 @@ from typing import Any
 
 import yaml
 
-from controller.allocation.features import Features
+from controller import extendedclaim
+from controller.allocation.features import Features, parse_feature_gates
 from controller.allocation.nodes import Node
 from controller.allocation.selectors import Compiler
 from controller.allocator import Allocator
@@ -49,6 +50,7 @@ def add_source_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--context", help="kubeconfig context to use")
     parser.add_argument("-o", "--output", choices=OUTPUT_FORMATS, default="text", help="output format")
     add_version_argument(parser)
+    add_gates_argument(parser)
 
 
 def kubernetes_version_argument(text: str) -> KubernetesVersion:
@@ -66,6 +68,34 @@ def add_version_argument(parser: argparse.ArgumentParser) -> None:
         help=f"follow the CEL environment and allocation rules of this release "
         f"(default: ${VERSION_ENV}, else {format_version(NEWEST_KNOWN)})",
     )
+
+
+def feature_gates_argument(text: str) -> dict[str, bool]:
+    try:
+        return parse_feature_gates(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def add_gates_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--feature-gates",
+        type=feature_gates_argument,
+        default={},
+        metavar="Name=true,...",
+        help="the cluster's feature gates where they differ from the release's defaults (as passed to "
+        "kube-scheduler: DRAExtendedResource, DRAConsumableCapacity, ...)",
+    )
+
+
+def gates_of(args: argparse.Namespace) -> dict[str, bool]:
+    gates: dict[str, bool] = getattr(args, "feature_gates", None) or {}
+    return gates
+
+
+def extended_resources_enabled(args: argparse.Namespace) -> bool:
+    """The DRAExtendedResource gate: --feature-gates where it names it, else the release's default."""
+    return gates_of(args).get("DRAExtendedResource", extendedclaim.enabled_in(release_of(args)[1]))
 
 
 def release_of(args: argparse.Namespace) -> KubernetesVersion:
@@ -111,14 +141,17 @@ def with_objects(
     return run
 
 
-def build_allocator(objects: ClusterObjects, release: KubernetesVersion = NEWEST_KNOWN) -> Allocator:
-    """An allocator with the default feature gates, rules and CEL environment of `release`."""
+def build_allocator(
+    objects: ClusterObjects, release: KubernetesVersion = NEWEST_KNOWN, gates: dict[str, bool] | None = None
+) -> Allocator:
+    """An allocator with the rules and CEL environment of `release` and its default feature gates,
+    switched as `gates` says."""
     return Allocator(
         device_classes=objects.device_classes,
         slices=objects.slices,
         allocated_claims=[c for c in objects.claims if (c.get("status") or {}).get("allocation")],
         taint_rules=objects.taint_rules,
-        features=Features.for_release(release[1]),
+        features=Features.for_release(release[1]).with_gates(gates or {}),
         compiler=selector_compiler(release),
     )
 

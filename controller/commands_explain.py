@@ -27,7 +27,6 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from controller import extendedclaim
 from controller.allocation.nodes import Node, NodeSelectorError
 from controller.allocator import Allocator
 from controller.cli import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, Subcommand, register_subcommand
@@ -36,7 +35,9 @@ from controller.commands_common import (
     build_allocator,
     cluster_nodes,
     emit,
+    extended_resources_enabled,
     find_node,
+    gates_of,
     release_of,
     with_objects,
 )
@@ -307,11 +308,9 @@ def _explain_claim(args: argparse.Namespace, explainer: _Explainer) -> int:
 
 @with_objects
 def run(args: argparse.Namespace, objects: ClusterObjects) -> int:
-    allocator = build_allocator(objects, release_of(args))
+    allocator = build_allocator(objects, release_of(args), gates_of(args))
     only = find_node(objects, args.node) if args.node else None
-    explainer = _Explainer(
-        objects, allocator, only, extended_resources=extendedclaim.enabled_in(release_of(args)[1])
-    )
+    explainer = _Explainer(objects, allocator, only, extended_resources=extended_resources_enabled(args))
     if args.claim.startswith(POD_PREFIX):
         return _explain_pod(args, explainer, args.claim[len(POD_PREFIX) :])
     return _explain_claim(args, explainer)

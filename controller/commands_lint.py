@@ -7,7 +7,15 @@ from __future__ import annotations
 import argparse
 
 from controller.cli import EXIT_FAILURE, EXIT_OK, Subcommand, register_subcommand
-from controller.commands_common import add_source_arguments, build_allocator, emit, release_of, with_objects
+from controller.commands_common import (
+    add_source_arguments,
+    build_allocator,
+    emit,
+    extended_resources_enabled,
+    gates_of,
+    release_of,
+    with_objects,
+)
 from controller.lint import lint
 from controller.objects import ClusterObjects
 
@@ -19,7 +27,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 @with_objects
 def run(args: argparse.Namespace, objects: ClusterObjects) -> int:
-    report = lint(objects, build_allocator(objects, release_of(args)))
+    allocator = build_allocator(objects, release_of(args), gates_of(args))
+    report = lint(objects, allocator, extended_resources=extended_resources_enabled(args))
     emit(
         args,
         report.to_json(),
@@ -35,7 +44,7 @@ register_subcommand(
         help="check DeviceClass, ResourceClaim and ResourceClaimTemplate selectors as the scheduler "
         "evaluates them (compile errors, cost, runtime errors, no match, unknown or unguarded attributes) "
         "and requests it cannot place (untolerated taints, All mode on incomplete pools, no device on "
-        "the pod's nodes)",
+        "the pod's nodes, GPU nodes whose taints the pods do not tolerate)",
         add_arguments=add_arguments,
         handler=run,
     )

@@ -30,7 +30,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from controller import extendedclaim
 from controller.allocation.nodes import Node, NodeSelectorError
 from controller.allocation.requests import claim_ref
 from controller.allocator import AllocationOutcome, Allocator, Failure
@@ -40,7 +39,9 @@ from controller.commands_common import (
     build_allocator,
     cluster_nodes,
     emit,
+    extended_resources_enabled,
     find_node,
+    gates_of,
     release_of,
     with_objects,
 )
@@ -385,13 +386,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 @with_objects
 def run(args: argparse.Namespace, objects: ClusterObjects) -> int:
-    allocator = build_allocator(objects, release_of(args))
+    allocator = build_allocator(objects, release_of(args), gates_of(args))
     nodes = cluster_nodes(objects, allocator)
     only = find_node(objects, args.node) if args.node else None
-    release = release_of(args)
-    results = simulate(
-        objects, allocator, nodes, only, extended_resources=extendedclaim.enabled_in(release[1])
-    )
+    results = simulate(objects, allocator, nodes, only, extended_resources=extended_resources_enabled(args))
     emit(args, {"claims": [r.to_json() for r in results]}, lambda: to_text(results))
     return EXIT_OK if all(r.allocated for r in results) else EXIT_FAILURE
 

@@ -60,13 +60,16 @@ def allocated_devices(found: dict[str, Any], driver: str) -> list[str]:
 
 
 def explain(kube_cluster: ControlPlane, namespace: str, what: str) -> dict[str, Any]:
-    """`dra-controller explain WHAT -o json` against the live cluster, for the cluster's release."""
+    """`dra-controller explain WHAT -o json` against the live cluster, for the cluster's release and
+    the feature gates its components run with (on 1.34 the cluster switches alpha DRA gates on)."""
     release = ".".join(kube_cluster.kubernetes_version.removeprefix("v").split(".")[:2])
+    gates = kube_cluster.dra.feature_gates
     done = subprocess.run(
         [
             str(DRA_CONTROLLER),
             *("explain", what, "-n", namespace, "-o", "json"),
             *("--kubeconfig", str(kube_cluster.kubeconfig), "--kubernetes-version", release),
+            *(("--feature-gates", gates) if gates else ()),
         ],
         capture_output=True,
         text=True,

@@ -258,3 +258,26 @@ def test_explain_unmapped_resource_and_device_plugin_nodes(
         str(extra),
     )
     assert "has no resource claims" in out and "extended" not in out
+
+
+def test_explain_follows_the_clusters_gate_over_the_releases_default(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """1.34 has DRAExtendedResource off by default: no implicit claim, unless --feature-gates says the
+    cluster switched it on (and a 1.37 cluster that switched it off gets none)."""
+    sources = ("--objects", str(EXAMPLE), str(SLICES), "-o", "json")
+    _, out = run_explain(capsys, "pod/four-gpus", "--kubernetes-version", "1.34", *sources)
+    assert json.loads(out)["claims"] == []
+    gate_on = ("--kubernetes-version", "1.34", "--feature-gates", "DRAExtendedResource=true")
+    _, out = run_explain(capsys, "pod/four-gpus", *gate_on, *sources)
+    (claim,) = json.loads(out)["claims"]
+    assert claim["extendedResources"][0]["deviceClass"] == "nvidia-gpu.draplugin.dev"
+    _, out = run_explain(capsys, "pod/four-gpus", "--feature-gates", "DRAExtendedResource=false", *sources)
+    assert json.loads(out)["claims"] == []
+
+
+def test_malformed_feature_gates_are_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["simulate", "--objects", str(EXAMPLE), "--feature-gates", "DRAExtendedResource=maybe"])
+    assert exited.value.code == 2
+    assert "expected Name=true or Name=false" in capsys.readouterr().err
