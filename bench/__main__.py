@@ -17,7 +17,7 @@ from pathlib import Path
 
 from bench.summary import ROWS_ENV, read_rows, table, write_results
 
-BENCHMARKS = ("cel", "slices", "prepare", "allocate")
+BENCHMARKS = ("cel", "slices", "prepare", "allocate", "usage")
 
 
 def main(argv: list[str]) -> int:

@@ -42,6 +42,8 @@ class PluginProcess:
     # On: SIGTERM makes the plugin delete its slices (a plugin that is not restarted).
     # Off: a restart keeps them, as in production, and the scheduler goes on allocating.
     delete_slices_on_shutdown: bool = False
+    # 0: no Prometheus endpoint; a port: /metrics on it (for `dra-controller top --endpoint`).
+    metrics_port: int = 0
     process: subprocess.Popen[bytes] | None = None
     starts: int = 0
 
@@ -83,7 +85,7 @@ class PluginProcess:
             "--cdi-root", str(self.cdi_root),
             "--state-dir", str(self.state_dir),
             "--kubeconfig", str(self.kubeconfig),
-            "--metrics-port", "0",
+            "--metrics-port", str(self.metrics_port),
             f"--delete-slices-on-shutdown={str(self.delete_slices_on_shutdown).lower()}",
         ]  # fmt: skip
         before = self._socket_identity()

@@ -47,11 +47,30 @@ class EventSink(Protocol):
     def node_event(self, reason: str, note: str, *, warning: bool = True) -> None: ...
 
 
+class PodLike(Protocol):
+    namespace: str
+    name: str
+    uid: str
+
+
 class NullEvents:
     """For runs without an API server: events go to the log only."""
 
-    def claim_event(self, claim: ClaimRef, reason: str, note: str, *, warning: bool = True) -> None:
+    def claim_event(
+        self,
+        claim: ClaimRef,
+        reason: str,
+        note: str,
+        *,
+        warning: bool = True,
+        action: str = "PrepareResources",
+    ) -> None:
         log.info("event not posted (no API server)", extra={"claim": str(claim), "reason": reason})
+
+    def pod_event(
+        self, pod: PodLike, reason: str, note: str, *, warning: bool = True, action: str = "Usage"
+    ) -> None:
+        log.info("event not posted (no API server)", extra={"pod": pod.name, "reason": reason})
 
     def node_event(self, reason: str, note: str, *, warning: bool = True) -> None:
         log.info("event not posted (no API server)", extra={"object": "node", "reason": reason})
@@ -76,7 +95,15 @@ class KubeEvents:
         # One worker keeps events in order and bounds what a flood of failures can cost.
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="k8s-events")
 
-    def claim_event(self, claim: ClaimRef, reason: str, note: str, *, warning: bool = True) -> None:
+    def claim_event(
+        self,
+        claim: ClaimRef,
+        reason: str,
+        note: str,
+        *,
+        warning: bool = True,
+        action: str = "PrepareResources",
+    ) -> None:
         regarding = {
             "apiVersion": "resource.k8s.io/v1",
             "kind": "ResourceClaim",
@@ -84,7 +111,20 @@ class KubeEvents:
             "name": claim.name,
             "uid": claim.uid,
         }
-        self._submit(claim.namespace, claim.name, regarding, reason, note, "PrepareResources", warning)
+        self._submit(claim.namespace, claim.name, regarding, reason, note, action, warning)
+
+    def pod_event(
+        self, pod: PodLike, reason: str, note: str, *, warning: bool = True, action: str = "Usage"
+    ) -> None:
+        """An Event on a pod (idle claims: the pods that hold the claim)."""
+        regarding = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "namespace": pod.namespace,
+            "name": pod.name,
+            "uid": pod.uid,
+        }
+        self._submit(pod.namespace, pod.name, regarding, reason, note, action, warning)
 
     def node_event(self, reason: str, note: str, *, warning: bool = True) -> None:
         # Nodes are cluster-scoped; their events live in "default", as the kubelet's do.

@@ -27,10 +27,11 @@ import asyncio
 import logging
 import threading
 from collections.abc import Callable
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from draplugin.config import Settings
 from draplugin.devices import DeviceBackend, load_backend
+from draplugin.devices.deviceplugin_guard import DevicePluginGuard
 from draplugin.devices.health import FaultFile, HealthReporter, HealthTracker
 from draplugin.devices.watch import DeviceChange, DeviceWatcher
 from draplugin.kubelet.interface import Driver
@@ -40,12 +41,19 @@ from draplugin.slices.metrics import SliceMetrics
 from draplugin.slices.plan import layout_for
 from draplugin.slices.publisher import SlicePublisher, backend_source
 
+if TYPE_CHECKING:
+    from draplugin.usage.wiring import UsageService
+
 log = logging.getLogger(__name__)
 
 FAULT_POLL_SECONDS: Final = 1.0
 THREAD_JOIN_SECONDS: Final = 5.0
+# How often the device plugin guard looks again when re-discovery is off (--rediscover-interval=0).
+GUARD_CHECK_SECONDS: Final = 60.0
 
 DriverFactory = Callable[[Settings, DeviceBackend], Driver]
+# Builds the usage sampler (draplugin.usage) for the daemon's backend, driver and health tracker.
+UsageFactory = Callable[[Settings, DeviceBackend, Driver, HealthTracker], "UsageService | None"]
 HealthMonitor = Callable[[threading.Event], None]
 
 
@@ -115,6 +123,50 @@ def health_monitor(
     return None
 
 
+def device_plugin_guard(settings: Settings) -> DevicePluginGuard:
+    """The guard against sharing GPUs with a device plugin: reads this Node, posts Events on it."""
+    from dracommon.kubeapi import KubeApi, load_api_client
+    from draplugin.events import KubeEvents
+
+    try:
+        api = KubeApi(load_api_client(str(settings.kubeconfig) if settings.kubeconfig else None))
+    except Exception as err:  # as in kube_slice_api: the client library's errors on a bad file
+        raise NodeUnavailable(f"no API server credentials: {err}") from err
+    node_path = f"/api/v1/nodes/{settings.node_name}"
+    return DevicePluginGuard(
+        settings.device_plugin_coexistence,
+        driver_name=settings.driver_name,
+        socket_dir=settings.device_plugin_dir,
+        read_node=lambda: api.get(node_path),
+        events=KubeEvents(api, settings.driver_name, settings.node_name),
+    )
+
+
+def kube_usage(
+    settings: Settings, backend: DeviceBackend, driver: Driver, tracker: HealthTracker
+) -> UsageService | None:
+    """Usage sampling over the driver's prepared claims, reading their pods from the API server."""
+    from dracommon.kubeapi import KubeApi, load_api_client
+    from draplugin.usage.wiring import build_usage
+
+    checkpoint = getattr(driver, "checkpoint", None)
+    if checkpoint is None:  # a driver without a checkpoint (a test double) holds no claims to attribute
+        return None
+    try:
+        api = KubeApi(load_api_client(str(settings.kubeconfig) if settings.kubeconfig else None))
+    except Exception as err:  # as in kube_slice_api: the client library's errors on a bad file
+        raise NodeUnavailable(f"no API server credentials: {err}") from err
+    events = getattr(driver, "events", None)
+    return build_usage(
+        settings,
+        backend,
+        records=checkpoint.records,
+        tracker=tracker,
+        api=api,
+        events=events if callable(getattr(events, "pod_event", None)) else None,
+    )
+
+
 def plugin_server_options(settings: Settings) -> PluginServerOptions:
     return PluginServerOptions(
         driver_name=settings.driver_name,
@@ -135,9 +187,13 @@ class NodeDaemon:
         slice_api: SliceApi,
         driver_factory: DriverFactory = prepare_driver,
         slice_metrics: SliceMetrics | None = None,
+        guard: DevicePluginGuard | None = None,
+        usage_factory: UsageFactory | None = None,
     ) -> None:
         self.settings = settings
         self.backend = backend
+        # Without one (tests of the other parts), nothing is held back for a device plugin.
+        self.guard = guard
         self.tracker = HealthTracker(settings.driver_name, settings.health_policy)
         self.watcher = DeviceWatcher(backend, self.tracker, interval_s=settings.rediscover_interval_s)
         self._monitor = health_monitor(settings, backend, self.tracker, self.watcher.wake)
@@ -145,7 +201,11 @@ class NodeDaemon:
             slice_api,
             node_name=settings.node_name,
             driver=settings.driver_name,
-            source=backend_source(backend, self.tracker.apply),
+            source=(
+                guard.source(backend_source(backend, self.tracker.apply))
+                if guard is not None
+                else backend_source(backend, self.tracker.apply)
+            ),
             # With health monitoring a device may gain a taint at any time; planning for
             # it up front keeps slice boundaries still when one does.
             expect_taints=self._monitor is not None,
@@ -154,16 +214,21 @@ class NodeDaemon:
         )
         # A health change republishes the slice holding the device (an in-place update).
         self.tracker.add_listener(self.publisher.trigger)
+        if guard is not None:
+            guard.add_listener(self.publisher.trigger)  # a device plugin came or went
         self.health = HealthReporter(self.tracker, backend, pool_name=settings.node_name)
         self.driver = driver_factory(settings, backend)
         self.server = KubeletPluginServer(
             self.driver, plugin_server_options(settings), health_source=self.health
         )
         self.watcher.add_listener(self._devices_changed)
+        # Usage metrics and idle claims: a thread of its own that only reads the checkpoint.
+        self.usage = usage_factory(settings, backend, self.driver, self.tracker) if usage_factory else None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop_monitor = threading.Event()
         self._monitor_thread: threading.Thread | None = None
         self._watch_thread: threading.Thread | None = None
+        self._guard_thread: threading.Thread | None = None
         self._started = False
 
     def _devices_changed(self, change: DeviceChange) -> None:
@@ -201,9 +266,18 @@ class NodeDaemon:
                     target=self._monitor, args=(self._stop_monitor,), name="health-monitor", daemon=True
                 )
                 self._monitor_thread.start()
+            if self.guard is not None:
+                interval = self.settings.rediscover_interval_s or GUARD_CHECK_SECONDS
+                self._guard_thread = threading.Thread(
+                    target=self.guard.run, args=(self._stop_monitor, interval), name="device-plugin-guard",
+                    daemon=True,
+                )  # fmt: skip
+                self._guard_thread.start()
             # Threads of its own: it retries API errors with backoff (Node not created yet,
             # API server unreachable) without holding up the kubelet.
             self.publisher.start()
+            if self.usage is not None:
+                self.usage.start()
             await self.server.start()
         except BaseException:
             await self.stop(delete_slices=False)
@@ -216,11 +290,13 @@ class NodeDaemon:
         self._started = False
         delete = self.settings.delete_slices_on_shutdown if delete_slices is None else delete_slices
         await self.server.stop()
+        if self.usage is not None:
+            await asyncio.to_thread(self.usage.stop)
         self._stop_monitor.set()
-        for thread in (self._monitor_thread, self._watch_thread):
+        for thread in (self._monitor_thread, self._watch_thread, self._guard_thread):
             if thread is not None:
                 await asyncio.to_thread(thread.join, THREAD_JOIN_SECONDS)
-        self._monitor_thread = self._watch_thread = None
+        self._monitor_thread = self._watch_thread = self._guard_thread = None
         await asyncio.to_thread(self.publisher.stop, delete=delete, timeout_s=THREAD_JOIN_SECONDS)
         close = getattr(self.backend, "close", None)
         if callable(close):
@@ -233,7 +309,13 @@ def build_node(settings: Settings) -> NodeDaemon:
     slice_api = kube_slice_api(settings)
     backend = build_backend(settings)
     try:
-        return NodeDaemon(settings, backend=backend, slice_api=slice_api)
+        return NodeDaemon(
+            settings,
+            backend=backend,
+            slice_api=slice_api,
+            guard=device_plugin_guard(settings),
+            usage_factory=kube_usage,
+        )
     except BaseException:
         close = getattr(backend, "close", None)
         if callable(close):

@@ -23,6 +23,7 @@ def running_plugin(
     delete_slices_on_shutdown: bool,
     extra_env: Mapping[str, str] | None = None,
     fake_config: Path = FAKE_GPUS,
+    metrics_port: int = 0,
 ) -> Iterator[PluginProcess]:
     """`draplugin run` for the kubelet node, registered and with its slices published.
 
@@ -38,6 +39,7 @@ def running_plugin(
         fake_config=fake_config,
         delete_slices_on_shutdown=delete_slices_on_shutdown,
         extra_env=dict(extra_env or {}),
+        metrics_port=metrics_port,
     )
     try:
         process.start()

@@ -1,0 +1,1 @@
+"""`python -m bench.usage`: CPU cost of usage sampling."""
