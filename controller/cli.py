@@ -33,6 +33,7 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "controller.commands_explain",
     "controller.commands_lint",
     "controller.commands_run",
+    "controller.commands_top",
     "controller.migrate.command",
 )
 

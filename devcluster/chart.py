@@ -379,7 +379,21 @@ def local_release(
     state_dir: Path,
     name: str = "draplugin",
     namespace: str = "draplugin",
+    plugin_metrics_port: int = 0,
+    overrides: Mapping[str, Any] | None = None,
 ) -> ChartRelease:
-    """The release `make demo` and `make cluster` install: live_values for `node`, its own namespace."""
+    """The release `make demo` and `make cluster` install: live_values for `node`, its own namespace,
+    and `overrides` over them.
+
+    `plugin_metrics_port`: the plugin alone serves /metrics there (for `dra-controller top
+    --endpoint`), as a flag, which wins over the chart's METRICS_PORT: `metrics.port` would open
+    the same host port in the controller too (module docstring). One release, no rolling update
+    here, so no second pod wants the port.
+    """
     values = live_values(cluster, node, image, state_dir)
+    if plugin_metrics_port:
+        values = deep_merge(
+            values, {"kubeletPlugin": {"extraArgs": [f"--metrics-port={plugin_metrics_port}"]}}
+        )
+    values = deep_merge(values, overrides or {})
     return ChartRelease(api, cluster.kubeconfig, home, namespace, values, name=name, create_namespace=True)

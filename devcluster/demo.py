@@ -11,8 +11,11 @@ publishes, applies `examples/02-shared-claim-two-containers` (two containers
 sharing one claim; their image swapped for the locally built workload image,
 since no registry is reachable), and prints the allocation, the CDI spec the
 plugin wrote and what each container got, from the container's own log and
-from `exec` into it (`kubectl logs` / `kubectl exec`). Then it stays up for
-your own specs until Ctrl-C (or exits with --once).
+from `exec` into it (`kubectl logs` / `kubectl exec`). A second claim holds
+the one fake GPU that stays idle (devcluster.demo_usage), and `dra-controller
+top` shows both claims' moving utilization, then the idle one flagged after the
+demo's short idle threshold. Then it stays up for your own specs until Ctrl-C
+(or exits with --once).
 
 Run from a source checkout: the binaries come from tests/cluster/build.sh and
 build_helm.sh (`make demo` builds them). Anything that keeps the demo from
@@ -91,6 +94,7 @@ def _describe_daemon(pod: Mapping[str, Any]) -> str:
 def run_demo(args: argparse.Namespace) -> int:
     from devcluster.binaries import MissingBinariesError
     from devcluster.chart import ChartError
+    from devcluster.demo_usage import DemoUsageError
     from devcluster.images import ImageError
     from devcluster.pods import PodError
     from devcluster.procs import ComponentError
@@ -100,15 +104,15 @@ def run_demo(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     try:
         return _demo(args, stop)
-    except (MissingBinariesError, ComponentError, ImageError, ChartError, PodError) as err:
+    except (MissingBinariesError, ComponentError, ImageError, ChartError, PodError, DemoUsageError) as err:
         print(f"demo: {err}", file=sys.stderr)
         return 1
 
 
 def _demo(args: argparse.Namespace, stop: threading.Event) -> int:
-    from devcluster import chart, pods
+    from devcluster import chart, demo_usage, pods
     from devcluster.binaries import REPO_ROOT
-    from devcluster.controlplane import ControlPlane
+    from devcluster.controlplane import ControlPlane, free_port
     from devcluster.images import OUR_IMAGE_BUILD_COMMAND, use_local_image
     from devcluster.kubelet import KubeletNode
     from dracommon.kubeapi import KubeApi
@@ -137,9 +141,12 @@ def _demo(args: argparse.Namespace, stop: threading.Event) -> int:
         image = chart.import_our_image(node)
         done()
         print(f"    {image.name} is in the node's containerd")
+        metrics_port = free_port()
+        metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
         release = chart.local_release(
-            cluster, node, rest, image, home=state_dir / "helm", state_dir=node.state_dir / "plugin-state"
-        )
+            cluster, node, rest, image, home=state_dir / "helm", state_dir=node.state_dir / "plugin-state",
+            plugin_metrics_port=metrics_port, overrides=demo_usage.demo_values(),
+        )  # fmt: skip
         done = _step(
             f"helm install {release.name} {chart.CHART.relative_to(REPO_ROOT)} -n {release.namespace} "
             f"(fake GPUs from {chart.FAKE_GPU_VALUES.name})"
@@ -166,6 +173,9 @@ def _demo(args: argparse.Namespace, stop: threading.Event) -> int:
             lambda: rest.get(f"/api/v1/namespaces/{DEMO_NAMESPACE}/serviceaccounts/default"),
             30,
         )
+        # First the claim for the one GPU that stays idle, so the example's claim gets another.
+        apply(api, demo_usage.idle_claim_objects(node.name, node.workload_image), DEMO_NAMESPACE, sys.stdout)
+        pods.wait_running(rest, DEMO_NAMESPACE, demo_usage.IDLE_CLAIM, 120, node.cdi_root)
         docs = [use_local_image(doc, node.workload_image) for doc in load_manifests(SHARED_CLAIM_EXAMPLE)]
         for doc in docs:
             if doc["kind"] == "Pod":
@@ -184,6 +194,7 @@ def _demo(args: argparse.Namespace, stop: threading.Event) -> int:
             "what the containers got (their own logs, and exec: ls -l /dev/nvidia*)",
             [_container_view(rest, pod, c["name"]) for c in pod["spec"]["containers"]],
         )
+        _show_usage(metrics_url, claim_name)
         plugin = plugin_pod["metadata"]
         print(
             f"""
@@ -199,6 +210,8 @@ def _demo(args: argparse.Namespace, stop: threading.Event) -> int:
   CDI specs land in {node.cdi_root}; kubectl is {cluster.bin_dir / "kubectl"}.
   helm: {chart.helm_binary()} -n {release.namespace} status {release.name}
   Pending pod? `dra-controller explain CLAIM -n {DEMO_NAMESPACE}` tells why, device by device.
+  How busy is each claimed GPU? {" ".join(demo_usage.top_command(metrics_url))}
+  (the plugin's metrics: {metrics_url}; in a real cluster `dra-controller top` finds the plugin pods itself)
   Cluster logs: {cluster.logs}""",
             flush=True,
         )
@@ -209,6 +222,31 @@ def _demo(args: argparse.Namespace, stop: threading.Event) -> int:
             cluster.processes.check_alive()
             node.processes.check_alive()
     return 0
+
+
+def _show_usage(metrics_url: str, busy_claim: str) -> None:
+    """`dra-controller top` as the pods start, and again once the idle claim is past the threshold."""
+    from devcluster import demo_usage
+
+    claims = (busy_claim, demo_usage.IDLE_CLAIM)
+    done = _step("waiting for the plugin's usage samples of both claims (dra-controller top)")
+    ready = demo_usage.claims_with_pods(DEMO_NAMESPACE, claims)
+    what = f"claims {', '.join(claims)} with their pods"
+    table = demo_usage.wait_for_top(metrics_url, what, ready, demo_usage.TOP_TIMEOUT_S * 2)
+    done()
+    _show("dra-controller top (the pods just started)", table)
+    idle = f"{DEMO_NAMESPACE}/{demo_usage.IDLE_CLAIM}"
+    usage = demo_usage.DEMO_USAGE
+    done = _step(
+        f"waiting for {idle} to be flagged idle (under {usage['idleThresholdPercent']}% SM for "
+        f"{usage['idleAfter']}: the demo's short usage settings)"
+    )
+    table = demo_usage.wait_for_top(
+        metrics_url, f"{idle} flagged idle", demo_usage.idle_flagged(DEMO_NAMESPACE, demo_usage.IDLE_CLAIM),
+        demo_usage.IDLE_AFTER_S + 60,
+    )  # fmt: skip
+    done()
+    _show(f"dra-controller top ({idle} idle past the threshold, most waste first)", table)
 
 
 def run_apply(args: argparse.Namespace) -> int:

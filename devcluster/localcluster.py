@@ -5,7 +5,8 @@ Starts the same control plane the integration tests use (and, unless
 fakecri` on the recording fake runtime), installs the driver's Helm chart on
 the containerd node (our image imported, fake GPUs; --no-chart skips it: then
 install your own build with the printed helm), prints the KUBECONFIG to export,
-the kubectl built for the cluster's release and the plugin's pod, and stays up
+the kubectl built for the cluster's release, the plugin's pod and the
+`dra-controller top` command for its metrics, and stays up
 until Ctrl-C or SIGTERM. `kubectl logs`, `exec` and `port-forward` work: the API server
 reaches the kubelet on loopback. Pods use images the node has imported
 (`imagePullPolicy: Never`; no registry is reachable), such as the workload
@@ -25,7 +26,7 @@ from types import FrameType
 
 from devcluster import chart
 from devcluster.binaries import MissingBinariesError, helm_path
-from devcluster.controlplane import ControlPlane
+from devcluster.controlplane import ControlPlane, free_port
 from devcluster.images import OUR_IMAGE_BUILD_COMMAND, ImageError
 from devcluster.kubelet import DEFAULT_NODE_NAME, RUNTIMES, KubeletNode
 from devcluster.procs import ComponentError
@@ -115,9 +116,11 @@ def install_chart(cluster: ControlPlane, node: KubeletNode, state_dir: Path) -> 
     image = chart.import_our_image(node)
     api = cluster.api_client()
     try:
+        metrics_port = free_port()
         release = chart.local_release(
-            cluster, node, KubeApi(api), image, home=state_dir / "helm", state_dir=state_dir / "plugin-state"
-        )
+            cluster, node, KubeApi(api), image, home=state_dir / "helm", state_dir=state_dir / "plugin-state",
+            plugin_metrics_port=metrics_port,
+        )  # fmt: skip
         print(f"# helm install {release.name} {chart.CHART} -n {release.namespace} ...", flush=True)
         release.install()
         release.wait_published(node.name)
@@ -125,6 +128,10 @@ def install_chart(cluster: ControlPlane, node: KubeletNode, state_dir: Path) -> 
             meta = pod["metadata"]
             print(f"# chart pod {meta['namespace']}/{meta['name']} ({chart.owner(pod)}): "
                   f"kubectl logs -n {meta['namespace']} {meta['name']}", flush=True)  # fmt: skip
+        # The node's address is loopback, which the API server's pod proxy refuses: name the URL.
+        print(
+            f"# GPU usage: dra-controller top --endpoint http://127.0.0.1:{metrics_port}/metrics", flush=True
+        )
     finally:
         api.close()  # type: ignore[no-untyped-call]
 

@@ -11,6 +11,7 @@ plane, containerd and kubelet, builds (or reuses) our image and imports it.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -26,8 +27,9 @@ pytestmark = [pytest.mark.cluster, pytest.mark.kubelet]
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DRIVER = "gpu.draplugin.dev"
 # Cold caches aside, the demo builds our image when an input changed (about a
-# minute here) and imports it into a fresh containerd (about 20 s).
-DEMO_TIMEOUT = 480
+# minute here) and imports it into a fresh containerd (about 20 s); `top` then waits for the
+# plugin's usage samples and the demo's 20 s idle threshold (about 40 s in all).
+DEMO_TIMEOUT = 600
 DAEMON = re.compile(
     r"the (kubelet plugin|controller) runs as pod draplugin/(\S+) of (DaemonSet|ReplicaSet)/(\S+) "
     r"on node (\S+), image (\S+), container containerd://[0-9a-f]+"
@@ -53,6 +55,17 @@ def leading_json(body: str) -> Any:
     """The JSON document a section starts with (text may follow it)."""
     value, _ = json.JSONDecoder().raw_decode(body.lstrip())
     return value
+
+
+def top_rows(table: str) -> list[dict[str, str]]:
+    """The rows of a `dra-controller top` table, by column: cells start where their header does. The
+    table ends at the demo's next step (`==> ...`) or a blank line."""
+    header, *rest = table.strip("\n").splitlines()
+    lines = list(itertools.takewhile(lambda line: line.strip() and not line.startswith("==>"), rest))
+    names = ["NODE", "DEVICE", "MODEL", "CLAIM", "PODS", "UTIL", "MEMORY", "IDLE FOR"]
+    starts = [header.index(name) for name in names]
+    ends = [*starts[1:], None]
+    return [{n: line[a:b].strip() for n, a, b in zip(names, starts, ends, strict=True)} for line in lines]
 
 
 def run_demo_once(state_dir: Path, timeout_s: float, **env: str) -> subprocess.CompletedProcess[str]:
@@ -113,7 +126,30 @@ def test_demo_once_runs_the_chart_and_shows_allocation_cdi_spec_and_runtime_view
         assert any(re.match(rf"^c.* 1, +3 .*/dev/nvidia{index}$", line) for line in view["devices"]), view
     assert first["log"] == second["log"]  # one claim: the same device for both
 
-    assert "export KUBECONFIG=" in section(found, "try your own specs")
+    # `dra-controller top`: both claims with their pods as the pods start, then the claim on the GPU that
+    # stays idle flagged IDLE (first: most waste) after the demo's short threshold, the other one busy.
+    example_claim = next(t for t in found if t.startswith("allocation of claim demo/")).rsplit("/", 1)[1]
+    for title in (
+        "dra-controller top (the pods just started)",
+        "dra-controller top (demo/idle-notebook idle",
+    ):
+        rows = {r["CLAIM"]: r for r in top_rows(section(found, title))}
+        assert set(rows) == {"demo/idle-notebook", f"demo/{example_claim}"}, rows
+        idle, busy = rows["demo/idle-notebook"], rows[f"demo/{example_claim}"]
+        assert (idle["DEVICE"], idle["MODEL"], idle["PODS"]) == (
+            "gpu-0",
+            "NVIDIA H100 80GB HBM3",
+            "idle-notebook",
+        )
+        assert idle["UTIL"] == "0%", idle
+        assert busy["DEVICE"] == device and busy["PODS"] == "two-containers", busy
+        assert int(busy["UTIL"].rstrip("%")) >= 5 and not busy["IDLE FOR"].endswith("IDLE"), busy
+    flagged = top_rows(section(found, "dra-controller top (demo/idle-notebook idle"))
+    assert flagged[0]["CLAIM"] == "demo/idle-notebook" and flagged[0]["IDLE FOR"].endswith("IDLE"), flagged
+
+    advice = section(found, "try your own specs")
+    assert "export KUBECONFIG=" in advice
+    assert re.search(r"-m controller\.cli top --endpoint http://127\.0\.0\.1:\d+/metrics", advice), advice
 
 
 def test_demo_without_helm_fails_at_once_with_the_build_command(tmp_path: Path) -> None:
