@@ -1,35 +1,37 @@
-"""The node plugin's usage metric and label names that `top` reads.
+"""The node plugin's usage series that `top` reads, as scraped names with their labels.
 
-They are the plugin's usage metrics contract (docs/metrics.md; the plugin defines them in
-draplugin/usage/names.py). The controller may not import the node plugin's package, so the
-names it consumes are repeated here, and tests/unit/test_top_names.py fails when the two
-drift apart.
+They come from the one definition of the usage metrics contract, dracommon/usagenames.py,
+which the plugin's exporter uses too, so the two sides cannot drift apart.
 """
 
 from __future__ import annotations
 
 from typing import Final
 
-DEVICE_GPU_UTILIZATION: Final = "draplugin_device_gpu_utilization_ratio"
-DEVICE_MEMORY_USED: Final = "draplugin_device_memory_used_bytes"
-DEVICE_MEMORY_TOTAL: Final = "draplugin_device_memory_total_bytes"
-CLAIM_GPU_UTILIZATION: Final = "draplugin_claim_gpu_utilization_ratio"
-CLAIM_MEMORY_USED: Final = "draplugin_claim_memory_used_bytes"
-CLAIM_IDLE_SECONDS: Final = "draplugin_claim_idle_seconds"
-CLAIM_IDLE: Final = "draplugin_claim_idle"
+from dracommon import usagenames
 
-# Labels of every device series, of every holder (claim) series, and of the per-claim idle series.
-DEVICE_LABELS: Final = ("node", "device", "uuid", "model")
-HOLDER_LABELS: Final = ("namespace", "claim", "pod", "container")
-CLAIM_LABELS: Final = ("node", "namespace", "claim")
+DEVICE_GPU_UTILIZATION: Final = usagenames.DEVICE_GPU_UTILIZATION.exposed
+DEVICE_MEMORY_USED: Final = usagenames.DEVICE_MEMORY_USED.exposed
+DEVICE_MEMORY_TOTAL: Final = usagenames.DEVICE_MEMORY_TOTAL.exposed
+CLAIM_GPU_UTILIZATION: Final = usagenames.CLAIM_GPU_UTILIZATION.exposed
+CLAIM_MEMORY_USED: Final = usagenames.CLAIM_MEMORY_USED.exposed
+CLAIM_IDLE_SECONDS: Final = usagenames.CLAIM_IDLE_SECONDS.exposed
+CLAIM_IDLE: Final = usagenames.CLAIM_IDLE.exposed
+
+DEVICE_LABELS: Final = usagenames.DEVICE_LABELS
+HOLDER_LABELS: Final = usagenames.HOLDER_LABELS
+CLAIM_LABELS: Final = usagenames.CLAIM_LABELS
 
 # Every usage series `top` reads, and the labels each carries.
 CONSUMED: Final[dict[str, tuple[str, ...]]] = {
-    DEVICE_GPU_UTILIZATION: DEVICE_LABELS,
-    DEVICE_MEMORY_USED: DEVICE_LABELS,
-    DEVICE_MEMORY_TOTAL: DEVICE_LABELS,
-    CLAIM_GPU_UTILIZATION: DEVICE_LABELS + HOLDER_LABELS,
-    CLAIM_MEMORY_USED: DEVICE_LABELS + HOLDER_LABELS,
-    CLAIM_IDLE_SECONDS: CLAIM_LABELS,
-    CLAIM_IDLE: CLAIM_LABELS,
+    metric.exposed: metric.labels
+    for metric in (
+        usagenames.DEVICE_GPU_UTILIZATION,
+        usagenames.DEVICE_MEMORY_USED,
+        usagenames.DEVICE_MEMORY_TOTAL,
+        usagenames.CLAIM_GPU_UTILIZATION,
+        usagenames.CLAIM_MEMORY_USED,
+        usagenames.CLAIM_IDLE_SECONDS,
+        usagenames.CLAIM_IDLE,
+    )
 }

@@ -1,7 +1,7 @@
 """`python -m draplugin.usage.docs [--check]`: write docs/metrics.md from the metrics' definitions.
 
 The page lists every metric the node plugin exports: the usage metrics from
-`draplugin.usage.names`, and the others found in the plugin's source (every
+`dracommon.usagenames`, and the others found in the plugin's source (every
 `Counter`/`Gauge`/`Histogram` made with a literal `draplugin_` name: prepare,
 claim status, kubelet protocol, ResourceSlices), read from the syntax tree so
 that no object needs an API server to exist. A renamed or new metric shows up
@@ -18,8 +18,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Final
 
-from draplugin.usage import names
-from draplugin.usage.names import MetricName
+from dracommon import usagenames as names
+from dracommon.usagenames import MetricName
 
 PACKAGE = Path(__file__).resolve().parents[1]
 DOC_PATH = PACKAGE.parent / "docs" / "metrics.md"

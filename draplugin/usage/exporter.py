@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from draplugin.usage import names
-from draplugin.usage.names import MetricName
+from dracommon import usagenames as names
+from dracommon.usagenames import MetricName
 from draplugin.usage.sampler import Snapshot
 
 

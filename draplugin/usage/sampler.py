@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
 
+from dracommon import usagenames as names
 from draplugin.devices.model import Device
-from draplugin.usage import names
 from draplugin.usage.attribution import PodProcess
 from draplugin.usage.holders import HolderDirectory
 from draplugin.usage.idle import ClaimIdleness, IdleTracker

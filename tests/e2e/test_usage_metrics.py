@@ -31,8 +31,8 @@ from devcluster.controlplane import ControlPlane
 from devcluster.kubelet import KubeletNode
 from devcluster.plugin import PluginProcess
 from devcluster.wait import wait_for
+from dracommon import usagenames as names
 from dracommon.kubeapi import KubeApi
-from draplugin.usage import names
 from draplugin.usage.fakesource import FAKE_PROCESS_FILE_NAME
 from tests.e2e.cleanup import release_namespace
 from tests.e2e.plugin import running_plugin

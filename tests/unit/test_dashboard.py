@@ -2,7 +2,7 @@
 
 Every PromQL expression in the dashboard (panel targets, and the metric of each `label_values`
 variable) is parsed with promql-parser, the Prometheus parser's Rust port; every metric it
-selects must be one the plugin exports (the usage metrics of draplugin/usage/names.py, the
+selects must be one the plugin exports (the usage metrics of dracommon/usagenames.py, the
 claim operation metrics of draplugin/metrics.py, the slice publisher's of
 draplugin/slices/metrics.py, histograms with their _bucket/_sum/_count series), and every
 label it matches, groups by or joins on must be a label of the metrics the expression selects.
@@ -21,9 +21,9 @@ import promql_parser
 import pytest
 from prometheus_client import CollectorRegistry
 
+from dracommon import usagenames as names
 from draplugin.metrics import ClaimMetrics
 from draplugin.slices.metrics import SliceMetrics
-from draplugin.usage import names
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = REPO_ROOT / "deploy" / "helm" / "draplugin" / "dashboards" / "draplugin-usage.json"

@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from draplugin.usage import docs, names
+from dracommon import usagenames as names
+from draplugin.usage import docs
 
 REPO = Path(__file__).resolve().parents[2]
 

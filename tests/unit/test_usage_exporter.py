@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from draplugin.usage import names
+from dracommon import usagenames as names
 from draplugin.usage.attribution import PodProcess
 from draplugin.usage.exporter import UsageCollector
 from draplugin.usage.holders import Holder, PodRef

@@ -2,9 +2,9 @@
 
 The exporter builds its series from these constants, `dra-controller top` and
 the Grafana dashboard read them, and `docs/metrics.md` is generated from them
-(`python -m draplugin.usage.docs`). Names follow the contract of issue #16
-(notes/usage-metrics-contract.md): they are an API, so they never change
-across releases; new metrics may be added.
+(`python -m draplugin.usage.docs`). It lives in dracommon because the node
+plugin exports these series and the controller reads them. The names are an
+API: they never change across releases; new metrics may be added.
 """
 
 from __future__ import annotations
