@@ -16,7 +16,9 @@ Findings (errors fail `dra-controller lint`; warnings too with --strict):
 * no-match (warning): the class, or the class with the request's selectors, selects nothing;
 * unknown-class (error): the request names a DeviceClass that is not there;
 * untolerated-taint, all-mode-incomplete-pool, no-device-on-pod-nodes (warnings): where the
-  scheduler cannot place a request on the objects given (`controller.lint_placement`).
+  scheduler cannot place a request on the objects given (`controller.lint_placement`);
+* untolerated-node-taint (warning): a class whose devices are all on nodes with taints the pods
+  using it do not tolerate (`controller.lint_node_taints`).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from controller.allocation.requests import Request, alternatives, claim_ref, cla
 from controller.allocation.selectors import SelectorCache, SelectorError, SelectorStep, request_steps
 from controller.allocator import Allocator
 from controller.cel.selector import MAX_COST
-from controller.commands_common import build_allocator
+from controller.commands_common import build_allocator, cluster_nodes
 from controller.lint_model import (
     Finding,
     PublishedDevice,
@@ -37,7 +39,8 @@ from controller.lint_model import (
     RequestOutcome,
     published_devices,
 )
-from controller.lint_placement import placement_findings
+from controller.lint_node_taints import node_taint_findings
+from controller.lint_placement import NodeView, placement_findings
 from controller.lint_reads import attribute_reads, device_has, is_guarded
 from controller.objects import ClusterObjects
 from controller.podclaims import claim_from_template
@@ -234,10 +237,14 @@ def _subjects(objects: ClusterObjects) -> list[tuple[str, JSON]]:
     return subjects
 
 
-def lint(objects: ClusterObjects, allocator: Allocator | None = None) -> Report:
+def lint(
+    objects: ClusterObjects, allocator: Allocator | None = None, *, extended_resources: bool = True
+) -> Report:
     """Lint the DeviceClasses, ResourceClaims and ResourceClaimTemplates of `objects` against its
     ResourceSlices (and DeviceTaintRules, Nodes and Pods, where given). `allocator` carries the
-    release's CEL environment and feature gates (default: `build_allocator(objects)`)."""
+    release's CEL environment and feature gates (default: `build_allocator(objects)`);
+    `extended_resources`: the DRAExtendedResource gate (pods' mapped extended resources count as
+    claims)."""
     allocator = allocator or build_allocator(objects)
     linter = Linter(allocator)
     for device_class in objects.device_classes:
@@ -250,4 +257,9 @@ def lint(objects: ClusterObjects, allocator: Allocator | None = None) -> Report:
                 if outcome is not None:
                     outcomes.append(outcome)
     linter.report.findings.extend(placement_findings(objects, allocator, outcomes))
+    class_matches = {name: t.matched for name, t in linter.class_traces.items() if t is not None}
+    view = NodeView(allocator, cluster_nodes(objects, allocator))
+    linter.report.findings.extend(
+        node_taint_findings(objects, view, class_matches, extended_resources=extended_resources)
+    )
     return linter.report
