@@ -1,26 +1,37 @@
-"""`python -m bench.slices`: cost of publishing 1,024 fake devices, and API writes while idle.
+"""`python -m bench.slices`: publishing one node's ResourceSlices, ours against upstream's controller.
 
-Runs against the real kube-apiserver started by `tests.kube` (the same
-control plane the integration tests use). Baseline, measured in the same run:
-a naive publisher that rewrites every slice on every resync, which is what a
-controller without change detection does. Figures printed:
+Both publishers run against the same real kube-apiserver (bench.controlplane), each for its
+own node, with the same devices (default 1,024 fake GPUs, rendered by our device model and
+split into slices the way ours splits them; the peer gets exactly those device lists):
 
-- first publish: wall time and peak Python memory (tracemalloc) for 1,024 devices;
-- resync with nothing changed: writes and wall time, ours vs. the naive one;
-- idle: writes over a window with the watch running.
+- ours: draplugin.slices.SlicePublisher (`sync`, and `start` for the watch while idle);
+- upstream: the slicepeer harness (tests/cluster/peers) around
+  k8s.io/dynamic-resource-allocation/resourceslice v0.37.2, the controller that
+  kubeletplugin.Helper publishes through.
+
+Phases, each timed from its trigger until the publisher is done: first publish (ours: the
+first `sync`, with its version, node and list reads; upstream: StartController, with its
+informer's list and watch and the node read, until the worker has finished the pool), one
+device changed, a resync with nothing changed (mean of --resyncs), and idle (writes over
+--idle-seconds with each publisher's watch running). API writes are each side's own
+counters (creates + updates + deletes). Neither client rate-limits. The peer's process start
+and JSON decoding of its job are outside its timings.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
-import tracemalloc
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry
 
 from bench.controlplane import start_control_plane
+from bench.peers import PeerError, run_peer
+from bench.summary import Row, record
 from devcluster.objects import create_fake_node
 from dracommon.kubeapi import KubeApi
 from draplugin.devices.fake import FakeBackend, config_from_flags
@@ -29,46 +40,89 @@ from draplugin.slices.api import KubeSliceApi
 from draplugin.slices.metrics import SliceMetrics
 from draplugin.slices.plan import plan_slices
 from draplugin.slices.publisher import SlicePublisher
-from draplugin.slices.render import NodeRef, render_slice, slice_name
 
 DRIVER = "gpu.draplugin.dev"
+PEER = "resourceslice controller (k8s.io/dynamic-resource-allocation v0.37.2)"
+CHANGED = 5  # the index of the device whose memory changes
 
 
-class NaivePublisher:
-    """Baseline: every resync replaces every slice with a freshly rendered one."""
-
-    def __init__(self, api: KubeSliceApi, node: str, node_uid: str, devices: list[Device]) -> None:
-        self.api, self.node, self.node_uid, self.devices = api, node, node_uid, devices
-        self.writes = 0
-
-    def resync(self) -> None:
-        planned = plan_slices(self.devices)
-        existing = {o["metadata"]["name"]: o for o in self.api.list_slices(self._selector())[0]}
-        for i, p in enumerate(planned):
-            body = render_slice(
-                p,
-                node=NodeRef(self.node, self.node_uid),
-                driver=DRIVER,
-                index=i,
-                generation=1,
-                count=len(planned),
-            )
-            name = slice_name(self.node, DRIVER, i)
-            if name in existing:
-                body["metadata"]["resourceVersion"] = existing[name]["metadata"]["resourceVersion"]
-                self.api.replace_slice(name, body)
-            else:
-                self.api.create_slice(body)
-            self.writes += 1
-
-    def _selector(self) -> str:
-        return f"spec.driver={DRIVER},spec.nodeName={self.node}"
+def changed_devices(devices: Sequence[Device]) -> list[Device]:
+    """The same devices with one device's memory capacity changed."""
+    out = list(devices)
+    out[CHANGED] = dataclasses.replace(out[CHANGED], capacity={**out[CHANGED].capacity, "memory": "79Gi"})
+    return out
 
 
-def timed(fn: Any) -> float:
+def timed(work: Callable[[], object]) -> float:
     start = time.perf_counter()
-    fn()
+    work()
     return time.perf_counter() - start
+
+
+def ours(
+    api: Any, node: str, devices: list[Device], resyncs: int, idle_s: float
+) -> dict[str, tuple[float, int]]:
+    """Each phase's (seconds, API writes) for our publisher."""
+    current = {"devices": devices}
+    pub = SlicePublisher(
+        KubeSliceApi(KubeApi(api)),
+        node_name=node,
+        driver=DRIVER,
+        source=lambda: (current["devices"], []),
+        metrics=SliceMetrics(CollectorRegistry()),
+        settle_s=0.1,
+    )
+
+    def writes() -> int:
+        return sum(pub.writes.values())
+
+    phases: dict[str, tuple[float, int]] = {}
+    phases["first publish"] = (timed(pub.sync), writes())
+    current["devices"] = changed_devices(devices)
+    before = writes()
+    phases["change of one device"] = (timed(pub.sync), writes() - before)
+    before = writes()
+    seconds = sum(timed(pub.sync) for _ in range(resyncs)) / max(resyncs, 1)
+    phases["resync, no change"] = (seconds, writes() - before)
+    pub.start()
+    time.sleep(1.0)  # the loop's own first pass and the watch's start
+    before = writes()
+    time.sleep(idle_s)
+    phases["idle"] = (idle_s, writes() - before)
+    pub.stop()
+    return phases
+
+
+def upstream(
+    kubeconfig: str, node: str, devices: list[Device], resyncs: int, idle_s: float
+) -> dict[str, tuple[float, int]]:
+    planned = plan_slices(devices)
+    slices = [list(p.devices) for p in planned]
+    name = devices[CHANGED].name
+    slice_index, index = next(
+        (si, di) for si, devs in enumerate(slices) for di, d in enumerate(devs) if d["name"] == name
+    )
+    job = {
+        "kubeconfig": kubeconfig,
+        "driver": DRIVER,
+        "node": node,
+        "slices": slices,
+        "changed": {
+            "slice": slice_index,
+            "index": index,
+            "device": changed_devices(devices)[CHANGED].to_api(),
+        },
+        "resyncs": resyncs,
+        "idle_seconds": idle_s,
+    }
+    result = run_peer("slicepeer", job)
+    names = {
+        "first publish": "first_publish",
+        "change of one device": "change_one_device",
+        "resync, no change": "resync_no_change",
+        "idle": "idle",
+    }
+    return {label: (result[key]["seconds"], result[key]["writes"]) for label, key in names.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -83,64 +137,40 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     try:
         with cluster.api_client() as api:
-            raw = KubeSliceApi(KubeApi(api))
-            ours_node, naive_node = "bench-ours", "bench-naive"
+            ours_node, peer_node = "bench-ours", "bench-upstream"
             create_fake_node(api, ours_node)
-            create_fake_node(api, naive_node)
-            ours_devices = FakeBackend(
-                ours_node, config_from_flags(args.devices, "H100-80GB-HBM3")
-            ).discover()
-            naive_devices = FakeBackend(
-                naive_node, config_from_flags(args.devices, "H100-80GB-HBM3")
-            ).discover()
-            pub = SlicePublisher(
-                raw,
-                node_name=ours_node,
-                driver=DRIVER,
-                source=lambda: (ours_devices, []),
-                metrics=SliceMetrics(CollectorRegistry()),
-                settle_s=0.1,
-            )
-            naive = NaivePublisher(raw, naive_node, raw.get_node_uid(naive_node), naive_devices)
-
-            tracemalloc.start()
-            first_ours = timed(pub.sync)
-            _, peak_ours = tracemalloc.get_traced_memory()
-            tracemalloc.reset_peak()
-            first_naive = timed(naive.resync)
-            _, peak_naive = tracemalloc.get_traced_memory()
-            tracemalloc.stop()
-
-            writes_before = sum(pub.writes.values())
-            naive_before = naive.writes
-            resync_ours = sum(timed(pub.sync) for _ in range(args.resyncs)) / args.resyncs
-            resync_naive = sum(timed(naive.resync) for _ in range(args.resyncs)) / args.resyncs
-            resync_writes_ours = sum(pub.writes.values()) - writes_before
-            resync_writes_naive = naive.writes - naive_before
-
-            pub.start()
-            time.sleep(1.0)
-            idle_before = sum(pub.writes.values())
-            time.sleep(args.idle_seconds)
-            idle_writes = sum(pub.writes.values()) - idle_before
-            pub.stop()
+            create_fake_node(api, peer_node)
+            devices = FakeBackend(ours_node, config_from_flags(args.devices, "H100-80GB-HBM3")).discover()
+            devices = list(devices)
+            try:
+                theirs = upstream(
+                    str(cluster.kubeconfig), peer_node, devices, args.resyncs, args.idle_seconds
+                )
+            except PeerError as err:
+                print(f"bench.slices: {err}", file=sys.stderr)
+                return 1
+            mine = ours(api, ours_node, devices, args.resyncs, args.idle_seconds)
     finally:
         cluster.stop()
 
-    slices = len(plan_slices(ours_devices))
-    print(f"ResourceSlice publishing, {args.devices} devices in {slices} slices, real kube-apiserver")
-    print(f"  first publish   ours {first_ours * 1000:8.1f} ms  naive {first_naive * 1000:8.1f} ms")
-    print(f"  peak memory     ours {peak_ours / 2**20:8.2f} MiB naive {peak_naive / 2**20:8.2f} MiB")
-    ratio = resync_naive / resync_ours if resync_ours else float("inf")
+    slices = len(plan_slices(devices))
+    print(f"ResourceSlice publishing, {len(devices)} devices in {slices} slices, one real kube-apiserver")
     print(
-        f"  resync (no change), mean of {args.resyncs}: ours {resync_ours * 1000:.1f} ms, "
-        f"{resync_writes_ours} writes; naive {resync_naive * 1000:.1f} ms, {resync_writes_naive} writes; "
-        f"naive/ours time ratio {ratio:.1f}x"
+        f"{'phase':<24} {'ours ms':>10} {'writes':>7} {'upstream ms':>12} {'writes':>7} {'ours/upstream':>14}"
     )
-    print(
-        f"  idle {args.idle_seconds:.0f} s with watch running: {idle_writes} writes "
-        f"(naive: {slices} per resync)"
-    )
+    for phase, (seconds, writes) in mine.items():
+        p_seconds, p_writes = theirs[phase]
+        if phase == "idle":
+            print(f"{phase:<24} {'':>10} {writes:>7} {'':>12} {p_writes:>7}   (writes over {seconds:.0f} s)")
+            record(Row("slices", f"{phase} {seconds:.0f}s, API writes", "writes", writes, p_writes, PEER))
+            continue
+        ratio = seconds / p_seconds if p_seconds else float("inf")
+        print(
+            f"{phase:<24} {seconds * 1000:>10.1f} {writes:>7} "
+            f"{p_seconds * 1000:>12.1f} {p_writes:>7} {ratio:>13.2f}x"
+        )
+        record(Row("slices", f"{phase}, latency", "ms", seconds * 1000, p_seconds * 1000, PEER))
+        record(Row("slices", f"{phase}, API writes", "writes", writes, p_writes, PEER))
     return 0
 
 
