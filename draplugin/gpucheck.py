@@ -13,6 +13,12 @@
      nothing else) with exactly that spec's edits applied as the CDI library
      applies them, running `nvidia-smi -L`: it must list the claimed device and
      only it.
+  4. Sharing, through prepare's own modules (`draplugin.gpucheck_sharing`):
+     an MPS daemon with a thread percentage and a pinned memory limit started,
+     asked, and stopped; a time-slice set and reset (`nvidia-smi
+     compute-policy`); a MIG device created and destroyed on a GPU in MIG mode
+     (skipped, saying why, without MIG or with MIG mode off). Each undoes what
+     it did, also when it fails.
 
 Prints one table. Exit status 0 when every check passed (or was skipped, with
 its reason in the table), 1 on any mismatch, 2 when it cannot run at all
@@ -22,7 +28,8 @@ run in `tests/unit/test_gpucheck.py` against a fake NVML and a fake document.
 
     python -m draplugin.gpucheck [--driver-root /] [--runc runc] [--nvidia-smi nvidia-smi]
 
-Size: one file on purpose: the whole GPU check is one entry point to read before running it on a GPU.
+Size: one file on purpose: the whole GPU check is one entry point to read before running it on a GPU
+(the sharing checks, which drive prepare's modules, are in draplugin/gpucheck_sharing.py).
 """
 
 from __future__ import annotations
@@ -84,6 +91,8 @@ class SmiGpu:
     memory_mib: int | None
     mig_enabled: bool
     migs: tuple[SmiMig, ...] = field(default=())
+    # MIG mode reads Enabled or Disabled on a GPU that has MIG at all, N/A on one that has not.
+    mig_capable: bool = False
 
 
 # --- nvidia-smi -q -x -----------------------------------------------------------------------------
@@ -111,6 +120,7 @@ def parse_smi_xml(text: str) -> list[SmiGpu]:
                 memory_mib=_mib(_text(gpu, "fb_memory_usage/total")),
                 mig_enabled=_text(gpu, "mig_mode/current_mig") == "Enabled",
                 migs=migs,
+                mig_capable=_text(gpu, "mig_mode/current_mig") in ("Enabled", "Disabled"),
             )
         )
     return gpus
@@ -422,13 +432,17 @@ def check(
     driver_root: DriverRoot | None,
     runc: str | None,
     lib_path: str | None = None,
+    list_gpus: Callable[[], str] | None = None,
+    proc_root: str = "/proc",
 ) -> list[Row]:
-    """Every row of the check; `nvml` and `smi_xml` are injectable for the tests without a GPU."""
+    """Every row of the check; `nvml`, `smi_xml`, `list_gpus` (what `nvidia-smi -L` prints, default:
+    the driver root's) and `proc_root` (MIG caps files) are injectable for the tests without a GPU."""
     from draplugin.devices.nvml import NvmlBackend
 
     backend = NvmlBackend(NODE, lib_path=lib_path, nvml=nvml)
     devices = backend.discover()
-    rows = compare_discovery(devices, parse_smi_xml(smi_xml))
+    smi_gpus = parse_smi_xml(smi_xml)
+    rows = compare_discovery(devices, smi_gpus)
     files = None
     if driver_root is not None:
         files = driverfiles.for_backend(driver_root, backend, report=lambda reason, message: None)
@@ -440,6 +454,19 @@ def check(
         smi = next((b for b in files.install().binaries if b.found.name == "nvidia-smi"), None)
         nvidia_smi = driver_root.local(smi.real) if smi is not None else None
     rows += container_rows(runc, specs, devices, nvidia_smi)
+    if files is None:
+        return [*rows, Row("sharing", "all GPUs", "no driver root: no MPS or nvidia-smi to run", "", SKIPPED)]
+    from draplugin import gpucheck_sharing as sharing
+    from draplugin.prepare.drivertools import DriverTools
+
+    tools = DriverTools(files)
+    for gpu in sharing.whole_gpus(devices):
+        rows += sharing.mps_rows(gpu, tools)
+        rows += sharing.timeslice_rows(gpu, tools)
+    # The MIG placements come from the discovery a partitionable plugin runs, on a backend of its own.
+    partitioner = NvmlBackend(NODE, lib_path=lib_path, nvml=nvml, partitionable=True, proc_root=proc_root)
+    placements = partitioner.discover() if any(g.mig_enabled for g in smi_gpus) else []
+    rows += sharing.mig_rows(smi_gpus, placements, partitioner, list_gpus or sharing.driver_listing(tools))
     return rows
 
 
@@ -463,6 +490,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             driver_root=DriverRoot.at(args.driver_root),
             runc=shutil.which(args.runc),
             lib_path=args.nvml_lib_path,
+            list_gpus=lambda: (
+                subprocess.run(
+                    [args.nvidia_smi, "-L"], capture_output=True, text=True, timeout=120, check=True
+                ).stdout
+            ),
         )
     except (OSError, subprocess.SubprocessError, NvmlUnavailableError, ET.ParseError) as err:
         print(f"gpu-check: cannot run: {err}", file=sys.stderr)

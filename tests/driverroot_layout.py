@@ -91,7 +91,8 @@ exit 2
 """
 
 # The MPS control daemon: `-d` starts a background server on named pipes in
-# $CUDA_MPS_PIPE_DIRECTORY (writing nvidia-cuda-mps-control.pid there, like the real one); without
+# $CUDA_MPS_PIPE_DIRECTORY (writing nvidia-cuda-mps-control.pid there, like the real one), `-f` is
+# the same server in the foreground (what a daemon Pod runs: the container lives as long as it); without
 # arguments it is the client: each stdin line goes to the daemon and its answer is printed, and with
 # no daemon it fails like the real one. The daemon keeps the default active thread percentage and
 # pinned memory limits, answers the get_* commands, and `quit` stops it and removes its pipes.
@@ -111,8 +112,16 @@ if [ "$1" = "-d" ]; then
   echo $! > "$PIPE/nvidia-cuda-mps-control.pid"
   exit 0
 fi
+if [ "$1" = "-f" ]; then
+  log "nvidia-cuda-mps-control -f pipe=$PIPE log=${CUDA_MPS_LOG_DIRECTORY:-}" \
+    "CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-}"
+  mkdir -p "$PIPE" && rm -f "$PIPE/control" "$PIPE/reply" && mkfifo "$PIPE/control" "$PIPE/reply" || exit 1
+  echo $$ > "$PIPE/nvidia-cuda-mps-control.pid"
+  exec "$0" --serve </dev/null
+fi
 if [ "$1" = "--serve" ]; then
   trap '' HUP
+  trap 'rm -f "$PIPE/control" "$PIPE/reply" "$PIPE/nvidia-cuda-mps-control.pid"; exit 143' TERM
   atp=100.0
   while :; do
     read -r cmd a b < "$PIPE/control" || continue

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from draplugin.cdi.driverfiles import DriverFiles
 from draplugin.cdi.driverlayout import DriverRootError
-from draplugin.prepare.plan import PlanError
+from draplugin.prepare.errors import PlanError
 
 
 class DriverTools:
@@ -33,6 +33,15 @@ class DriverTools:
             f"{name} is not in the NVIDIA driver root {install.root.host} (looked in its usr/bin, bin, "
             "usr/sbin, sbin)",
         )
+
+    def library_path(self) -> str:
+        """The directories of the driver's libraries as this process sees them, `:`-joined (for the
+        LD_LIBRARY_PATH of a tool that loads them, like the MPS server loading libcuda)."""
+        try:
+            install = self._files.install()
+        except DriverRootError as err:
+            raise PlanError(err.reason, f"the NVIDIA driver's libraries are needed: {err}") from None
+        return ":".join(sorted({str(install.root.local(lib.file.found).parent) for lib in install.libraries}))
 
 
 def run_tool(

@@ -24,13 +24,17 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from draplugin import crashpoints
 from draplugin.devices.mig import CreatedMig, MigOperationError, MigPartitioner, MigPlacement
 from draplugin.devices.model import Device
 from draplugin.devices.schema import KIND_MIG, mig_device_name
+from draplugin.prepare.errors import PlanError
 from draplugin.prepare.ledger import LedgerEntry, SharingLedger
-from draplugin.prepare.plan import ClaimPlan, PlanError
+
+if TYPE_CHECKING:  # planning brings pydantic; `make gpu-check` runs this module without it
+    from draplugin.prepare.plan import ClaimPlan
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +106,19 @@ def create_for_claim(plan: ClaimPlan, partitioner: MigPartitioner, ledger: Shari
     except MigOperationError as err:
         who = f"{plan.claim.namespace}/{plan.claim.name}"
         raise MigError(err.reason, f"claim {who}: {err}") from None
+
+
+def create_device(uid: str, device: Device, partitioner: MigPartitioner, ledger: SharingLedger) -> Device:
+    """`create_for_claim` for one partitionable MIG device (`make gpu-check`): the device as created
+    (its MIG UUID and caps nodes), recorded in the ledger for `destroy_for_claim`."""
+    try:
+        placement = placement_of(device)
+        created = _existing(uid, device.name, placement, partitioner, ledger)
+        if created is None:
+            created = _create(uid, device.name, placement, partitioner, ledger)
+    except MigOperationError as err:
+        raise MigError(err.reason, f"claim uid {uid}: {err}") from None
+    return _realized(device, created)
 
 
 def _create_all(plan: ClaimPlan, partitioner: MigPartitioner, ledger: SharingLedger) -> ClaimPlan:

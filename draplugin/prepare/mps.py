@@ -1,6 +1,6 @@
 """MPS: one CUDA MPS control daemon per claim, started at prepare, stopped at unprepare.
 
-The daemon is the driver's own `nvidia-cuda-mps-control -d`, run from the
+The daemon is the driver's own `nvidia-cuda-mps-control`, run from the
 driver root with `CUDA_VISIBLE_DEVICES` set to the claim's GPUs and the pipe
 and log directories of the claim (`<state>/mps/<claim uid>/{pipe,log}`, the
 pipe directory is what the claim's containers get mounted at
@@ -9,24 +9,42 @@ pipe directory is what the claim's containers get mounted at
 thread percentage and pinned device memory limit per device through the same
 control interface (`set_default_active_thread_percentage`,
 `set_default_device_pinned_mem_limit <ordinal> <MiB>M`), before returning.
+Unprepare sends `quit`, waits for the daemon to exit (forces it after a grace
+period), and removes the directories.
 
-Lifetime, and why: the daemon belongs to the claim, not to the plugin process.
-It is started in a session of its own (`start_new_session`; `-d` daemonizes
-too), so a crash or restart of the plugin process does not stop it while its
-pods run. The plugin finds it again from the sharing ledger: the PID the
-daemon writes to `<pipe>/nvidia-cuda-mps-control.pid` plus the process start
-time from `/proc/<pid>/stat` (a reused PID has another start time, so we never
-signal a stranger). A Deployment per claim (NVIDIA's driver) would need an API
-round trip and an image per prepare; a detached process needs neither. Limit:
-in the chart the daemon is a process of the plugin's container and ends with
-it (the runtime kills a container's processes when its main process exits);
-the restarted plugin finds the recorded daemon gone and starts it again at
-start-up (prepared claims are restored then). Where the plugin is a host
-process (the e2e tests) it survives. After a reboot the daemon is gone with
-everything else and the re-prepare starts it again.
+Lifetime: the daemon belongs to the claim, not to the plugin process. CUDA
+clients hold a connection to their daemon, so a daemon that is restarted is no
+help: it must not stop when the plugin does. Where it runs is a `DaemonRunner`,
+chosen by `--mps-daemon` (`draplugin.config`):
 
-Unprepare sends `quit`, waits for the process to exit (SIGKILL after a grace
-period, only if PID and start time still match), and removes the directories.
+- `pod` (the chart's default, `draplugin.prepare.mpspod`): a Pod per claim,
+  pinned to this node by `nodeName`, that runs the driver root's
+  `nvidia-cuda-mps-control -f` in the foreground with the claim's directory
+  and the driver root mounted from the host. Why a Pod: every process of a
+  container dies with the container (its PID namespace and cgroup go), so in
+  the chart's DaemonSet no process of the plugin, detached or not, survives a
+  container restart, a crash loop or a rolling update; a Pod of its own is
+  the one unit the kubelet keeps running independently of ours. A bare Pod,
+  not a Deployment per claim as NVIDIA's driver has: a Deployment would
+  restart a daemon that died, and a restarted daemon serves none of the
+  clients the old one had (the claim's pods must be restarted anyway), while
+  it adds a controller round trip to every prepare. The plugin talks to the
+  daemon exactly as in the process mode, through the pipe directory on the
+  host, and records the Pod's name and UID in the sharing ledger.
+- `process` (outside Kubernetes: the tests' host plugin, a plugin run on the
+  host): a detached process of the plugin (`-d`, in a session of its own), so
+  a crash or restart of a plugin *process* does not stop it. The ledger
+  records the PID the daemon writes to `<pipe>/nvidia-cuda-mps-control.pid`
+  plus its start time from `/proc/<pid>/stat` (a reused PID has another start
+  time, so a stranger is never signalled). In a container this mode ends with
+  the container, which is why the chart does not use it.
+
+Either way the plugin finds the daemon again from the sharing ledger at
+start-up and re-prepare (`ensure` keeps a daemon that still runs with the same
+limits), and start-up stops every daemon no prepared claim holds (the ledger's,
+and in the pod mode every daemon Pod on this node labelled with a claim UID the
+checkpoint does not hold). After a reboot the daemon is gone with everything
+else and the re-prepare starts it again.
 """
 
 from __future__ import annotations
@@ -39,12 +57,15 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Protocol, cast
 
 from draplugin import crashpoints
-from draplugin.prepare.claimconfig import MpsConfig, SharingStrategy
 from draplugin.prepare.drivertools import run_tool
+from draplugin.prepare.errors import PlanError
 from draplugin.prepare.ledger import LedgerEntry, SharingLedger
-from draplugin.prepare.plan import ClaimPlan, PlanError
+
+if TYPE_CHECKING:  # planning brings pydantic; `make gpu-check` runs this module without it
+    from draplugin.prepare.plan import ClaimPlan
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +75,7 @@ CONTROL = "nvidia-cuda-mps-control"
 PID_FILE = "nvidia-cuda-mps-control.pid"
 READY_COMMAND = "get_default_active_thread_percentage"
 READY_TIMEOUT_S = 10.0
+READY_POLL_S = 0.1
 QUIT_TIMEOUT_S = 10.0
 COMMAND_TIMEOUT_S = 10.0
 _MIB = 1 << 20
@@ -82,6 +104,8 @@ class MpsSettings:
 
 def settings_for(plan: ClaimPlan) -> MpsSettings | None:
     """The daemon settings of a plan, or None when no device uses MPS."""
+    from draplugin.prepare.claimconfig import MpsConfig, SharingStrategy
+
     devices = sorted(
         {d.device.name: d for d in plan.devices if d.config.sharing.strategy is SharingStrategy.MPS}.values(),
         key=lambda d: d.device.name,
@@ -113,25 +137,145 @@ def process_start_time(pid: int, proc: Path = Path("/proc")) -> int | None:
     return int(fields[19])
 
 
-class MpsDaemons:
-    """Start, find and stop per-claim MPS control daemons. `control` gives the binary's path (driver root)."""
+class DaemonRunner(Protocol):
+    """Where a claim's daemon runs: a process of the plugin (`ProcessRunner`) or a Pod (`mpspod`).
 
-    def __init__(self, control: Callable[[], Path], *, proc: Path = Path("/proc")) -> None:
-        self._control = control
+    The control commands (readiness, limits, `quit`) are the same for both:
+    `nvidia-cuda-mps-control` as a client in this process, through the pipe directory."""
+
+    # How long a launched daemon may take to answer (a Pod must be scheduled and started first).
+    ready_timeout_s: float
+
+    def launch(self, uid: str, control: Path, env: Mapping[str, str], pipe: Path) -> dict[str, object]:
+        """Start the claim's daemon; what the ledger records at once to find it again (maybe nothing)."""
+        ...
+
+    def failed(self, launched: Mapping[str, object]) -> str | None:
+        """Why a launched daemon can no longer come up (its Pod failed), or None: keep waiting."""
+        ...
+
+    def identity(self, pipe: Path, launched: Mapping[str, object]) -> dict[str, object]:
+        """Once it answers: what the ledger records to recognise this very daemon later."""
+        ...
+
+    def alive(self, data: Mapping[str, object]) -> bool:
+        """Does the daemon the ledger's `running` entry names still run?"""
+        ...
+
+    def find(self, uid: str, state: str, data: Mapping[str, object], pipe: Path) -> object | None:
+        """The claim's daemon as recorded (`starting` or `running`), if it still runs; None otherwise."""
+        ...
+
+    def end(self, uid: str, found: object) -> None:
+        """After `quit` (answered or not): wait for `find`'s daemon to exit, force it when it does not."""
+        ...
+
+    def end_unrecorded(self, uid: str) -> None:
+        """Stop a daemon of the claim that the ledger does not know (a lost ledger); no-op if none."""
+        ...
+
+    def claim_uids(self) -> set[str]:
+        """Claims with a daemon this runner can see beyond the ledger (start-up's orphan sweep)."""
+        ...
+
+
+class ProcessRunner:
+    """The daemon as a detached process of the plugin (`-d`, in a session of its own): outside Kubernetes."""
+
+    ready_timeout_s = READY_TIMEOUT_S
+
+    def __init__(self, proc: Path = Path("/proc")) -> None:
         self._proc = proc
+
+    def launch(self, uid: str, control: Path, env: Mapping[str, str], pipe: Path) -> dict[str, object]:
+        run_tool(
+            [str(control), "-d"],
+            error=MpsError,
+            reason="MpsStartFailed",
+            what=f"starting {control} -d",
+            timeout_s=COMMAND_TIMEOUT_S,
+            env=env,
+            new_session=True,  # the claim's daemon outlives this plugin process
+        )
+        return {}  # who it is: its PID file, read by `identity` (or by `find` after a crash)
+
+    def failed(self, launched: Mapping[str, object]) -> str | None:
+        return None
+
+    def identity(self, pipe: Path, launched: Mapping[str, object]) -> dict[str, object]:
+        pid = _pid(pipe)
+        return {"pid": pid, "startTime": process_start_time(pid, self._proc)}
+
+    def alive(self, data: Mapping[str, object]) -> bool:
+        pid, start = data.get("pid"), data.get("startTime")
+        return isinstance(pid, int) and start is not None and process_start_time(pid, self._proc) == start
+
+    def find(self, uid: str, state: str, data: Mapping[str, object], pipe: Path) -> object | None:
+        if state == "running":
+            return (data["pid"], data["startTime"]) if self.alive(data) else None
+        # Killed before the record: the daemon's own PID file says who it is.
+        try:
+            pid = int((pipe / PID_FILE).read_text().strip())
+        except (OSError, ValueError):
+            return None
+        start = process_start_time(pid, self._proc)
+        return (pid, start) if start is not None else None
+
+    def end(self, uid: str, found: object) -> None:
+        pid, start = cast(tuple[int, int], found)  # what `find` returned
+        deadline = time.monotonic() + QUIT_TIMEOUT_S
+        while process_start_time(pid, self._proc) == start and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if process_start_time(pid, self._proc) == start:
+            os.kill(pid, signal.SIGKILL)  # same PID and start time: still our daemon
+
+    def end_unrecorded(self, uid: str) -> None:
+        return None  # a process no ledger entry names cannot be told from a stranger's
+
+    def claim_uids(self) -> set[str]:
+        return set()  # its state directories are what SharingState already lists
+
+
+def _pid(pipe: Path) -> int:
+    try:
+        return int((pipe / PID_FILE).read_text().strip())
+    except (OSError, ValueError) as err:
+        raise MpsError(
+            "MpsStartFailed", f"the MPS control daemon wrote no PID file in {pipe}: {err}"
+        ) from None
+
+
+class MpsDaemons:
+    """Start, find and stop per-claim MPS control daemons. `control` gives the binary's path (driver root);
+    `runner` where the daemons run (default: processes of this plugin, `ProcessRunner`)."""
+
+    def __init__(
+        self, control: Callable[[], Path], *, proc: Path = Path("/proc"), runner: DaemonRunner | None = None
+    ) -> None:
+        self._control = control
+        self._runner: DaemonRunner = runner if runner is not None else ProcessRunner(proc)
+
+    @property
+    def runner(self) -> DaemonRunner:
+        return self._runner
 
     def ensure(self, plan: ClaimPlan, directory: Path, ledger: SharingLedger) -> None:
         """A running, configured daemon for the claim: the ledger's one if it still runs, else a new one."""
         settings = settings_for(plan)
-        if settings is None:
-            return
-        uid = plan.claim.uid
+        if settings is not None:
+            self.ensure_settings(plan.claim.uid, settings, directory, ledger)
+
+    def ensure_settings(
+        self, uid: str, settings: MpsSettings, directory: Path, ledger: SharingLedger
+    ) -> None:
+        """`ensure` for settings made elsewhere (consumable capacity, `make gpu-check`): the claim's
+        daemon running with exactly these devices and limits, its pipe and log under `directory`."""
         entry = ledger.get(uid, KIND, KEY)
         if entry is not None:
             if (
                 entry.state == "running"
                 and entry.data.get("settings") == settings.to_json()
-                and self._alive(entry)
+                and self._runner.alive(entry.data)
             ):
                 return
             self.stop(uid, ledger)  # died, half-started, or other limits: start over
@@ -143,39 +287,22 @@ class MpsDaemons:
         logs.mkdir(parents=True, exist_ok=True)
         control = self._control()
         env = self._env(pipe, logs, settings.devices)
-        ledger.put(LedgerEntry(uid, KIND, KEY, "starting", {"pipe": str(pipe), "log": str(logs)}))
-        run_tool(
-            [str(control), "-d"],
-            error=MpsError,
-            reason="MpsStartFailed",
-            what=f"starting {control} -d",
-            timeout_s=COMMAND_TIMEOUT_S,
-            env=env,
-            new_session=True,  # the claim's daemon outlives this plugin process
-        )
+        where = {"pipe": str(pipe), "log": str(logs)}
+        ledger.put(LedgerEntry(uid, KIND, KEY, "starting", where))
+        launched = self._runner.launch(uid, control, env, pipe)
+        if launched:
+            ledger.put(LedgerEntry(uid, KIND, KEY, "starting", {**where, **launched}))
         crashpoints.reach(crashpoints.AFTER_MPS_START)
-        self._wait_ready(control, env)
-        pid = self._pid(pipe)
+        self._wait_ready(control, env, launched)
+        identity = self._runner.identity(pipe, launched)
         for command in self._commands(settings):
             self.command(control, env, command)
         ledger.put(
-            LedgerEntry(
-                uid,
-                KIND,
-                KEY,
-                "running",
-                {
-                    "pipe": str(pipe),
-                    "log": str(logs),
-                    "pid": pid,
-                    "startTime": process_start_time(pid, self._proc),
-                    "settings": settings.to_json(),
-                },
-            )
+            LedgerEntry(uid, KIND, KEY, "running", {**where, **identity, "settings": settings.to_json()})
         )
         log.info(
             "MPS control daemon running",
-            extra={"claim_uid": uid, "pid": pid, "devices": ",".join(settings.devices)},
+            extra={"claim_uid": uid, **identity, "devices": ",".join(settings.devices)},
         )
 
     @staticmethod
@@ -201,69 +328,54 @@ class MpsDaemons:
             stdin=command + "\n",
         )
 
-    def _wait_ready(self, control: Path, env: Mapping[str, str]) -> None:
-        deadline = time.monotonic() + READY_TIMEOUT_S
+    def ask(self, uid: str, command: str, ledger: SharingLedger) -> str:
+        """One control command to the claim's recorded daemon (what a client of the claim would see)."""
+        entry = ledger.get(uid, KIND, KEY)
+        if entry is None:
+            raise MpsError("MpsNotRunning", f"claim uid {uid} has no MPS control daemon")
+        pipe, logs = Path(str(entry.data["pipe"])), Path(str(entry.data["log"]))
+        return self.command(self._control(), self._env(pipe, logs, ()), command)
+
+    def _wait_ready(self, control: Path, env: Mapping[str, str], launched: Mapping[str, object]) -> None:
+        timeout = self._runner.ready_timeout_s
+        deadline = time.monotonic() + timeout
         last = ""
         while time.monotonic() < deadline:
+            why = self._runner.failed(launched)
+            if why is not None:
+                raise MpsError("MpsStartFailed", f"the MPS control daemon did not start: {why}")
             try:
                 self.command(control, env, READY_COMMAND)
                 return
             except MpsError as err:
                 last = str(err)
-            time.sleep(0.1)
-        raise MpsError(
-            "MpsNotReady", f"the MPS control daemon did not answer within {READY_TIMEOUT_S:.0f}s: {last}"
-        )
-
-    def _pid(self, pipe: Path) -> int:
-        try:
-            return int((pipe / PID_FILE).read_text().strip())
-        except (OSError, ValueError) as err:
-            raise MpsError(
-                "MpsStartFailed", f"the MPS control daemon wrote no PID file in {pipe}: {err}"
-            ) from None
-
-    def _alive(self, entry: LedgerEntry) -> bool:
-        pid, start = entry.data.get("pid"), entry.data.get("startTime")
-        return isinstance(pid, int) and start is not None and process_start_time(pid, self._proc) == start
+            time.sleep(READY_POLL_S)
+        raise MpsError("MpsNotReady", f"the MPS control daemon did not answer within {timeout:.0f}s: {last}")
 
     def stop(self, uid: str, ledger: SharingLedger) -> None:
         """`quit` the claim's daemon (also one that was still starting) and forget it. Safe to repeat."""
         entry = ledger.get(uid, KIND, KEY)
         if entry is None:
+            self._runner.end_unrecorded(uid)
             return
         pipe, logs = Path(str(entry.data["pipe"])), Path(str(entry.data["log"]))
-        pid, start = self._identity(entry, pipe)
-        if pid is not None and start is not None:
+        found = self._runner.find(uid, entry.state, entry.data, pipe)
+        if found is not None:
             try:
                 self.command(self._control(), self._env(pipe, logs, ()), "quit")
             except (MpsError, PlanError) as err:
                 log.warning(
                     "MPS quit failed, killing the daemon", extra={"claim_uid": uid, "error": str(err)}
                 )
-            deadline = time.monotonic() + QUIT_TIMEOUT_S
-            while process_start_time(pid, self._proc) == start and time.monotonic() < deadline:
-                time.sleep(0.05)
-            if process_start_time(pid, self._proc) == start:
-                os.kill(pid, signal.SIGKILL)  # same PID and start time: still our daemon
+            self._runner.end(uid, found)
         # A daemon that died leaves its pipes and PID file; a new one must not find them.
         shutil.rmtree(pipe, ignore_errors=True)
         ledger.drop(uid, KIND, KEY)
-        log.info("MPS control daemon stopped", extra={"claim_uid": uid, "pid": pid})
+        log.info("MPS control daemon stopped", extra={"claim_uid": uid, "ran": found is not None})
 
-    def _identity(self, entry: LedgerEntry, pipe: Path) -> tuple[int | None, int | None]:
-        if entry.state == "running":
-            pid = entry.data.get("pid")
-            if isinstance(pid, int):
-                start = process_start_time(pid, self._proc)
-                return (pid, start) if start == entry.data.get("startTime") else (None, None)
-            return None, None
-        # Killed before the record: the daemon's own PID file says who it is.
-        try:
-            pid = int((pipe / PID_FILE).read_text().strip())
-        except (OSError, ValueError):
-            return None, None
-        return pid, process_start_time(pid, self._proc)
+    def claim_uids(self) -> set[str]:
+        """Claims whose daemon the runner sees outside the ledger (start-up stops those not prepared)."""
+        return self._runner.claim_uids()
 
     def _env(self, pipe: Path, logs: Path, devices: Sequence[str]) -> dict[str, str]:
         env = {

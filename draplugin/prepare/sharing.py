@@ -134,6 +134,8 @@ class SharingState:
         """Undo everything `apply` did for the claim, in reverse order. Safe to repeat."""
         if self.ledger.entries(claim_uid, mps.KIND):
             self._require(self.mps, "an MPS daemon", claim_uid).stop(claim_uid, self.ledger)
+        elif self.mps is not None:
+            self.mps.stop(claim_uid, self.ledger)  # a daemon Pod the ledger lost: the runner finds it
         if self.ledger.entries(claim_uid, timeslice.KIND):
             self._require(self.timeslice, "a time-slice", claim_uid).release(claim_uid, self.ledger)
         if self.ledger.entries(claim_uid, mig.KIND):
@@ -172,6 +174,8 @@ class SharingState:
     def claim_uids(self) -> Iterator[str]:
         """Claims that have sharing state on disk or on the GPU (to clean up what no record explains)."""
         uids = set(self.ledger.claim_uids())
+        if self.mps is not None:
+            uids.update(self.mps.claim_uids())  # daemon Pods on this node, whatever the ledger says
         with contextlib.suppress(FileNotFoundError):
             uids.update(entry.name for entry in (self.root / "mps").iterdir() if entry.is_dir())
         yield from sorted(uids)

@@ -18,26 +18,25 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from draplugin import crashpoints
-from draplugin.prepare.claimconfig import SharingStrategy, TimeSliceInterval
 from draplugin.prepare.drivertools import run_tool
+from draplugin.prepare.errors import PlanError
 from draplugin.prepare.ledger import LedgerEntry, SharingLedger
-from draplugin.prepare.plan import ClaimPlan, PlanError
+
+if TYPE_CHECKING:  # planning brings pydantic; `make gpu-check` runs this module without it
+    from draplugin.prepare.plan import ClaimPlan
 
 log = logging.getLogger(__name__)
 
 KIND = "timeslice"
 TOOL = "nvidia-smi"
 DEFAULT_LEVEL = 0
-LEVELS = {
-    TimeSliceInterval.DEFAULT: 0,
-    TimeSliceInterval.SHORT: 1,
-    TimeSliceInterval.MEDIUM: 2,
-    TimeSliceInterval.LONG: 3,
-}
+# By the config's interval names (claimconfig.TimeSliceInterval, a StrEnum: its members look these up).
+LEVELS = {"Default": 0, "Short": 1, "Medium": 2, "Long": 3}
 COMMAND_TIMEOUT_S = 30.0
 
 
@@ -47,6 +46,8 @@ class TimeSliceError(PlanError):
 
 def wanted_levels(plan: ClaimPlan) -> dict[str, tuple[str, int]]:
     """GPU UUID → (device name, level) for every time-sliced device of the plan."""
+    from draplugin.prepare.claimconfig import SharingStrategy
+
     wanted = {}
     for planned in plan.devices:
         sharing = planned.config.sharing
@@ -65,13 +66,20 @@ class TimeSlicer:
         self._lock = threading.Lock()
 
     def apply(self, plan: ClaimPlan, ledger: SharingLedger) -> None:
-        with self._lock:
-            self._apply(plan, ledger)
-
-    def _apply(self, plan: ClaimPlan, ledger: SharingLedger) -> None:
-        uid = plan.claim.uid
         who = f"{plan.claim.namespace}/{plan.claim.name}"
-        for gpu, (name, level) in sorted(wanted_levels(plan).items()):
+        self.apply_levels(plan.claim.uid, who, wanted_levels(plan), ledger)
+
+    def apply_levels(
+        self, uid: str, who: str, wanted: Mapping[str, tuple[str, int]], ledger: SharingLedger
+    ) -> None:
+        """`apply` for levels chosen elsewhere (`make gpu-check`): GPU UUID → (device name, level)."""
+        with self._lock:
+            self._apply(uid, who, wanted, ledger)
+
+    def _apply(
+        self, uid: str, who: str, wanted: Mapping[str, tuple[str, int]], ledger: SharingLedger
+    ) -> None:
+        for gpu, (name, level) in sorted(wanted.items()):
             mine = ledger.get(uid, KIND, gpu)
             if mine is not None and mine.state == "set" and mine.data.get("level") == level:
                 continue

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ from draplugin import gpucheck
 from draplugin.cdi.driverlayout import DriverRoot, host_arch
 from tests.driverroot_layout import debian_layout
 from tests.unit.fakenvml import FakeNvml, a10g, h100_with_mig
+from tests.unit.test_mig_nvml import write_caps
 
 SMI_XML = """<?xml version="1.0" ?>
 <!DOCTYPE nvidia_smi_log SYSTEM "nvsmi_device_v12.dtd">
@@ -56,9 +58,39 @@ def native_root(tmp_path: Path) -> DriverRoot:
     return DriverRoot.at(str(root.build(tmp_path / "driver")))
 
 
-def rows_for(tmp_path: Path, xml: str = SMI_XML, runc: str | None = None) -> list[gpucheck.Row]:
+def fake_listing(nvml: FakeNvml) -> Callable[[], str]:
+    """`nvidia-smi -L` of the fake NVML's GPUs and their MIG devices, as they are at each call."""
+
+    def listing() -> str:
+        lines = []
+        for index, gpu in enumerate(nvml.gpus):
+            lines.append(f"GPU {index}: {gpu.name} (UUID: {gpu.uuid})")
+            migs = [m for m in gpu.migs if m is not None]
+            lines += [f"  MIG Device {i}: (UUID: {m.uuid})" for i, m in enumerate(migs)]
+        return "\n".join(lines) + "\n"
+
+    return listing
+
+
+def mig_caps_root(tmp_path: Path) -> str:
+    """A /proc whose nvidia-caps access files exist for every GPU instance ID a create can get."""
+    proc = tmp_path / "proc"
+    for gi in range(1, 15):
+        write_caps(proc, gi)
+    return str(proc)
+
+
+def rows_for(
+    tmp_path: Path, xml: str = SMI_XML, runc: str | None = None, nvml: FakeNvml | None = None
+) -> list[gpucheck.Row]:
+    nvml = nvml or FakeNvml([h100_with_mig(), a10g()])
     return gpucheck.check(
-        nvml=FakeNvml([h100_with_mig(), a10g()]), smi_xml=xml, driver_root=native_root(tmp_path), runc=runc
+        nvml=nvml,
+        smi_xml=xml,
+        driver_root=native_root(tmp_path),
+        runc=runc,
+        list_gpus=fake_listing(nvml),
+        proc_root=mig_caps_root(tmp_path),
     )
 
 

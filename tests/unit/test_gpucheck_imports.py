@@ -116,3 +116,46 @@ print(json.dumps({"specs": specs, "refused": refused}))
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout.splitlines()[-1])
     assert result["refused"] == [] and len(result["specs"]) == 3, result
+
+
+def test_the_sharing_rows_run_with_nothing_but_nvidia_ml_py(tmp_path: Path) -> None:
+    """MPS, time-slice and MIG rows through prepare's modules, without pydantic or PyYAML."""
+    (tmp_path / "smi.xml").write_text(SMI_XML)
+    done = run_bare(
+        tmp_path,
+        """
+import json
+from pathlib import Path
+from draplugin import gpucheck
+from draplugin.cdi.driverlayout import DriverRoot, host_arch
+from tests.driverroot_layout import debian_layout
+from tests.unit.fakenvml import FakeNvml, a10g, h100_with_mig
+
+arch = host_arch()
+root = debian_layout(version="580.65.06", lib_dir=f"usr/lib/{arch.multiarch}", machine=arch.machine)
+driver = DriverRoot.at(str(root.build(Path("driver").resolve())))
+for gi in range(1, 15):  # the nvidia-caps access files of every GPU instance a create can get
+    base = Path(f"proc/driver/nvidia/capabilities/gpu0/mig/gi{gi}")
+    (base / "ci0").mkdir(parents=True, exist_ok=True)
+    (base / "access").write_text(f"DeviceFileMinor: {100 + gi}\\n")
+    (base / "ci0" / "access").write_text(f"DeviceFileMinor: {200 + gi}\\n")
+nvml = FakeNvml([h100_with_mig(), a10g()])
+
+def listing():
+    return "\\n".join(f"(UUID: {m.uuid})" for g in nvml.gpus for m in g.migs if m is not None)
+
+rows = gpucheck.check(nvml=nvml, smi_xml=Path("smi.xml").read_text(), driver_root=driver, runc=None,
+                      list_gpus=listing, proc_root=str(Path("proc").resolve()))
+kinds = ("MPS", "time-slice", "MIG create", "MIG destroy")
+sharing = [[r.check, r.status] for r in rows if r.check.startswith(kinds)]
+print(json.dumps({"sharing": sharing, "refused": sorted(set(refused))}))
+""",
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.splitlines()[-1])
+    # Only the CDI spec rendering (planning) asked for pydantic; the sharing rows did not.
+    assert set(result["refused"]) <= {"pydantic"}, result
+    checks = {check for check, _ in result["sharing"]}
+    assert {"MPS start", "MPS thread %", "MPS pinned memory", "MPS stop", "time-slice set",
+            "time-slice reset", "MIG create", "MIG destroy"} <= checks, result  # fmt: skip
+    assert {status for _, status in result["sharing"]} == {gpucheck.OK, gpucheck.SKIPPED}, result

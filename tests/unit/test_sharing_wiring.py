@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from dracommon.kubeapi import KubeApi
 from draplugin import config
 from draplugin.cdi.driverfiles import DriverFiles
 from draplugin.cdi.driverlayout import DriverRoot
@@ -11,6 +12,8 @@ from draplugin.devices import load_backend
 from draplugin.devices.fakemig import FakeMigHardware
 from draplugin.devices.nvml import NvmlBackend
 from draplugin.prepare import wiring
+from draplugin.prepare.mps import ProcessRunner
+from draplugin.prepare.mpspod import PodRunner
 from tests.driverroot_layout import debian_layout
 from tests.unit.fakenvml import FakeNvml, h100_with_mig
 
@@ -38,9 +41,22 @@ def test_nvml_makes_its_own_mig_devices(tmp_path: Path) -> None:
 def test_mps_and_time_slices_need_the_driver_root(tmp_path: Path) -> None:
     s = settings(tmp_path)
     backend = load_backend("fake", "n", dev_root="/dev")
-    without = wiring._sharing(s, backend, None)
+    without = wiring._sharing(s, backend, None, KubeApi(None))
     assert without.mps is None and without.timeslice is None
     root = debian_layout().build(tmp_path / "driver-root")
-    with_root = wiring._sharing(s, backend, DriverFiles(DriverRoot.at(str(root))))
+    with_root = wiring._sharing(s, backend, DriverFiles(DriverRoot.at(str(root))), KubeApi(None))
     assert with_root.mps is not None and with_root.timeslice is not None
     assert with_root.root == tmp_path / "state"
+    assert isinstance(with_root.mps.runner, ProcessRunner)  # the default: outside Kubernetes
+
+
+def test_mps_daemons_run_as_pods_when_the_setting_says_so(tmp_path: Path) -> None:
+    s = config.load(
+        {"node_name": "n", "backend": "fake", "state_dir": str(tmp_path / "state"), "mps_daemon": "pod",
+         "mps_daemon_image": "draplugin:test", "pod_namespace": "dra"},
+        environ={},
+    )  # fmt: skip
+    root = debian_layout().build(tmp_path / "driver-root")
+    backend = load_backend("fake", "n", dev_root="/dev")
+    sharing = wiring._sharing(s, backend, DriverFiles(DriverRoot.at(str(root))), KubeApi(None))
+    assert sharing.mps is not None and isinstance(sharing.mps.runner, PodRunner)
