@@ -73,6 +73,10 @@ KIND = "mps"
 KEY = "daemon"
 CONTROL = "nvidia-cuda-mps-control"
 PID_FILE = "nvidia-cuda-mps-control.pid"
+# The claim's shared-memory directory, next to pipe/ and log/, and where the daemon and the claim's
+# containers see it.
+SHM_DIR = "shm"
+SHM_CONTAINER_PATH = "/dev/shm"
 READY_COMMAND = "get_default_active_thread_percentage"
 READY_TIMEOUT_S = 10.0
 READY_POLL_S = 0.1
@@ -285,6 +289,11 @@ class MpsDaemons:
         pipe, logs = directory / "pipe", directory / "log"
         pipe.mkdir(parents=True, exist_ok=True)
         logs.mkdir(parents=True, exist_ok=True)
+        # The MPS server and its clients also talk through POSIX shared memory: the daemon Pod and
+        # the claim's containers get this one directory as /dev/shm (NVIDIA's driver does the same).
+        shm = directory / SHM_DIR
+        shm.mkdir(exist_ok=True)
+        shm.chmod(0o1777)  # like /dev/shm: any user of the workload may create segments, not remove others'
         control = self._control()
         env = self._env(pipe, logs, settings.devices)
         where = {"pipe": str(pipe), "log": str(logs)}
@@ -368,8 +377,9 @@ class MpsDaemons:
                     "MPS quit failed, killing the daemon", extra={"claim_uid": uid, "error": str(err)}
                 )
             self._runner.end(uid, found)
-        # A daemon that died leaves its pipes and PID file; a new one must not find them.
+        # A daemon that died leaves its pipes, PID file and shared memory; a new one must not find them.
         shutil.rmtree(pipe, ignore_errors=True)
+        shutil.rmtree(pipe.parent / SHM_DIR, ignore_errors=True)
         ledger.drop(uid, KIND, KEY)
         log.info("MPS control daemon stopped", extra={"claim_uid": uid, "ran": found is not None})
 

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any, Final, cast
 
 from dracommon.kubeapi import ApiError, KubeApi
-from draplugin.prepare.mps import QUIT_TIMEOUT_S, MpsError
+from draplugin.prepare.mps import QUIT_TIMEOUT_S, SHM_CONTAINER_PATH, SHM_DIR, MpsError
 
 log = logging.getLogger(__name__)
 
@@ -200,7 +200,12 @@ class PodRunner:
         environment["PATH"] = f"{control.parent}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
         if self._library_path is not None:
             environment["LD_LIBRARY_PATH"] = self._library_path()
-        mounts: list[dict[str, Any]] = [{"name": "claim", "mountPath": str(claim_dir)}]
+        mounts: list[dict[str, Any]] = [
+            {"name": "claim", "mountPath": str(claim_dir)},
+            # The server and its clients share memory segments: the same directory the claim's
+            # containers get as /dev/shm through the CDI spec.
+            {"name": "claim", "mountPath": SHM_CONTAINER_PATH, "subPath": SHM_DIR},
+        ]
         volumes: list[dict[str, Any]] = [
             {"name": "claim", "hostPath": {"path": str(claim_dir), "type": "Directory"}}
         ]

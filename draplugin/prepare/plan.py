@@ -34,6 +34,7 @@ from draplugin.prepare.claimconfig import (
     validate_opaque_config,
 )
 from draplugin.prepare.errors import PlanError as PlanError  # re-exported: its home before errors.py
+from draplugin.prepare.mps import SHM_CONTAINER_PATH, SHM_DIR
 from draplugin.prepare.shares import Share, enforced_configs, parse_consumed
 
 # Where a claim's MPS pipe and log directories appear inside its containers.
@@ -430,6 +431,13 @@ def render_spec(
                     cdi.Mount(
                         host_path=str(mps_host_dir),
                         container_path=MPS_CONTAINER_DIR,
+                        options=("rbind", "rw", "nosuid", "nodev"),
+                    ),
+                    # MPS clients and the server exchange memory segments through /dev/shm, so the
+                    # container's must be the daemon's: the claim's own directory, not the pod's tmpfs.
+                    cdi.Mount(
+                        host_path=str(PurePosixPath(str(mps_host_dir)) / SHM_DIR),
+                        container_path=SHM_CONTAINER_PATH,
                         options=("rbind", "rw", "nosuid", "nodev"),
                     ),
                 )

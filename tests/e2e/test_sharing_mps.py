@@ -106,7 +106,14 @@ def test_kill_after_mps_start_then_restart_leaves_one_daemon_that_unprepare_stop
     # The orphan of the killed process was stopped at start; the retry started the claim's daemon.
     (pid,) = running_daemons(plugin)
     assert [(e["kind"], e["state"], e["pid"]) for e in ledger(plugin)] == [("mps", "running", pid)]
+    # Both containers' /dev/shm is the claim's shm directory, where MPS keeps its shared segments.
+    (shm,) = plugin.state_dir.glob("mps/*/shm")
+    (shm / "segment-from-host").write_text("shared")
     for container in ("a", "b"):
+        code, out, _ = pods.exec_in(
+            api, namespace, "shared", container, ["cat", "/dev/shm/segment-from-host"]
+        )
+        assert (code, out) == (0, "shared"), (container, code, out)
         env = inside.log_env(pods.container_log(api, namespace, "shared", container))
         assert env["CUDA_MPS_PIPE_DIRECTORY"] == "/var/run/draplugin/mps/pipe", env
         assert "/var/run/draplugin/mps" in inside.mounts_in(api, namespace, "shared", container)
@@ -117,6 +124,7 @@ def test_kill_after_mps_start_then_restart_leaves_one_daemon_that_unprepare_stop
         assert (code, out.split()) == (0, ["30.0", "2048M"]), (code, out, err)
     release_namespace(api, plugin, namespace, POD_TIMEOUT)
     assert running_daemons(plugin) == [] and ledger(plugin) == []
+    assert not shm.exists()
 
 
 def test_kill_after_time_slice_set_then_restart_resets_and_unprepare_resets(

@@ -192,7 +192,11 @@ def test_prepare_creates_a_daemon_pod_on_this_node_that_answers_with_the_limits(
     assert env["CUDA_MPS_PIPE_DIRECTORY"] == str(claim_dir / "pipe")
     assert env["CUDA_VISIBLE_DEVICES"] and str(node.driver_root) in env["LD_LIBRARY_PATH"]
     mounts = {m["mountPath"]: m.get("readOnly", False) for m in container["volumeMounts"]}
-    assert mounts == {str(claim_dir): False, str(node.driver_root): True}
+    assert mounts == {str(claim_dir): False, str(node.driver_root): True, "/dev/shm": False}
+    # The daemon's /dev/shm is the claim's shm directory, the one its containers get too.
+    (shm,) = [m for m in container["volumeMounts"] if m["mountPath"] == "/dev/shm"]
+    assert (shm["name"], shm["subPath"]) == ("claim", "shm")
+    assert (claim_dir / "shm").is_dir() and (claim_dir / "shm").stat().st_mode & 0o7777 == 0o1777
     assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     # Prepare returned once it answered, with the limits set through the control interface.
     assert node.ask(sharing, "get_default_active_thread_percentage") == "50.0"

@@ -371,7 +371,13 @@ def test_mps_settings_and_mount() -> None:
             "hostPath": "/state/mps/uid-1",
             "containerPath": "/var/run/draplugin/mps",
             "options": ["rbind", "rw", "nosuid", "nodev"],
-        }
+        },
+        # MPS server and clients share memory segments: the claim's own /dev/shm.
+        {
+            "hostPath": "/state/mps/uid-1/shm",
+            "containerPath": "/dev/shm",
+            "options": ["rbind", "rw", "nosuid", "nodev"],
+        },
     ]
     # Every MPS device carries the same values, so the union in one container is consistent.
     assert [e for e in doc["devices"][1]["containerEdits"]["env"] if e.startswith("CUDA_")] == [
