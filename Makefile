@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 KUBE_BUILD := tests/cluster/build.sh
 
-.PHONY: venv kube kube-tools lint unit test test-compat demo cluster bench bench-compare proto clean-venv gpu-check
+.PHONY: venv kube kube-tools lint unit test test-compat differential demo cluster bench bench-compare proto clean-venv gpu-check
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -55,6 +55,19 @@ test-compat: venv kube-tools
 	DRA_KUBE_BIN_DIR="$$(K8S_VERSION=$(COMPAT_K8S_VERSION) tests/cluster/build_compat.sh)" \
 	  $(PY) -m pytest tests/integration tests/e2e -m "$(COMPAT_MARKERS)"
 
+# simulate against the real kube-scheduler on DIFFERENTIAL_SCENARIOS random scenarios per
+# release (tests/differential/), 1.37 and the 1.34 compatibility build; prints each release's
+# agreement rate and every disagreement, shrunk to a ready-to-commit case. `make test` plays 300.
+DIFFERENTIAL_SCENARIOS ?= 2000
+differential: venv kube-tools
+	DIFFERENTIAL_SCENARIOS=$(DIFFERENTIAL_SCENARIOS) DRA_KUBE_BIN_DIR="$$($(KUBE_BUILD))" \
+	  $(PY) -m pytest tests/integration/test_scheduler_differential.py -q -s -p no:cacheprovider; \
+	  latest=$$?; \
+	DIFFERENTIAL_SCENARIOS=$(DIFFERENTIAL_SCENARIOS) \
+	  DRA_KUBE_BIN_DIR="$$(K8S_VERSION=$(COMPAT_K8S_VERSION) tests/cluster/build_compat.sh)" \
+	  $(PY) -m pytest tests/integration/test_scheduler_differential.py -q -s -p no:cacheprovider \
+	  && exit $$latest
+
 # The main job on the embedded default: a local cluster with fake GPUs.
 demo: venv kube
 	DRA_KUBE_BIN_DIR="$$($(KUBE_BUILD))" $(PY) -m devcluster.demo
@@ -63,8 +76,10 @@ demo: venv kube
 cluster: venv kube
 	DRA_KUBE_BIN_DIR="$$($(KUBE_BUILD))" $(PY) -m devcluster.localcluster
 
+# The peers (tests/cluster/build_peers.sh: the dra-example-driver plugin and our Go harnesses around
+# upstream's libraries) are built first, cached like the Kubernetes binaries.
 bench: venv kube
-	DRA_KUBE_BIN_DIR="$$($(KUBE_BUILD))" $(PY) -m bench
+	DRA_KUBE_BIN_DIR="$$($(KUBE_BUILD))" DRA_PEERS_BIN_DIR="$$(tests/cluster/build_peers.sh)" $(PY) -m bench
 
 # Two saved bench/results.json files side by side: make bench-compare A=old.json B=new.json
 bench-compare: venv

@@ -193,7 +193,9 @@ class CheckpointStore:
             "bootId": self.boot_id,
             "claims": [record.to_json() for record in sorted(self._claims.values(), key=lambda r: r.uid)],
         }
-        return (json.dumps(doc, indent=1, sort_keys=False) + "\n").encode()
+        # Compact, not indented: json's C encoder serves only indent=None, and this runs on the event
+        # loop at every commit over every prepared claim (indent=1 made it ~10 ms at 64 claims).
+        return (json.dumps(doc) + "\n").encode()
 
     def load(self) -> LoadResult:
         """Read the file. A missing file is an empty checkpoint; a corrupt one is moved aside."""

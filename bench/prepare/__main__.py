@@ -1,176 +1,287 @@
-"""`python -m bench.prepare`: prepare latency (1 and 64 concurrent claims) and RSS over 1,000 cycles.
+"""`python -m bench.prepare`: our plugin against the dra-example-driver kubelet plugin, side by side.
 
-Runs the driver in-process against the real test API server (claims are
-created and their allocation written through the status subresource, as the
-scheduler would). The baseline is the one API round trip prepare cannot avoid:
-a raw GET of the same claim, measured the same way in the same run, so the
-ratio shows what our own work (planning, CDI spec, checkpoint with fsync)
-adds on top of it.
+Both run as processes against the same real API server (bench.controlplane), each with its own
+driver name and node (= pool), on fresh claims whose `status.allocation` names its own devices,
+one claim per device; the same client (bench/prepare/drive.py) drives both over their DRA
+sockets at concurrency 1 and 64, then unprepares. Batches alternate between the plugins so
+that whatever else the machine does falls on both alike. Then: RSS after the runs, the
+exclusive-device check (ours refuses a second claim on an exclusive device; the peer prepares
+it), the "one blocked claim" case through bench/prepare/claimdelay.py, start-up, and RSS at
+8, 64 and 8,000 devices. Sizes: BENCH_PREPARE_DEVICES (64), BENCH_PREPARE_BATCHES (4).
 """
 
 from __future__ import annotations
 
 import asyncio
-import resource
-import statistics
+import os
+import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Awaitable, Callable
-from functools import partial
 from pathlib import Path
-from typing import Any
 
-from prometheus_client import CollectorRegistry
-
-from devcluster.controlplane import ControlPlane
+from bench.controlplane import start_control_plane
+from bench.prepare.claimdelay import ClaimDelayProxy
+from bench.prepare.claims import allocated_claim, claim_batches, create_node
+from bench.prepare.drive import DraClient, percentile, run_batch
+from bench.prepare.plugins import PEER_BINARY, PEER_NAME, OurPlugin, PeerPlugin, Plugin
+from bench.summary import Row, record
+from devcluster.binaries import REPO_ROOT
 from devcluster.objects import create_namespace
-from dracommon.kubeapi import AsyncKubeApi, KubeApi
-from draplugin.cdi.spec import SpecStore
-from draplugin.checkpoint import CheckpointStore
-from draplugin.devices import load_backend
-from draplugin.events import NullEvents
-from draplugin.kubelet.interface import ClaimRef
-from draplugin.metrics import ClaimMetrics
-from draplugin.prepare.api import DEFAULT_WORKERS, KubeClaimReader
-from draplugin.prepare.driver import GpuDriver
-from draplugin.prepare.sharing import SharingState
+from dracommon.kubeapi import KubeApi
 
-DRIVER = "gpu.draplugin.dev"
-NODE = "bench-node"
+DEVICES = int(os.environ.get("BENCH_PREPARE_DEVICES", "64"))
+BATCHES = int(os.environ.get("BENCH_PREPARE_BATCHES", "4"))
 CONCURRENT = 64
-SEQUENTIAL_ROUNDS = 200
-RSS_CYCLES = 1000
+BLOCK_DELAY_S = 1.0
+BLOCK_ROUNDS = 2
+RSS_SIZES = tuple(int(n) for n in os.environ.get("BENCH_PREPARE_RSS_SIZES", "8,64,8000").split(","))
+OURS_DRIVER, PEER_DRIVER = "gpu.bench-ours.draplugin.dev", "gpu.bench-peer.example.com"
+OURS_NODE, PEER_NODE = "bench-ours", "bench-peer"
 
 
-def rss_mib() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+def peer_binary() -> Path:
+    """The example driver from tests/cluster/build_peers.sh (the dir `make bench` passes, or built now)."""
+    bin_dir = os.environ.get("DRA_PEERS_BIN_DIR")
+    if not bin_dir:
+        script = REPO_ROOT / "tests" / "cluster" / "build_peers.sh"
+        bin_dir = subprocess.run([str(script)], check=True, stdout=subprocess.PIPE, text=True).stdout.split()[
+            -1
+        ]
+    return Path(bin_dir) / PEER_BINARY
 
 
-def percentile(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+def row(figure: str, unit: str, ours: float, peer: float, *, higher_is_better: bool = False) -> None:
+    ratio = f"{ours / peer:.2f}x" if peer else "n/a"
+    print(f"  {figure}: ours {ours:.4g} {unit}, {PEER_NAME} {peer:.4g} {unit}, ours/peer {ratio}")
+    record(Row("prepare", figure, unit, ours, peer, PEER_NAME, higher_is_better))
 
 
-def make_claims(rest: KubeApi, namespace: str, count: int) -> list[ClaimRef]:
-    refs = []
-    base = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims"
-    for i in range(count):
-        claim = rest.create(base, {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaim",
-            "metadata": {"name": f"claim-{i}"},
-            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu"}}]}},
-        })  # fmt: skip
-        status = {"status": {"allocation": {"devices": {"results": [
-            {"request": "gpu", "driver": DRIVER, "pool": NODE, "device": f"gpu-{i}"},
-        ]}}}}  # fmt: skip
-        rest.patch_status(f"{base}/claim-{i}", status)
-        refs.append(ClaimRef(namespace, claim["metadata"]["uid"], f"claim-{i}"))
-    return refs
+def ms(seconds: float) -> float:
+    return seconds * 1e3
 
 
-# The bare GETs the prepare timings are compared with: the same reader, its deadline never reached.
-BASELINE_DEADLINE_S = 60.0
-
-
-async def timed(call: Callable[[], Awaitable[Any]]) -> float:
-    start = time.perf_counter()
-    await call()
-    return time.perf_counter() - start
-
-
-async def measure(driver: GpuDriver, raw: KubeClaimReader, refs: list[ClaimRef]) -> None:
-    one = refs[0]
-    # Warm-up: connections, imports, first file creation.
-    for _ in range(5):
-        await driver.prepare_claim(one)
-        await driver.unprepare_claim(one)
-        await raw.get_claim(one.namespace, one.name, time.monotonic() + BASELINE_DEADLINE_S)
-
-    prepare: list[float] = []
-    baseline: list[float] = []
-    for _ in range(SEQUENTIAL_ROUNDS):
-        prepare.append(await timed(lambda: driver.prepare_claim(one)))
-        await driver.unprepare_claim(one)
-        baseline.append(
-            await timed(
-                lambda: raw.get_claim(one.namespace, one.name, time.monotonic() + BASELINE_DEADLINE_S)
+async def latency_runs(rest: KubeApi, namespace: str, ours: Plugin, peer: Plugin) -> None:
+    """Concurrency 1 and 64 on fresh claims, batches alternating between the plugins."""
+    clients = {p.label: DraClient(p.dra_socket) for p in (ours, peer)}
+    try:
+        for concurrency in (1, CONCURRENT):
+            latencies: dict[str, list[float]] = {"ours": [], "peer": []}
+            walls: dict[str, float] = {"ours": 0.0, "peer": 0.0}
+            batches = {
+                p.label: claim_batches(
+                    rest,
+                    namespace,
+                    f"{p.label}-c{concurrency}",
+                    p.driver,
+                    p.node,
+                    batches=BATCHES + 1,
+                    devices=DEVICES,
+                )
+                for p in (ours, peer)
+            }
+            for b in range(BATCHES + 1):
+                for p in (ours, peer) if b % 2 == 0 else (peer, ours):
+                    samples, wall = await run_batch(clients[p.label], batches[p.label][b], concurrency)
+                    if b == 0:
+                        continue  # warm-up: connections, first files, caches
+                    latencies[p.label].extend(samples)
+                    walls[p.label] += wall
+            label = "1 at a time" if concurrency == 1 else f"{concurrency} concurrent"
+            print(f"prepare, {label}, {BATCHES} batches of {DEVICES} fresh claims each:")
+            for q, name in ((0.5, "p50"), (0.99, "p99")):
+                row(
+                    f"prepare {label} {name}",
+                    "ms",
+                    ms(percentile(latencies["ours"], q)),
+                    ms(percentile(latencies["peer"], q)),
+                )
+            row(
+                f"claims/s {label}",
+                "claims/s",
+                len(latencies["ours"]) / walls["ours"],
+                len(latencies["peer"]) / walls["peer"],
+                higher_is_better=True,
             )
+    finally:
+        for client in clients.values():
+            await client.close()
+
+
+async def exclusive_check(rest: KubeApi, namespace: str, plugin: Plugin) -> str:
+    """Two claims allocated the same exclusive device: what the plugin answers to the second."""
+    first = allocated_claim(rest, namespace, f"{plugin.label}-excl-a", plugin.driver, plugin.node, "gpu-0")
+    second = allocated_claim(rest, namespace, f"{plugin.label}-excl-b", plugin.driver, plugin.node, "gpu-0")
+    client = DraClient(plugin.dra_socket)
+    try:
+        if error := await client.prepare(first):
+            return f"the first claim failed: {error}"
+        error = await client.prepare(second)
+        await client.unprepare(first)
+        if not error:
+            await client.unprepare(second)
+            return "prepared both claims on gpu-0"
+        return f"refused the second claim on gpu-0: {error[:160]}"
+    finally:
+        await client.close()
+
+
+async def blocked_runs(
+    rest: KubeApi, namespace: str, plugin: Plugin, proxy: ClaimDelayProxy
+) -> tuple[float, float, float]:
+    """The others' p99 at concurrency 64 without and with one claim's GET held BLOCK_DELAY_S
+    (BLOCK_ROUNDS batches of each, alternating), and the blocked claims' median latency."""
+    batches = claim_batches(
+        rest, namespace, f"{plugin.label}-blk", plugin.driver, plugin.node, batches=1 + 2 * BLOCK_ROUNDS,
+        devices=DEVICES,
+    )  # fmt: skip
+    client = DraClient(plugin.dra_socket)
+    free: list[float] = []
+    held: list[float] = []
+    victims: list[float] = []
+    try:
+        await run_batch(client, batches[0], CONCURRENT)  # warm-up through the proxy
+        for r in range(BLOCK_ROUNDS):
+            free.extend((await run_batch(client, batches[1 + 2 * r], CONCURRENT))[0])
+            victim = batches[2 + 2 * r][0]
+            proxy.block(victim.namespace, victim.name)
+            delayed_before = proxy.delayed
+            try:
+                # The blocked claim goes first, so every other call arrives while it is held.
+                latencies, _ = await run_batch(client, batches[2 + 2 * r], CONCURRENT)
+            finally:
+                proxy.block(None)
+            if proxy.delayed == delayed_before:
+                raise RuntimeError(f"{plugin.label}: the proxy never saw the blocked claim's GET")
+            victims.append(latencies[0])
+            held.extend(latencies[1:])
+        return ms(percentile(free, 0.99)), ms(percentile(held, 0.99)), ms(percentile(victims, 0.5))
+    finally:
+        await client.close()
+
+
+def rss_by_size(rest: KubeApi, root: Path, kubeconfig: Path, binary: Path) -> None:
+    for size in RSS_SIZES:
+        sides = (
+            OurPlugin("ours", OURS_DRIVER, OURS_NODE, root / f"ours-{size}", size, kubeconfig),
+            PeerPlugin(
+                "peer", PEER_DRIVER, PEER_NODE, root / f"peer-{size}", size, kubeconfig, binary=binary
+            ),
         )
-    report("1 claim", prepare, baseline)
-
-    start = time.perf_counter()
-    prepare = list(await asyncio.gather(*(timed(partial(driver.prepare_claim, r)) for r in refs)))
-    wall = time.perf_counter() - start
-    start = time.perf_counter()
-    soon = time.monotonic() + BASELINE_DEADLINE_S
-    baseline = list(
-        await asyncio.gather(*(timed(partial(raw.get_claim, r.namespace, r.name, soon)) for r in refs))
-    )
-    base_wall = time.perf_counter() - start
-    report(f"{len(refs)} concurrent claims", prepare, baseline)
-    print(f"  wall for all {len(refs)}: prepare {wall * 1e3:.1f} ms, GET {base_wall * 1e3:.1f} ms "
-          f"(ratio {wall / base_wall:.2f}); {len(refs) / wall:.0f} claims/s")  # fmt: skip
-    await asyncio.gather(*(driver.unprepare_claim(r) for r in refs))
-
-    before = rss_mib()
-    start = time.perf_counter()
-    for _ in range(RSS_CYCLES):
-        await driver.prepare_claim(one)
-        await driver.unprepare_claim(one)
-    elapsed = time.perf_counter() - start
-    after = rss_mib()
-    print(f"{RSS_CYCLES} prepare/unprepare cycles: {elapsed:.1f} s "
-          f"({elapsed / RSS_CYCLES * 1e3:.2f} ms/cycle); "
-          f"RSS {before:.1f} MiB -> {after:.1f} MiB (growth {after - before:+.1f} MiB, "
-          f"ratio {after / before:.3f})")  # fmt: skip
-
-
-def report(label: str, prepare: list[float], baseline: list[float]) -> None:
-    p50, p99 = percentile(prepare, 0.5), percentile(prepare, 0.99)
-    b50, b99 = percentile(baseline, 0.5), percentile(baseline, 0.99)
-    print(f"{label}: prepare p50 {p50 * 1e3:.2f} ms, p99 {p99 * 1e3:.2f} ms | "
-          f"baseline GET p50 {b50 * 1e3:.2f} ms, "
-          f"p99 {b99 * 1e3:.2f} ms | ratio p50 {p50 / b50:.2f}x, p99 {p99 / b99:.2f}x "
-          f"(mean {statistics.mean(prepare) * 1e3:.2f} ms over {len(prepare)})")  # fmt: skip
+        rss: dict[str, float] = {}
+        starts = {}
+        for plugin in sides:
+            started = plugin.start(rest, publish_timeout_s=120.0)
+            time.sleep(0.5)  # settle after the publish
+            rss[plugin.label] = plugin.rss_mib() if plugin.running else 0.0
+            starts[plugin.label] = started
+            published = plugin.published(rest)
+            plugin.stop()
+            plugin.delete_slices(rest)
+            if started.published_s is None:
+                print(
+                    f"  {plugin.label} did not publish {size} devices (published {published}): "
+                    f"{started.publish_error}"
+                )
+        ours_s, peer_s = starts["ours"], starts["peer"]
+        if peer_s.published_s is None or ours_s.published_s is None:
+            shown = ", ".join(
+                f"{label} {value:.1f} MiB"
+                + (f", published in {starts[label].published_s:.1f} s" if starts[label].published_s else "")
+                if value
+                else f"{label} exited"
+                for label, value in rss.items()
+            )
+            print(f"  RSS at {size} devices: {shown} (not compared: not both published all {size} devices)")
+            continue
+        row(f"RSS at {size} devices, published", "MiB", rss["ours"], rss["peer"])
+        row(f"start to sockets ready, {size} devices", "s", ours_s.sockets_s, peer_s.sockets_s)
+        row(f"start to slices published, {size} devices", "s", ours_s.published_s, peer_s.published_s)
 
 
 def main() -> int:
-    with tempfile.TemporaryDirectory(prefix="bench-prepare-") as tmp:
-        root = Path(tmp)
-        cluster = ControlPlane(root / "cluster")
-        print("starting the control plane ...", flush=True)
-        cluster.start()
-        try:
-            with cluster.api_client() as api:
-                rest = KubeApi(api)
-                namespace = create_namespace(api, prefix="bench-")
-                refs = make_claims(rest, namespace, CONCURRENT)
-                raw = KubeClaimReader(AsyncKubeApi(rest, DEFAULT_WORKERS))
-                backend = load_backend("fake", NODE, gpus=CONCURRENT)
-                driver = GpuDriver(
-                    driver_name=DRIVER,
-                    node_name=NODE,
-                    devices=backend.discover(),
-                    claims=raw,
-                    cdi_store=SpecStore(root / "cdi", DRIVER),
-                    checkpoint=CheckpointStore(root / "state" / "checkpoint.json", "bench-boot"),
-                    sharing=SharingState(root / "state"),
-                    events=NullEvents(),
-                    metrics=ClaimMetrics(CollectorRegistry()),
-                )
-                driver.recover()
-                print(
-                    f"driver ready: {len(driver.devices)} fake GPUs, {len(refs)} allocated claims", flush=True
-                )
-                asyncio.run(measure(driver, raw, refs))
-                raw.close()
-        finally:
-            cluster.stop()
+    binary = peer_binary()
+    if not binary.exists():
+        print(f"bench.prepare: {binary} is missing (tests/cluster/build_peers.sh builds it)", file=sys.stderr)
+        return 1
+    cluster = start_control_plane("bench-prepare-")
+    if cluster is None:
+        return 1
+    root = cluster.state_dir / "p"
+    plugins: list[Plugin] = []
+    proxy: ClaimDelayProxy | None = None
+    try:
+        with cluster.api_client() as api:
+            rest = KubeApi(api)
+            namespace = create_namespace(api, prefix="bench-")
+            for node in (OURS_NODE, PEER_NODE):
+                create_node(rest, node)
+            ours = OurPlugin("ours", OURS_DRIVER, OURS_NODE, root / "ours", DEVICES, cluster.kubeconfig)
+            peer = PeerPlugin(
+                "peer", PEER_DRIVER, PEER_NODE, root / "peer", DEVICES, cluster.kubeconfig, binary=binary
+            )
+            plugins = [ours, peer]
+            print(f"starting both plugins with {DEVICES} fake GPUs each ...", flush=True)
+            started = {p.label: p.start(rest) for p in plugins}
+            for p in plugins:
+                if started[p.label].published_s is None:
+                    raise RuntimeError(f"{p.label} did not publish: {started[p.label].publish_error}")
+            print(f"start-up, {DEVICES} devices:")
+            # The first start of each in this run: cold caches (and, for ours, any stale bytecode).
+            row("first start to sockets ready", "s", started["ours"].sockets_s, started["peer"].sockets_s)
+            row(
+                "first start to slices published",
+                "s",
+                started["ours"].published_s or 0.0,
+                started["peer"].published_s or 0.0,
+            )
+
+            asyncio.run(latency_runs(rest, namespace, ours, peer))
+            print("memory:")
+            row("RSS after the latency runs", "MiB", ours.rss_mib(), peer.rss_mib())
+
+            print("the exclusive-device check (two claims allocated gpu-0; not a timing):")
+            for p in plugins:
+                print(f"  {p.label}: {asyncio.run(exclusive_check(rest, namespace, p))}")
+
+            for p in plugins:
+                p.stop()
+            ca_file = cluster.ca_file
+            proxy = ClaimDelayProxy(
+                int(cluster.server.rsplit(":", 1)[1]), ca_file, root / "proxy-pki", delay_s=BLOCK_DELAY_S
+            )
+            proxied = proxy.kubeconfig(cluster.kubeconfig, root / "proxy-kubeconfig")
+            print(
+                f"one blocked claim (its GET held {BLOCK_DELAY_S:.1f} s by a proxy both plugins go through):"
+            )
+            blocked: dict[str, tuple[float, float, float]] = {}
+            for p in plugins:
+                p.kubeconfig = proxied
+                p.start(rest)
+                blocked[p.label] = asyncio.run(blocked_runs(rest, namespace, p, proxy))
+                p.stop()
+                free, held, victim = blocked[p.label]
+                print(f"  {p.label}: others' p99 {free:.1f} ms without, {held:.1f} ms with it; "
+                      f"the blocked claim itself {victim:.0f} ms (median)")  # fmt: skip
+            row(
+                "others' p99 at 64 concurrent, no claim blocked", "ms", blocked["ours"][0], blocked["peer"][0]
+            )
+            row(
+                "others' p99 at 64 concurrent, one claim blocked",
+                "ms",
+                blocked["ours"][1],
+                blocked["peer"][1],
+            )
+            for p in plugins:
+                p.delete_slices(rest)
+
+            print("memory and start-up by inventory size (each plugin alone, after it published):")
+            rss_by_size(rest, root, cluster.kubeconfig, binary)
+    finally:
+        for p in plugins:
+            p.stop()
+        if proxy is not None:
+            proxy.close()
+        cluster.stop()
     return 0
 
 
