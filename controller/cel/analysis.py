@@ -6,9 +6,9 @@
   UUID or index). `None` means "cannot tell" (e.g. `device` passed around whole), and then
   nothing is memoized. An id or domain of "*" means "all of it".
 * `domains`: literal domains the expression indexes in attributes/capacity.
-* `cost`: a worst-case cost estimate in the spirit of cel-go's checker estimator (same unit
-  and the same 1,000,000 limit): one per operation, per-element costs for comprehensions
-  over the largest lists the API allows, and one per ten characters for string work.
+* `cost`: the worst-case cost estimate kube-apiserver computes (cel-go's checker estimator
+  with Kubernetes' and DRA's size rules, ported in `controller.cel.cost`), compared with
+  the same 1,000,000 limit.
 * `problems`: compile-time rejections the engines would not make on their own but upstream
   does (unknown `device` fields, invalid regex literals).
 
@@ -17,10 +17,10 @@ Size: one module because every fact is computed in one walk over the same tree.
 
 from __future__ import annotations
 
-import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from controller.cel import cost as costmodel
 from controller.cel import regexlib, syntax
 from controller.cel.errors import CompileError
 from controller.cel.syntax import Call, Ident, Index, ListLit, Literal, MapLit, Node, Select, StructLit
@@ -34,12 +34,6 @@ WILDCARD = "*"
 _NAMESPACES = ("cel", "lists", "sets", "strings", "math", "optional")
 # Functions whose name has a dot although their first part is also a function (`ip(...)`).
 _NAMESPACED_FUNCTIONS = frozenset({"ip.isCanonical"})
-
-# Upper bounds the API guarantees; they size the cost estimate.
-MAX_MAP_ENTRIES = 32
-MAX_STRING = 64
-MAX_LIST_ATTRIBUTE = 48
-UNBOUNDED = 2**40
 
 Read = tuple[str, str, str]
 _STRING_LITERAL = re.compile(r'"((?:[^"\\]|\\.)*)"|\'((?:[^\'\\]|\\.)*)\'')
@@ -70,7 +64,7 @@ def analyze(expression: str) -> Analysis:
     collector = _Reads(expression)
     try:
         collector.visit(tree, frozenset())
-        cost, _ = _Cost().estimate(tree, {})
+        cost = costmodel.estimate(tree)
     except RecursionError:
         raise CompileError("expression nesting too deep") from None
     reads = None if collector.unknown else tuple(sorted(collector.reads))
@@ -87,6 +81,14 @@ def analyze(expression: str) -> Analysis:
         evident_type(tree),
         tuple(sorted(collector.lookups)),
     )
+
+
+def for_release(info: Analysis, expression: str, release: tuple[int, int]) -> Analysis:
+    """`info` with the cost a kube-apiserver of `release` estimates; `analyze` prices for the
+    newest release, and older ones differ only in the global `matches(s, re)`."""
+    if "matches" not in info.calls or release >= costmodel.GLOBAL_MATCHES_PRICED:
+        return info
+    return replace(info, cost=costmodel.estimate(syntax.parse(expression), release))
 
 
 def evident_type(node: Node) -> str | None:
@@ -314,114 +316,3 @@ class _Reads:
                 if node.name == "matches":
                     raise self.error(args[0], f"compilation failed: invalid matches argument ({problem})")
                 raise self.error(args[0], f"compilation failed: {problem}")
-
-
-class _Cost:
-    """(cost, size) per node; size is the largest length a string or list can have."""
-
-    def estimate(self, node: Node, scope: dict[str, int]) -> tuple[int, int]:
-        if isinstance(node, Literal):
-            return 0, len(node.value) if isinstance(node.value, str | bytes) else 0
-        if isinstance(node, Ident):
-            return 1, scope.get(node.name, MAX_LIST_ATTRIBUTE if node.name == "device" else 0)
-        if isinstance(node, Select | Index):
-            cost, _ = self.estimate(node.operand, scope)
-            if isinstance(node, Index):
-                cost += self.estimate(node.index, scope)[0]
-            return cost + 1, max(MAX_MAP_ENTRIES, MAX_STRING, MAX_LIST_ATTRIBUTE)
-        if isinstance(node, ListLit):
-            total = sum(self.estimate(item, scope)[0] for item in node.items)
-            return total + 10, len(node.items)
-        if isinstance(node, MapLit | StructLit):
-            parts = syntax.children(node)
-            return sum(self.estimate(part, scope)[0] for part in parts) + 30, len(parts) // 2
-        assert isinstance(node, Call)
-        return self.call(node, scope)
-
-    def call(self, node: Call, scope: dict[str, int]) -> tuple[int, int]:
-        if node.target is not None and node.name in BINDING_MACROS and len(node.args) >= 2:
-            range_cost, count = self.estimate(node.target, scope)
-            inner = dict(scope)
-            names = node.args[:2] if _is_two_var(node) else node.args[:1]
-            for arg in names:
-                if isinstance(arg, Ident):
-                    inner[arg.name] = MAX_STRING
-            body = sum(self.estimate(arg, inner)[0] for arg in node.args[len(names) :])
-            cost = _add(range_cost, count * (body + 1), 1)
-            if node.name == "sortBy":
-                # ext.Lists estimates the sort of the key list as O(n^2) with a factor of 2.
-                cost += 2 * count * count
-            return cost, count
-        if node.name == "bind" and isinstance(node.target, Ident) and len(node.args) == 3:
-            init_cost, init_size = self.estimate(node.args[1], scope)
-            inner = dict(scope)
-            if isinstance(node.args[0], Ident):
-                inner[node.args[0].name] = init_size
-            body_cost, body_size = self.estimate(node.args[2], inner)
-            return init_cost + body_cost, body_size
-        results = [self.estimate(part, scope) for part in syntax.children(node)]
-        cost = sum(c for c, _ in results) + 1
-        unsized = node.name == "join" or (node.name in _ELEMENT_SCANS and _has_unsized_elements(node.target))
-        if unsized:
-            # The API server's estimator has no size for these string elements, so a function
-            # whose cost scales with element size is unbounded (observed with kube-apiserver 1.37).
-            return UNBOUNDED, UNBOUNDED
-        sizes = [s for _, s in results]
-        size = max(sizes, default=0)
-        if node.name == "_+_":
-            size = sum(sizes)
-            cost += math.ceil(size / 10)
-        elif node.name in (
-            "_==_",
-            "_!=_",
-            "_<_",
-            "_<=_",
-            "_>_",
-            "_>=_",
-            "@in",
-            "contains",
-            "startsWith",
-            "endsWith",
-            "indexOf",
-            "lastIndexOf",
-            "lowerAscii",
-            "upperAscii",
-            "trim",
-            "replace",
-            "split",
-            "join",
-            "find",
-            "findAll",
-            "matches",
-            "format",
-            "sort",
-            "distinct",
-            "sum",
-            "min",
-            "max",
-            "isSorted",
-            "flatten",
-            "reverse",
-        ):
-            cost += math.ceil(max(size, 1) * (2 if node.name in ("matches", "find", "findAll") else 1) / 10)
-            if node.name in ("distinct", "sort", "sets.contains", "sets.intersects", "sets.equivalent"):
-                cost += size * size // 10
-        elif node.name == "range" and isinstance(node.target, Ident) and node.target.name == "lists":
-            limit = node.args[0] if node.args else None
-            size = limit.value if isinstance(limit, Literal) and isinstance(limit.value, int) else UNBOUNDED
-            cost += math.ceil(max(size, 0) / 10)
-        return cost, size
-
-
-_ELEMENT_SCANS = frozenset({"isSorted", "min", "max", "sum", "indexOf", "lastIndexOf"})
-
-
-def _has_unsized_elements(target: Node | None) -> bool:
-    """Lists whose string elements cel-go cannot size: literals of strings, split/findAll results."""
-    if isinstance(target, ListLit):
-        return any(isinstance(item, Literal) and item.kind in ("string", "bytes") for item in target.items)
-    return isinstance(target, Call) and target.name in ("split", "findAll")
-
-
-def _add(*parts: int) -> int:
-    return sum(parts)

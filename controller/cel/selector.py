@@ -156,7 +156,7 @@ def _compile_cached(expression: str, engine_name: str, version: KubernetesVersio
         engine = _load_engine(engine_name)
     except EngineUnavailable as err:
         raise CompileError(str(err)) from None
-    info = _analyze(expression, engine)
+    info = analysis.for_release(_analyze(expression, engine), expression, version)
     versions.check_available(expression, info.calls, version)
     program = engine.compile(expression, info)
     # A validator upstream runs after type checking: its errors come after the engine's.
