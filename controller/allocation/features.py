@@ -82,6 +82,21 @@ class Features:
     # of its pending claims only, so a pod that also has an allocated claim fails Score with an
     # error wherever more than one node fits; 1.36.3 and 1.37 fixed it (see controller.nodescore).
     score_fails_with_allocated_claims: bool = False
+    # Up to 1.36 a device that a taint or a constraint rejects after its counters were
+    # checked keeps them taken for the rest of the search (its counters leak); 1.37.2's
+    # allocateDevice rolls them back (`rollbackDevice`). Found by the differential.
+    rejected_device_keeps_counters: bool = False
+    # 1.34.4's allocator looks for each next device of a request from the pool's first device
+    # again (every order of the devices); the allocators 1.36/1.37 use with beta/alpha features
+    # on go on after the device just taken (`startLocation`: every set once). The result differs
+    # only where a rejection leaves state behind (leaked counters, the per-request distinct
+    # rules). 1.35 not checked; taken as 1.36. Found by the differential.
+    search_restarts_per_device: bool = False
+    # 1.34.4 with DRAConsumableCapacity: allocateDevice re-checks capacity on the device at the
+    # position `r.deviceIndex` (the how-many-th device of the request) of the candidate's slice,
+    # not on the candidate; so a capacity request fails where that other device lacks the
+    # capacity, and the scheduler panics where the slice has fewer devices. Found by the differential.
+    capacity_check_at_result_index: bool = False
 
     @classmethod
     def for_release(cls, minor: int) -> Features:
@@ -89,7 +104,7 @@ class Features:
         if minor >= 37:
             return cls()
         if minor == 36:
-            return cls(distinct_rule=DistinctRule.LATEST_PER_REQUEST)
+            return cls(distinct_rule=DistinctRule.LATEST_PER_REQUEST, rejected_device_keeps_counters=True)
         # 1.34/1.35: taints, partitionable devices, consumable capacity and
         # binding conditions were alpha (off by default).
         return cls(
@@ -103,6 +118,9 @@ class Features:
             all_subrequest_continues_with_first=True,
             prioritized_list_scoring=minor >= 35,
             score_fails_with_allocated_claims=minor == 35,
+            rejected_device_keeps_counters=True,
+            search_restarts_per_device=minor <= 34,
+            capacity_check_at_result_index=minor <= 34,
         )
 
     def with_gates(self, gates: Mapping[str, bool]) -> Features:

@@ -268,6 +268,28 @@ class Search:
         except CapacityRequestError:
             return False
 
+    def _misindexed_capacity_fits(self, request: Request, candidate: Candidate, device_index: int) -> bool:
+        """1.34.4's allocateDevice checks capacity on the device of the candidate's slice at the
+        position of this device in the request's results (its `r.deviceIndex`), not on the
+        candidate (Features.capacity_check_at_result_index); past the slice's end it panics."""
+        if not self.features.capacity_check_at_result_index:
+            return True
+        devices = (candidate.slice.get("spec") or {}).get("devices") or []
+        if device_index >= len(devices):
+            raise AllocationError(
+                f"kube-scheduler 1.34.4 crashes here (index out of range in CmpRequestOverCapacity): device "
+                f"#{device_index} of request {request.name} checked against slice "
+                f"{(candidate.slice.get('metadata') or {}).get('name')} of {len(devices)} device(s)"
+            )
+        other = devices[device_index]
+        proxy = Candidate(
+            DeviceID(candidate.device_id.driver, candidate.device_id.pool, str(other.get("name", ""))),
+            other,
+            candidate.slice,
+            candidate.pool,
+        )
+        return self._capacity_fits(request, proxy)
+
     def _allow_multiple(self, candidate: Candidate) -> bool:
         return self.features.consumable_capacity and bool(candidate.device.get("allowMultipleAllocations"))
 
@@ -310,6 +332,10 @@ class Search:
                     self._release_counters(candidate)
                     return False
         return True
+
+    def _reject_after_counters(self, candidate: Candidate, counters_taken: bool) -> None:
+        if counters_taken and not self.features.rejected_device_keeps_counters:
+            self._release_counters(candidate)
 
     def _release_counters(self, candidate: Candidate) -> None:
         consumed = self._consumed_counters.setdefault(candidate.pool.id, {})
@@ -377,7 +403,7 @@ class Search:
 
         if request_plan.all_devices is not None:
             candidate = request_plan.all_devices[device_index]
-            undo = self._take(claim_index, request_plan, candidate, must=True)
+            undo = self._take(claim_index, request_plan, candidate, must=True, device_index=device_index)
             if undo is None:
                 return False
             next_alt = alt_index
@@ -410,11 +436,14 @@ class Search:
                     continue
                 if self.features.consumable_capacity and not self._capacity_fits(request, candidate):
                     continue
-                undo = self._take(claim_index, request_plan, candidate, must=False)
+                undo = self._take(claim_index, request_plan, candidate, must=False, device_index=device_index)
                 if undo is None:
                     continue
+                # The next device: after this one, or from the first again in 1.34
+                # (Features.search_restarts_per_device).
+                after = (0, 0) if self.features.search_restarts_per_device else (pool_index, offset + 1)
                 if self._next_device_or_undo(
-                    undo, claim_index, request_index, alt_index, device_index + 1, (pool_index, offset + 1)
+                    undo, claim_index, request_index, alt_index, device_index + 1, after
                 ):
                     return True
         return False
@@ -444,7 +473,7 @@ class Search:
         return done
 
     def _take(
-        self, claim_index: int, request_plan: RequestPlan, candidate: Candidate, must: bool
+        self, claim_index: int, request_plan: RequestPlan, candidate: Candidate, must: bool, device_index: int
     ) -> Callable[[], None] | None:
         """Try to add one device to the claim's result; returns how to undo it, or None."""
         plan = self.plans[claim_index]
@@ -463,12 +492,14 @@ class Search:
             if not self._take_counters(candidate):
                 return None
             counters_taken = True
-        # Like kube-scheduler, counters taken above are not given back when a taint
-        # or a constraint rejects the device afterwards.
+        # Up to 1.36, as there, counters taken above are not given back when a taint or a
+        # constraint rejects the device afterwards (Features.rejected_device_keeps_counters).
         if self.features.device_taints and blocking_taint(candidate.device, request) is not None:
+            self._reject_after_counters(candidate, counters_taken)
             return None
         for i, constraint in enumerate(plan.constraints):
             if not constraint.add(request.base_name, request.sub_name, candidate.device, device_id):
+                self._reject_after_counters(candidate, counters_taken)
                 if must:
                     raise AllocationError(
                         f"claim {claim_ref(plan.claim)}, request {request.name}: cannot add device "
@@ -477,9 +508,13 @@ class Search:
                 for previous in plan.constraints[:i]:
                     previous.remove(request.base_name, request.sub_name, candidate.device, device_id)
                 return None
-        if self.features.consumable_capacity and not self._capacity_fits(request, candidate):
+        if self.features.consumable_capacity and not (
+            self._capacity_fits(request, candidate)
+            and self._misindexed_capacity_fits(request, candidate, device_index)
+        ):
             for constraint in plan.constraints:
                 constraint.remove(request.base_name, request.sub_name, candidate.device, device_id)
+            self._reject_after_counters(candidate, counters_taken)
             return None
 
         holders = self._allocating.setdefault(device_id, set())
@@ -488,6 +523,9 @@ class Search:
         chosen = ChosenDevice(
             request=request, device_id=device_id, device=candidate.device, slice=candidate.slice
         )
+        # 1.37: an entry, even an empty one, marks the device as shared (a later share skips
+        # the counters); backtracking one share keeps the entry while an earlier share holds it.
+        entry_existed = device_id in self._allocating_capacity
         if self.features.consumable_capacity and multiple:
             chosen.consumed = consumed_capacity(request.capacity_requests, candidate.device)
             chosen.share_id = self.new_share_id()
@@ -506,9 +544,13 @@ class Search:
                 if totals is not None:
                     for name, amount in chosen.consumed.items():
                         totals[name] = totals[name] - amount
-                    if all(q.is_zero() for q in totals.values()):
+                    if all(q.is_zero() for q in totals.values()) and not (
+                        entry_existed and not self.features.rejected_device_keeps_counters
+                    ):
                         del self._allocating_capacity[device_id]
-            elif counters_taken and self.features.partitionable_devices:
+            # Up to 1.36 a shareable device's counters stay taken when backtracking drops it.
+            keeps = multiple and self.features.rejected_device_keeps_counters
+            if counters_taken and self.features.partitionable_devices and not keeps:
                 self._release_counters(candidate)
             del plan.chosen[position:]
 

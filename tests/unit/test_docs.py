@@ -117,6 +117,7 @@ NOT_RUN: dict[str, str] = {
     "make cluster": "starts a local cluster that runs until Ctrl-C",
     "make bench": "benchmarks are kept out of the test suite by design",
     "make test-compat": "the integration and e2e suites on a second Kubernetes build (1.34); run by .ci/run",
+    "make differential": "4,000 scenarios on two Kubernetes builds (~15 min); `make test` plays 300 of them",
     "K8S_VERSION=v1.34.4 tests/cluster/regen.sh": "re-pins the Go build and downloads modules (network)",
     'draplugin run --node-name "$(hostname)" --backend fake --fake-config examples/fake-gpus.yaml': (
         "a daemon that needs a kubelet and an API server; tests/e2e/test_examples.py runs it with this "
