@@ -116,7 +116,6 @@ def test_a_device_plugin_socket_withdraws_every_gpu_with_an_event_and_its_remova
     everything = inventory(plugin)
     wait_devices(api, plugin, everything, "every device published before the device plugin comes")
     directory = socket_dir
-    detected_before = len(node_events(api, plugin.node_name, DETECTED_REASON))
     gone_before = len(node_events(api, plugin.node_name, GONE_REASON))
     path = directory / "nvidia-gpu.sock"
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -124,12 +123,13 @@ def test_a_device_plugin_socket_withdraws_every_gpu_with_an_event_and_its_remova
         server.bind(str(path))
         server.listen()
         wait_devices(api, plugin, [], "no device published while the device plugin socket is there")
-        wait_for(
-            "the DevicePluginDetected Event on the Node",
-            lambda: len(node_events(api, plugin.node_name, DETECTED_REASON)) > detected_before,
-            WAIT,
-        )
-        event = node_events(api, plugin.node_name, DETECTED_REASON)[-1]
+
+        def detected() -> dict[str, Any] | None:
+            # Events are listed by name, not time, and other modules' plugins post on this Node too.
+            mine = [e for e in node_events(api, plugin.node_name, DETECTED_REASON) if str(path) in e["note"]]
+            return mine[0] if mine else None
+
+        event: dict[str, Any] = wait_for("the DevicePluginDetected Event on the Node", detected, WAIT)
         assert event["type"] == "Warning"
         assert str(path) in event["note"] and "policy refuse" in event["note"]
         assert SETTING_HINT in event["note"]
@@ -154,8 +154,16 @@ def test_the_node_advertising_nvidia_gpu_is_enough(
     try:
         api.patch_status(node_path, {"status": {"capacity": {"nvidia.com/gpu": "2"}}})
         wait_devices(api, plugin, [], "no device while the Node advertises nvidia.com/gpu")
-        note = node_events(api, plugin.node_name, DETECTED_REASON)[-1]["note"]
-        assert "Node resource nvidia.com/gpu=2" in note
+        # Events are listed by name, not time, and other modules' plugins post on this Node too:
+        # look for the one that names the Node's resource.
+        wait_for(
+            "an Event naming the Node's nvidia.com/gpu",
+            lambda: any(
+                "Node resource nvidia.com/gpu=2" in e.get("note", "")
+                for e in node_events(api, plugin.node_name, DETECTED_REASON)
+            ),
+            30,
+        )
     finally:
         api.patch_status(
             node_path,

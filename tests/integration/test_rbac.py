@@ -262,7 +262,14 @@ def test_plugin_rbac_grants_only_what_the_plugin_needs(
         }
         forbidden(lambda: resource.create_namespaced_resource_claim(ns, claim))
         forbidden(lambda: resource.delete_device_class(DRIVER))
-        forbidden(lambda: core.list_namespaced_pod(ns))
+        # Pods: only in the release namespace, for the per-claim MPS daemon Pods (mpsDaemon: pod, the
+        # default): read and list them, never patch them, never elsewhere.
+        core.list_namespaced_pod(ns)
+        forbidden(
+            lambda: core.patch_namespaced_pod(f"plugin-{node_a}", ns, {"metadata": {"labels": {"x": "y"}}})
+        )
+        forbidden(lambda: core.list_namespaced_pod("default"))
+        forbidden(lambda: core.list_pod_for_all_namespaces())
         forbidden(lambda: core.list_namespaced_secret(ns))
         forbidden(lambda: core.patch_node(node_a, {"metadata": {"labels": {"x": "y"}}}))
         forbidden(lambda: core.list_node())
