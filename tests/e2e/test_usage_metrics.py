@@ -234,7 +234,10 @@ def test_two_pods_sharing_a_claim_are_split_by_their_processes(
         found = {
             s.labels["pod"]: (s.labels["container"], s.value, memory.get(s.labels["pod"], -1)) for s in util
         }
-        return found if set(found) == {"pod-a", "pod-b"} and found["pod-a"][0] == "app" else None
+        # Until the plugin has tied a pod's process to its container (it re-reads the pod when it
+        # meets an unknown PID), that pod's series has no container and no memory yet: wait for both.
+        settled = set(found) == {"pod-a", "pod-b"} and all(c == "app" for c, _, _ in found.values())
+        return found if settled else None
 
     shares = wait_for("the shared device split between the two pods", split, METRICS_TIMEOUT, 0.5)
     for pod, (ratio, memory) in {"pod-a": (0.3, 1024 * MiB), "pod-b": (0.1, 512 * MiB)}.items():
