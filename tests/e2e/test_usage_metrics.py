@@ -185,7 +185,8 @@ def test_a_prepared_claim_has_device_claim_and_pod_series_until_unprepared(
 
     claim_series = wait_for(
         "the claim's utilization series with its pod",
-        lambda: series(scrape(plugin), names.CLAIM_GPU_UTILIZATION.name, **holder),
+        # `or None`: wait_for returns any value but None/False, an empty list included.
+        lambda: series(scrape(plugin), names.CLAIM_GPU_UTILIZATION.name, **holder) or None,
         METRICS_TIMEOUT,
         0.5,
     )
