@@ -97,6 +97,13 @@ class Features:
     # not on the candidate; so a capacity request fails where that other device lacks the
     # capacity, and the scheduler panics where the slice has fewer devices. Found by the differential.
     capacity_check_at_result_index: bool = False
+    # Up to 1.36 allocateDevice checks capacity last, after marking the device in use for the
+    # claim and adding it to the claim's constraints, and a failed check undoes neither (1.37.2's
+    # rollbackDevice does). The search's own capacity filter makes the check fail only where
+    # 1.34.4 checks the wrong device (above), so the leak shows on 1.34 alone: the rejected
+    # device is skipped as in use by every later (sub)request of the pod on that node. Found by
+    # the differential.
+    capacity_rejection_keeps_device: bool = False
 
     @classmethod
     def for_release(cls, minor: int) -> Features:
@@ -104,7 +111,11 @@ class Features:
         if minor >= 37:
             return cls()
         if minor == 36:
-            return cls(distinct_rule=DistinctRule.LATEST_PER_REQUEST, rejected_device_keeps_counters=True)
+            return cls(
+                distinct_rule=DistinctRule.LATEST_PER_REQUEST,
+                rejected_device_keeps_counters=True,
+                capacity_rejection_keeps_device=True,
+            )
         # 1.34/1.35: taints, partitionable devices, consumable capacity and
         # binding conditions were alpha (off by default).
         return cls(
@@ -121,6 +132,7 @@ class Features:
             rejected_device_keeps_counters=True,
             search_restarts_per_device=minor <= 34,
             capacity_check_at_result_index=minor <= 34,
+            capacity_rejection_keeps_device=True,
         )
 
     def with_gates(self, gates: Mapping[str, bool]) -> Features:

@@ -508,16 +508,23 @@ class Search:
                 for previous in plan.constraints[:i]:
                     previous.remove(request.base_name, request.sub_name, candidate.device, device_id)
                 return None
+        holders = self._allocating.setdefault(device_id, set())
         if self.features.consumable_capacity and not (
             self._capacity_fits(request, candidate)
             and self._misindexed_capacity_fits(request, candidate, device_index)
         ):
-            for constraint in plan.constraints:
-                constraint.remove(request.base_name, request.sub_name, candidate.device, device_id)
+            if self.features.capacity_rejection_keeps_device:
+                # Up to 1.36 allocateDevice checks capacity after it marked the device in use
+                # for this claim and added it to the constraints, and returns without undoing
+                # either: the device stays taken for the rest of this node's search.
+                if not multiple:
+                    holders.add(claim_index)
+            else:
+                for constraint in plan.constraints:
+                    constraint.remove(request.base_name, request.sub_name, candidate.device, device_id)
             self._reject_after_counters(candidate, counters_taken)
             return None
 
-        holders = self._allocating.setdefault(device_id, set())
         if not multiple:
             holders.add(claim_index)
         chosen = ChosenDevice(

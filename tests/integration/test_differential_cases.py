@@ -3,7 +3,7 @@
 Each case is one scenario played against the real kube-scheduler and `simulate`, as the
 differential plays it; it runs on the release it was found on (another release's gates and
 API differ) and is skipped elsewhere. Fixed ones stay as regression cases; one that stands
-(an upstream quirk we do not model) is marked xfail(strict=True) with the reason.
+(an upstream quirk we do not model yet) would be marked xfail(strict=True) with the reason; none stands.
 """
 
 from __future__ import annotations
@@ -503,16 +503,11 @@ def test_differential_an_explained_error_is_not_the_pods_error(kube_cluster: Con
     assert_agrees(kube_cluster, scenario)
 
 
-# Found on 1.34, standing. gpu-1 has no capacity, gpu-3 40Gi; r0 asks first for one device with
-# 40Gi (s0), else for any two (s1). kube-scheduler 1.34.4 (alpha DRAConsumableCapacity, its
-# experimental allocator) finds it unschedulable; we fail s0 (its capacity check at the result
-# index meets gpu-1) and give s1 both devices. Which of 1.34.4's checks also rejects s1 is not
-# found yet.
-@pytest.mark.xfail(
-    strict=True,
-    reason="kube-scheduler 1.34.4 rejects the later subrequest after a capacity request failed in an "
-    "earlier one; which check does it is not modelled yet",
-)
+# Found on 1.34. gpu-1 has no capacity, gpu-3 40Gi; r0 asks first for one device with 40Gi
+# (s0), else for any two (s1). 1.34.4's allocateDevice checks s0's capacity on the slice's
+# device #0 (gpu-1) for either candidate and so fails s0; each failed check leaves the candidate
+# marked in use for the claim (Features.capacity_rejection_keeps_device), so s1 finds no free
+# device and the pod is unschedulable.
 def test_differential_1_34_a_failed_capacity_subrequest_fails_the_next(kube_cluster: ControlPlane) -> None:
     scenario = Scenario.from_json(
         {
@@ -591,15 +586,10 @@ def test_differential_1_34_a_failed_capacity_subrequest_fails_the_next(kube_clus
     assert_agrees(kube_cluster, scenario)
 
 
-# Found on 1.34, standing (not shrunk: the run shrinks one case per kind of disagreement). Same
-# ingredients: a subrequest with a capacity request first (s0), then ones whose selectors read
-# `memory` unguarded. We hit the CEL runtime error on gpu-3 in s1 (a scheduling error);
-# kube-scheduler 1.34.4 says unschedulable, so it never evaluated s1 there: likely the same quirk.
-@pytest.mark.xfail(
-    strict=True,
-    reason="kube-scheduler 1.34.4 gives up the request after its capacity-requesting subrequest fails "
-    "(see the case above); not modelled yet",
-)
+# Found on 1.34 (not shrunk: the run shrinks one case per kind of disagreement). The same leak:
+# s0's capacity checks (on the wrong device) fail and leave gpu-1..3 in use, and the in-use
+# check comes before the selectors, so s1's selector that reads `memory` unguarded is never
+# evaluated on gpu-3: unschedulable, not a CEL runtime error.
 def test_differential_1_34_no_cel_error_after_a_failed_capacity_subrequest(
     kube_cluster: ControlPlane,
 ) -> None:
