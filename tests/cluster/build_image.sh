@@ -110,7 +110,7 @@ step "building $image from deploy/Dockerfile (packages: $wheel_packages)"
 # netns/cgroup setup needed (runc under buildah is what the OCI mode would add).
 "${buildah[@]}" bud --isolation oci --network host --pull=never --layers \
   --volume /etc/ssl/certs/ca-certificates.crt:/etc/ssl/certs/ca-certificates.crt:ro \
-  --build-arg PYTHON_IMAGE="$base_image" --build-arg SOURCE_DIGEST="$image_stamp" \
+  --build-arg PYTHON_IMAGE="$base_image" \
   -f deploy/Dockerfile --ignorefile deploy/Dockerfile.dockerignore \
   -t "$image" -t "$image_name:$version" "$repo" \
   2> >(sed 's/^/build-image: buildah: /' >&2) | sed 's/^/build-image: buildah: /' >&2
