@@ -17,12 +17,17 @@ import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from controller.allocation.features import parse_feature_gates
 from controller.cli import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, Subcommand, register_subcommand
 from controller.leader import LeaderConfig
 from dracommon.drivername import DEFAULT_DRIVER_NAME, check_driver_name
 from dracommon.duration import parse_duration
+from dracommon.kubeversion import KubernetesVersion, format_version, parse_kubernetes_version
+
+if TYPE_CHECKING:
+    from dracommon.kubeapi import KubeApi
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +82,14 @@ def _boolean(value: str) -> bool:
     if lowered in ("false", "0", "no"):
         return False
     raise ValueError("must be true or false")
+
+
+def _release(value: str) -> KubernetesVersion:
+    return parse_kubernetes_version(value)
+
+
+def _gates(value: str) -> dict[str, bool]:
+    return parse_feature_gates(value)
 
 
 def _log_format(value: str) -> str:
@@ -137,6 +150,19 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option("--metrics-port", "port for /metrics and /healthz (0: off)", "8080", _port),
     Option(
+        "--kubernetes-version",
+        "allocate by the rules and CEL environment of this release, MAJOR.MINOR "
+        "(default: the API server's, read at start)",
+        None,
+        _release,
+    ),
+    Option(
+        "--feature-gates",
+        "kube-scheduler's feature gates where they differ from its release's defaults (Name=true,...)",
+        "",
+        _gates,
+    ),
+    Option(
         "--event-after-seconds",
         "post a CannotAllocate Event once a claim a pending pod uses stays unallocated this long",
         "60",
@@ -196,6 +222,22 @@ def resolve(args: argparse.Namespace, environ: dict[str, str] | None = None) -> 
     return values
 
 
+def cluster_release(api: KubeApi) -> KubernetesVersion:
+    """The API server's release; the newest we know (with a warning) when it cannot be read, since
+    the scheduler's rules differ by release but a transient error should not stop the controller."""
+    from dracommon.kubeapi import ApiError
+    from dracommon.kubeversion import NEWEST_KNOWN, VersionError, server_version
+
+    try:
+        return server_version(api)
+    except (ApiError, OSError, VersionError) as err:
+        log.warning(
+            "cannot read the API server's release; using the newest known (set --kubernetes-version)",
+            extra={"error": str(err), "release": format_version(NEWEST_KNOWN)},
+        )
+        return NEWEST_KNOWN
+
+
 def run(args: argparse.Namespace) -> int:
     from dracommon.logs import setup_logging
 
@@ -214,7 +256,11 @@ def run(args: argparse.Namespace) -> int:
     except KubeConfigError as err:
         log.error("cannot reach the cluster", extra={"error": str(err)})
         return EXIT_FAILURE
+    release = values["kubernetes_version"] or cluster_release(KubeApi(api))
+    log.info("allocating by the rules of Kubernetes", extra={"release": format_version(release)})
     settings = DaemonSettings(
+        release=release,
+        feature_gates=values["feature_gates"],
         identity=values["identity"],
         lease_name=values["lease_name"],
         lease_namespace=values["lease_namespace"],

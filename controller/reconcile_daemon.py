@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry
@@ -24,6 +24,7 @@ from controller.reconciler import Reconciler, ReconcilerSettings, Snapshot
 from controller.watchcache import KubeListWatch, WatchCache
 from dracommon.drivername import DEFAULT_DRIVER_NAME
 from dracommon.kubeapi import KubeApi
+from dracommon.kubeversion import NEWEST_KNOWN, KubernetesVersion
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,8 @@ class DaemonSettings:
     driver_name: str = DEFAULT_DRIVER_NAME
     leader_elect: bool = True
     leader_config: LeaderConfig = field(default_factory=LeaderConfig)
+    release: KubernetesVersion = NEWEST_KNOWN  # the cluster's: allocate by its rules
+    feature_gates: Mapping[str, bool] = field(default_factory=dict)
 
 
 class ControllerDaemon:
@@ -89,6 +92,8 @@ class ControllerDaemon:
                 event_after_s=settings.event_after_s,
                 event_interval_s=settings.event_interval_s,
                 driver_name=settings.driver_name,
+                release=settings.release,
+                feature_gates=settings.feature_gates,
             ),
             is_leader=self.elector.is_leader if settings.leader_elect else lambda: True,
         )

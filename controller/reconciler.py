@@ -61,6 +61,7 @@ Size: one module because the decisions of one pass share one snapshot; API write
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -68,16 +69,20 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from controller.allocation.features import Features
 from controller.allocation.nodes import Node
 from controller.allocation.pools import DeviceID
 from controller.allocation.requests import claim_ref
 from controller.allocator import Allocator
+from controller.cel import compile_selector
 from controller.explain import explain_claim
 from controller.metrics import ControllerMetrics
 from controller.nodefilter import filter_nodes
+from controller.nodescore import choose_node
 from controller.reconcile_api import ClaimApi, Conflict, NotFound
 from controller.reconcile_events import REASON, EventLimiter, cannot_allocate_event
 from dracommon.drivername import DEFAULT_DRIVER_NAME, annotation_key, reporting_controller
+from dracommon.kubeversion import NEWEST_KNOWN, KubernetesVersion
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +124,10 @@ class ReconcilerSettings:
     event_interval_s: float = 600.0
     # Annotation keys and the Events' reportingController follow it (dracommon.drivername).
     driver_name: str = DEFAULT_DRIVER_NAME
+    # The cluster's release and its kube-scheduler's non-default feature gates: we allocate
+    # by that release's rules and CEL environment, as its scheduler would.
+    release: KubernetesVersion = NEWEST_KNOWN
+    feature_gates: Mapping[str, bool] = field(default_factory=dict)
 
 
 @dataclass
@@ -256,11 +265,14 @@ class Reconciler:
         if not candidates and not waiting:
             self._events.due([], self._clock())
             return
+        release = self.settings.release
         allocator = Allocator(
             device_classes=snap.device_classes,
             slices=snap.slices,
             allocated_claims=[c for c in claims.values() if is_allocated(c)]
             + [c for c in self._out_of_scope_allocated(snap.claims)],
+            features=Features.for_release(release[1]).with_gates(self.settings.feature_gates),
+            compiler=functools.partial(compile_selector, kubernetes_version=release),
         )
         for claim in candidates:
             if not self._is_leader():
@@ -474,6 +486,13 @@ class Reconciler:
         # not place this claim anywhere now, so neither do we.
         filtered = filter_nodes(allocator, [claim], nodes)
         chosen = filtered.chosen
+        if chosen is not None:
+            # Where several nodes fit, the one the scheduler's DynamicResources Score prefers
+            # (better-ranked firstAvailable subrequests); ties keep the packing order. A lone
+            # claim has no allocated sibling, so 1.35's Score error cannot arise here.
+            choice = choose_node(filtered.feasible, [claim], allocator.features)
+            if choice is not None:
+                chosen = choice.chosen
         if chosen is None:
             failure = filtered.failure
             self._metrics.allocation_attempts.labels("error" if failure.error else "unschedulable").inc()

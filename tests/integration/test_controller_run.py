@@ -30,6 +30,7 @@ from controller.allocation.builders import device, resource_slice
 from devcluster.controlplane import ControlPlane, free_port
 from devcluster.wait import wait_for
 from dracommon.kubeapi import ApiError, KubeApi
+from dracommon.kubeversion import version_from_info
 
 pytestmark = pytest.mark.cluster
 
@@ -225,6 +226,11 @@ def test_preallocated_claim_is_shared_by_two_scheduled_pods(scene: ControllerSce
     devices = devices_of(claim)
     assert devices == [(node, "gpu-0"), (node, "gpu-1")]
     assert not (claim.get("status") or {}).get("reservedFor")
+    # It allocates by the rules of the cluster's release, read from the API server.
+    major, minor = version_from_info(rest.get("/version"))
+    rules = "allocating by the rules of Kubernetes"
+    said = [m for m in controller.log_messages() if m.get("msg") == rules]
+    assert [m.get("release") for m in said] == [f"{major}.{minor}"]
 
     pods = {}
     for name in ("consumer-a", "consumer-b"):

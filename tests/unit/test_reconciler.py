@@ -12,7 +12,14 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from controller.allocation.builders import claim, device, device_class, exactly, resource_slice
+from controller.allocation.builders import (
+    claim,
+    device,
+    device_class,
+    exactly,
+    first_available,
+    resource_slice,
+)
 from controller.metrics import ControllerMetrics
 from controller.reconcile_api import Conflict, NotFound
 from controller.reconciler import (
@@ -256,6 +263,52 @@ def test_true_means_any_node() -> None:
     world = World([pinned("a", "true")], [gpus("node-1", 1)])
     assert world.reconciler.reconcile().allocated == ["default/a"]
     assert devices(world.claim("a")) == [("node-1", "gpu-0")]
+
+
+def prioritized(name: str) -> JSON:
+    """An "any" claim that prefers an H100 and takes an L4 otherwise."""
+    wants = first_available(
+        "gpu",
+        exactly("h100", selectors=[f'device.attributes["{D}"].model == "h100"']),
+        exactly("l4", selectors=[f'device.attributes["{D}"].model == "l4"']),
+    )
+    return claim(name, [wants], annotations={PREALLOCATE_ANNOTATION: "any"})
+
+
+def test_any_prefers_the_node_where_a_better_ranked_subrequest_fits() -> None:
+    # node-a comes first and fits only the second choice; kube-scheduler 1.35+ scores node-b
+    # higher (its DynamicResources Score), so the pre-allocation follows it there.
+    slices = [gpus("node-a", 1, model="l4"), gpus("node-b", 1, model="h100")]
+    world = World([prioritized("pref")], slices)
+    assert world.reconciler.reconcile().allocated == ["default/pref"]
+    assert devices(world.claim("pref")) == [("node-b", "gpu-0")]
+    results = world.claim("pref")["status"]["allocation"]["devices"]["results"]
+    assert [r["request"] for r in results] == ["gpu/h100"]
+
+
+def test_any_on_1_34_takes_the_first_node_that_fits() -> None:
+    # 1.34's DynamicResources plugin has no Score: every feasible node ties.
+    slices = [gpus("node-a", 1, model="l4"), gpus("node-b", 1, model="h100")]
+    world = World([prioritized("pref")], slices, release=(1, 34))
+    assert world.reconciler.reconcile().allocated == ["default/pref"]
+    assert devices(world.claim("pref")) == [("node-a", "gpu-0")]
+
+
+def test_allocates_by_the_rules_of_the_configured_release() -> None:
+    # Device taints are alpha and off in 1.34: its scheduler allocates a tainted device, 1.37's does not.
+    tainted = resource_slice(
+        "node-a-gpus",
+        [device("gpu-0", {"model": "h100"}, taints=[{"key": "broken", "effect": "NoSchedule"}])],
+        node="node-a",
+    )
+    on_1_37 = World([pinned("a")], [tainted])
+    assert on_1_37.reconciler.reconcile().unschedulable == ["default/a"]
+    on_1_34 = World([pinned("a")], [tainted], release=(1, 34))
+    assert on_1_34.reconciler.reconcile().allocated == ["default/a"]
+    on_1_34_gate_on = World(
+        [pinned("a")], [tainted], release=(1, 34), feature_gates={"DRADeviceTaints": True}
+    )
+    assert on_1_34_gate_on.reconciler.reconcile().unschedulable == ["default/a"]
 
 
 def test_skips_allocated_claims_and_avoids_their_devices() -> None:

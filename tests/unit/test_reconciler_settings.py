@@ -76,6 +76,8 @@ def test_environment_mirrors_and_flag_precedence() -> None:
         (["--leader-election-lease-duration=5x"], {}, "duration such as 15s"),
         (["--leader-election-renew-deadline=20s"], {}, "renew deadline < lease duration"),
         (["--driver-name", "GPU_X"], {}, "--driver-name='GPU_X': driver name 'GPU_X' must be a lowercase"),
+        (["--kubernetes-version", "1.20"], {}, "Kubernetes 1.20 is not supported"),
+        (["--feature-gates", "DRADeviceTaints"], {}, "expected Name=true or Name=false"),
     ],
 )
 def test_bad_values_name_the_setting(argv: list[str], env: dict[str, str], message: str) -> None:
@@ -103,3 +105,10 @@ def test_healthz_and_metrics() -> None:
         assert "thread reconcile exited" in err.value.read().decode()
     finally:
         server.stop()
+
+
+def test_release_and_gates_are_parsed() -> None:
+    values = resolve(parse("--kubernetes-version", "v1.34.4", "--feature-gates", "DRADeviceTaints=true"), {})
+    assert values["kubernetes_version"] == (1, 34)
+    assert values["feature_gates"] == {"DRADeviceTaints": True}
+    assert resolve(parse(), {})["kubernetes_version"] is None  # read from the API server at start
