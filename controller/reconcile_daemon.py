@@ -23,7 +23,7 @@ from controller.reconcile_api import KubeClaimApi
 from controller.reconciler import Reconciler, ReconcilerSettings, Snapshot
 from controller.watchcache import KubeListWatch, WatchCache
 from dracommon.drivername import DEFAULT_DRIVER_NAME
-from dracommon.kubeapi import KubeApi
+from dracommon.kubeapi import ApiError, KubeApi
 from dracommon.kubeversion import NEWEST_KNOWN, KubernetesVersion
 
 log = logging.getLogger(__name__)
@@ -52,6 +52,25 @@ class DaemonSettings:
     feature_gates: Mapping[str, bool] = field(default_factory=dict)
 
 
+TAINT_RULES = f"{RESOURCE_API}/devicetaintrules"
+
+
+def _served(api: KubeApi, path: str) -> bool:
+    """Whether the API server serves this collection to us: DeviceTaintRule is not served before
+    1.37 or with its gate off (404), and a chart older than this controller may not grant it (403)."""
+    try:
+        api.get(path, {"limit": "1"})
+    except ApiError as err:
+        if err.status not in (403, 404):
+            raise
+        if err.status == 403:
+            log.warning(
+                "DeviceTaintRules are not readable; pre-allocation ignores them", extra={"error": str(err)}
+            )
+        return False
+    return True
+
+
 class ControllerDaemon:
     def __init__(
         self, api: KubeApi, settings: DaemonSettings, registry: CollectorRegistry | None = None
@@ -74,6 +93,9 @@ class ControllerDaemon:
             "pods": self._cache("pods", KubeListWatch(
                 api, f"/api/v1{scope}/pods", "Pod", field_selector="status.phase=Pending")),
         }  # fmt: skip
+        if _served(api, TAINT_RULES):
+            self.caches["devicetaintrules"] = self._cache("devicetaintrules", KubeListWatch(
+                api, TAINT_RULES, "DeviceTaintRule"))  # fmt: skip
         self.elector = LeaderElector(
             KubeLeaseApi(api, settings.lease_namespace, settings.lease_name),
             namespace=settings.lease_namespace,
@@ -113,6 +135,9 @@ class ControllerDaemon:
             slices=self.caches["resourceslices"].snapshot(),
             claims=self.caches["resourceclaims"].snapshot(),
             pending_pods=self.caches["pods"].snapshot(),
+            taint_rules=self.caches["devicetaintrules"].snapshot()
+            if "devicetaintrules" in self.caches
+            else (),
         )
 
     def _leadership_changed(self, leading: bool) -> None:

@@ -104,6 +104,9 @@ class Snapshot:
     slices: Sequence[JSON] = ()
     claims: Sequence[JSON] = ()
     pending_pods: Sequence[JSON] = ()
+    # DeviceTaintRules, where the API server serves them; the allocator applies them only
+    # where the release's device-taint rules are on, as kube-scheduler does.
+    taint_rules: Sequence[JSON] = ()
 
 
 def preallocate_annotation(driver_name: str) -> str:
@@ -271,6 +274,7 @@ class Reconciler:
             slices=snap.slices,
             allocated_claims=[c for c in claims.values() if is_allocated(c)]
             + [c for c in self._out_of_scope_allocated(snap.claims)],
+            taint_rules=snap.taint_rules,
             features=Features.for_release(release[1]).with_gates(self.settings.feature_gates),
             compiler=functools.partial(compile_selector, kubernetes_version=release),
         )

@@ -31,6 +31,7 @@ from devcluster.controlplane import ControlPlane, free_port
 from devcluster.wait import wait_for
 from dracommon.kubeapi import ApiError, KubeApi
 from dracommon.kubeversion import version_from_info
+from tests.integration.release import cluster_features
 
 pytestmark = pytest.mark.cluster
 
@@ -268,6 +269,48 @@ def test_preallocated_claim_is_shared_by_two_scheduled_pods(scene: ControllerSce
     rest.delete(f"{RESOURCE_V1}/namespaces/{ns}/resourceclaims/shared")
     wait_for("the claim to be deleted", lambda: get_claim(rest, ns, "shared") is None, 60)
     assert controller.terminate() == 0
+
+
+def test_preallocation_honours_device_taint_rules_where_served(
+    scene: ControllerScene, kube_cluster: ControlPlane
+) -> None:
+    """A DeviceTaintRule on gpu-0 steers the pinned claim to gpu-1, as kube-scheduler would;
+    where the API server does not serve DeviceTaintRules (1.34), nothing is read and gpu-0 is taken."""
+    rest, node, ns = scene.rest, scene.node, scene.namespace
+    rules = f"{RESOURCE_V1}/devicetaintrules"
+    try:
+        rest.get(rules, {"limit": "1"})
+        served = True
+    except ApiError as err:
+        assert err.status == 404, err
+        served = False
+    rule = f"taint-{node}"
+    if served:
+        rest.create(
+            rules,
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "DeviceTaintRule",
+                "metadata": {"name": rule},
+                "spec": {
+                    "deviceSelector": {"driver": DRIVER, "pool": node, "device": "gpu-0"},
+                    "taint": {"key": "example.com/broken", "value": "ecc", "effect": "NoSchedule"},
+                },
+            },
+        )
+    try:
+        scene.start_controller("tainted")
+        rest.create(
+            f"{RESOURCE_V1}/namespaces/{ns}/resourceclaims",
+            claim_body("pinned", scene.device_class, annotations={PREALLOCATE: node}),
+        )
+        claim = wait_for("the controller to allocate the claim", lambda: allocated(rest, ns, "pinned"), 60)
+        assert devices_of(claim) == [
+            (node, "gpu-1" if served and cluster_features(kube_cluster).device_taints else "gpu-0")
+        ]
+    finally:
+        if served:
+            rest.request("DELETE", f"{rules}/{rule}")
 
 
 def test_stuck_claim_gets_event_naming_the_filter(scene: ControllerScene) -> None:
