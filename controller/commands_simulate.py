@@ -72,7 +72,7 @@ class ClaimResult:
     namespace: str
     name: str
     allocated: bool
-    results: list[dict[str, str]] = field(default_factory=list)
+    results: list[dict[str, Any]] = field(default_factory=list)
     node_name: str | None = None
     reason: str | None = None
     allocation: dict[str, Any] | None = None
@@ -127,10 +127,33 @@ def _pinned_node(claim: JSON) -> str | None:
     return value if value and value not in ANY_NODE_SYNONYMS else None
 
 
-def _result_json(allocation: JSON) -> list[dict[str, str]]:
-    return [
-        {k: r[k] for k in ("request", "driver", "pool", "device")} for r in allocation["devices"]["results"]
-    ]
+def _result_json(allocation: JSON) -> list[dict[str, Any]]:
+    """Each result as the scheduler would write it, less the share's random ID: `shared` says one
+    was assigned (the device is shared with other claims), `consumedCapacity` what this share takes."""
+    results: list[dict[str, Any]] = []
+    for r in allocation["devices"]["results"]:
+        entry: dict[str, Any] = {k: r[k] for k in ("request", "driver", "pool", "device")}
+        if r.get("adminAccess"):
+            entry["adminAccess"] = True
+        if r.get("shareID"):
+            entry["shared"] = True
+        if r.get("consumedCapacity"):
+            entry["consumedCapacity"] = dict(r["consumedCapacity"])
+        results.append(entry)
+    return results
+
+
+def _result_text(result: Mapping[str, Any]) -> str:
+    """`request=pool/device`, with what a share consumes or that it is admin access."""
+    text = f"{result['request']}={result['pool']}/{result['device']}"
+    notes = []
+    if result.get("shared"):
+        consumed = result.get("consumedCapacity") or {}
+        taken = ", ".join(f"{name} {amount}" for name, amount in sorted(consumed.items()))
+        notes.append(f"shared, consumes {taken}" if taken else "shared")
+    if result.get("adminAccess"):
+        notes.append("admin access")
+    return f"{text} ({'; '.join(notes)})" if notes else text
 
 
 class Simulator:
@@ -366,7 +389,7 @@ def to_text(results: Sequence[ClaimResult]) -> str:
     lines = []
     for r in results:
         if r.allocated:
-            devices = ", ".join(f"{d['request']}={d['pool']}/{d['device']}" for d in r.results)
+            devices = ", ".join(_result_text(d) for d in r.results)
             line = f"{_label(r)}: allocated on {r.node_name or '(any node)'}: {devices}"
             lines.append(f"{line} ({r.node_choice})" if r.node_choice else line)
         else:

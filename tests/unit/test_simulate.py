@@ -76,3 +76,25 @@ def test_cli_explain_and_lint(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert json.loads(capsys.readouterr().out)["nodes"][0]["requests"][0]["needed"] == "3"
     assert main(["lint", "--objects", str(tmp_path)]) == 0
     assert capsys.readouterr().out.strip() == "no findings"
+
+
+def test_shares_show_what_they_consume(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    shared_gpu = device("gpu-0", capacity={"memory": "80Gi"}, allowMultipleAllocations=True)
+    objs = [
+        device_class("gpu"),
+        resource_slice("a", [shared_gpu], node="node-a"),
+        claim("small", [exactly("gpu", capacity={"requests": {"memory": "10Gi"}})], namespace="ns"),
+        claim("big", [exactly("gpu", capacity={"requests": {"memory": "60Gi"}})], namespace="ns"),
+    ]
+    (tmp_path / "objects.yaml").write_text(yaml.safe_dump_all(objs))
+    assert main(["simulate", "--objects", str(tmp_path), "-o", "json"]) == 0
+    results = [c["results"] for c in json.loads(capsys.readouterr().out)["claims"]]
+    assert results == [
+        [{**entry, "consumedCapacity": {"memory": amount}, "shared": True}]
+        for entry, amount in (
+            ({"request": "gpu", "driver": "gpu.draplugin.dev", "pool": "node-a", "device": "gpu-0"}, "10Gi"),
+            ({"request": "gpu", "driver": "gpu.draplugin.dev", "pool": "node-a", "device": "gpu-0"}, "60Gi"),
+        )
+    ]
+    assert main(["simulate", "--objects", str(tmp_path)]) == 0
+    assert "gpu=node-a/gpu-0 (shared, consumes memory 60Gi)" in capsys.readouterr().out
