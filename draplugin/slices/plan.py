@@ -67,17 +67,27 @@ def plan_slices(
     Raises `DeviceValidationError` for invalid input.
     """
     validate_devices(devices, counter_sets)
+    return _cut(devices, [d.to_api() for d in devices], counter_sets, expect_taints, layout)
+
+
+def _cut(
+    devices: Sequence[Device],
+    rendered: Sequence[dict[str, Any]],
+    counter_sets: Sequence[CounterSet],
+    expect_taints: bool,
+    layout: SliceLayout,
+) -> list[PlannedSlice]:
+    """`plan_slices` for validated devices, with `rendered[i]` the API form of `devices[i]`."""
     small = expect_taints or bool(counter_sets) or any(d.needs_small_slice for d in devices)
     limit = MAX_DEVICES_PER_SLICE_WITH_TAINTS_OR_COUNTERS if small else MAX_DEVICES_PER_SLICE
     if layout is SliceLayout.COUNTERS_WITH_DEVICES and counter_sets:
-        return _plan_counters_with_devices(devices, counter_sets, limit)
+        return _plan_counters_with_devices(devices, rendered, counter_sets, limit)
     slices: list[PlannedSlice] = []
     rendered_sets = [c.to_api() for c in counter_sets]
     for start in range(0, len(rendered_sets), MAX_COUNTER_SETS_PER_SLICE):
         slices.append(
             PlannedSlice(shared_counters=tuple(rendered_sets[start : start + MAX_COUNTER_SETS_PER_SLICE]))
         )
-    rendered = [d.to_api() for d in devices]
     for start in range(0, len(rendered), limit):
         slices.append(PlannedSlice(devices=tuple(rendered[start : start + limit])))
     if not slices:
@@ -95,7 +105,10 @@ class _Group:
 
 
 def _plan_counters_with_devices(
-    devices: Sequence[Device], counter_sets: Sequence[CounterSet], limit: int
+    devices: Sequence[Device],
+    rendered: Sequence[dict[str, Any]],
+    counter_sets: Sequence[CounterSet],
+    limit: int,
 ) -> list[PlannedSlice]:
     """The 1.34 layout: every counter set in one slice with all of its consumers.
 
@@ -139,7 +152,6 @@ def _plan_counters_with_devices(
         group.set_names.append(counter_set.name)
 
     rendered_sets = {c.name: c.to_api() for c in counter_sets}
-    rendered = [d.to_api() for d in devices]
 
     def size(group: _Group) -> tuple[int, int, int, int]:
         shared = sum(len(rendered_sets[n]["counters"]) for n in group.set_names)
@@ -179,3 +191,52 @@ def _plan_counters_with_devices(
         )
         for members in slices
     ]
+
+
+class PlanMemo:
+    """`plan_slices`, reusing what it can of the previous call.
+
+    Comparing two device lists takes a few milliseconds; validating and rendering
+    a thousand devices takes a hundred. An equal input gets the previous answer
+    (a resync usually finds nothing changed); otherwise devices equal to one of
+    the previous call, with the same counter sets, keep their validation and API
+    form, and only the others are validated and rendered (one device's health or
+    capacity changed). Answers are shared between calls: callers must not modify
+    them.
+    """
+
+    def __init__(self) -> None:
+        self._key: tuple[tuple[Device, ...], tuple[CounterSet, ...], bool, SliceLayout] | None = None
+        self._planned: list[PlannedSlice] = []
+        # Device name -> the device of the previous call and its API form.
+        self._rendered: dict[str, tuple[Device, dict[str, Any]]] = {}
+
+    def plan(
+        self,
+        devices: Sequence[Device],
+        counter_sets: Sequence[CounterSet] = (),
+        *,
+        expect_taints: bool = False,
+        layout: SliceLayout = SliceLayout.SEPARATE_COUNTER_SLICES,
+    ) -> list[PlannedSlice]:
+        key = (tuple(devices), tuple(counter_sets), expect_taints, layout)
+        if key == self._key:
+            return self._planned
+        previous = self._rendered if self._key is not None and self._key[1] == key[1] else {}
+        known = [previous.get(d.name) for d in devices]
+        fresh = [d for d, seen in zip(devices, known, strict=True) if seen is None or seen[0] != d]
+        if len({d.name for d in devices}) != len(devices):
+            fresh = list(devices)  # duplicate names: the full check says which
+        # The pool-wide checks (names unique, counter sets resolve) hold for the known devices
+        # already; run on the fresh ones they cover their references. Invalid input raises here
+        # and is not remembered, so it is reported again next time.
+        validate_devices(fresh, counter_sets)
+        fresh_names = {d.name for d in fresh}
+        rendered = [
+            d.to_api() if seen is None or d.name in fresh_names else seen[1]
+            for d, seen in zip(devices, known, strict=True)
+        ]
+        self._planned = _cut(devices, rendered, counter_sets, expect_taints, layout)
+        self._key = key
+        self._rendered = {d.name: (d, r) for d, r in zip(devices, rendered, strict=True)}
+        return self._planned

@@ -17,6 +17,12 @@ Rules, following the upstream ResourceSlice controller:
 - Nothing changed → no write. Writes send raw JSON built here; existing objects
   are read as raw dicts, never round-tripped through typed models (which drop
   fields they do not know).
+- A resync is cheap when nothing changed, as upstream's informer-backed one
+  is: the plan is reused for equal devices (`PlanMemo`), a slice is compared in
+  full only when its uid or resourceVersion, or what we plan for it, differs
+  from when we last wrote or verified it (`_Verified`), and `KubeSliceApi`
+  lists only metadata while every slice is one it has seen. Any write by
+  someone else changes the resourceVersion, so it is still found and repaired.
 - Stale slices (a higher index no longer needed, or from an old layout) are
   deleted first, with UID and resourceVersion preconditions.
 - Conflicts (409), vanished objects (404) and API errors are retried with
@@ -45,7 +51,7 @@ from draplugin.slices.compare import (
     only_taint_times_differ,
 )
 from draplugin.slices.metrics import SliceMetrics, default_metrics
-from draplugin.slices.plan import SliceLayout, layout_for, plan_slices
+from draplugin.slices.plan import PlanMemo, PlannedSlice, SliceLayout, layout_for
 from draplugin.slices.render import NodeRef, render_slice, slice_name
 
 log = logging.getLogger(__name__)
@@ -70,6 +76,36 @@ class _Accepted:
 
     desired: str
     stored: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Verified:
+    """A stored slice, at one uid and resourceVersion, known to match what we would write.
+
+    Any write to the object (ours, someone else's, a delete and re-create) gives
+    it a new resourceVersion or uid, so while both are unchanged and so is what we
+    plan for it, a resync can skip rendering and comparing the whole spec.
+    """
+
+    uid: str
+    resource_version: str
+    planned: PlannedSlice
+    generation: int
+    count: int
+    node_uid: str | None
+
+    def still_stored(self, obj: dict[str, Any], generation: int, count: int, node_uid: str | None) -> bool:
+        """`obj` is the slice verified, unchanged, and the pool around it too."""
+        meta = obj.get("metadata", {})
+        return (
+            meta.get("uid") == self.uid
+            and str(meta.get("resourceVersion")) == self.resource_version
+            and (generation, count, node_uid) == (self.generation, self.count, self.node_uid)
+        )
+
+    def plans(self, planned: PlannedSlice) -> bool:
+        # Identity first: an unchanged pool gets the very same PlannedSlice from the PlanMemo.
+        return planned is self.planned or planned == self.planned
 
 
 @dataclass
@@ -132,6 +168,8 @@ class SlicePublisher:
         self._selector = f"spec.driver={driver},spec.nodeName={node_name}"
         self._node_uid: str | None = None
         self._accepted: dict[str, _Accepted] = {}
+        self._verified: dict[str, _Verified] = {}
+        self._plans = PlanMemo()
         # Our own writes, to tell our watch events from other writers'.
         self._own_versions: collections.deque[str] = collections.deque(maxlen=4096)
         self._own_deletes: collections.deque[str] = collections.deque(maxlen=4096)
@@ -158,7 +196,7 @@ class SlicePublisher:
         """Make the API match the devices. Raises ApiError (caller retries) or DeviceValidationError."""
         with self._lock:
             devices, counter_sets = self._source()
-            planned = plan_slices(
+            planned = self._plans.plan(
                 devices, counter_sets, expect_taints=self._expect_taints, layout=self.layout()
             )
             node = self._node_ref()
@@ -171,14 +209,11 @@ class SlicePublisher:
 
             stale = [obj for name, obj in existing.items() if name not in names]
             missing = [i for i, name in enumerate(names) if name not in existing]
-            bodies = [
-                render_slice(p, node=node, driver=self._driver, index=i, generation=current_gen, count=count)
-                for i, p in enumerate(planned)
-            ]
             changed = [
                 i
                 for i, name in enumerate(names)
-                if name in existing and not self._up_to_date(existing[name], bodies[i], current_gen, count)
+                if name in existing
+                and not self._up_to_date(existing[name], planned[i], node, i, current_gen, count)
             ]
             bump = bool(missing or stale) or len(changed) > 1
             result = SyncResult(generation=current_gen, slices=count)
@@ -188,29 +223,28 @@ class SlicePublisher:
 
             generation = current_gen + 1 if bump else current_gen
             result.generation = generation
-            for body in bodies:
-                body["spec"]["pool"]["generation"] = generation
             for obj in stale:
                 meta = obj["metadata"]
                 self._api.delete_slice(meta["name"], meta["uid"], meta["resourceVersion"])
                 self._own_deletes.append(meta["uid"])
-                self._accepted.pop(meta["name"], None)
+                self._forget(meta["name"])
                 self._count("delete")
                 result.deleted += 1
             for i, name in enumerate(names):
                 if i in missing or not (bump or i in changed):
                     continue
                 old = existing[name]
-                body = bodies[i]
+                body = self._render(planned[i], node, i, generation, count)
                 body["metadata"] = merged_metadata(old["metadata"], body["metadata"])
                 keep_taint_times(old, body)
                 stored = self._api.replace_slice(name, body)
-                self._remember(name, body, stored)
+                self._remember(name, body, stored, planned[i])
                 self._count("update")
                 result.updated += 1
             for i in missing:
-                stored = self._api.create_slice(bodies[i])
-                self._remember(names[i], bodies[i], stored)
+                body = self._render(planned[i], node, i, generation, count)
+                stored = self._api.create_slice(body)
+                self._remember(names[i], body, stored, planned[i])
                 self._count("create")
                 result.created += 1
             log.info(
@@ -235,6 +269,7 @@ class SlicePublisher:
                 self._own_deletes.append(meta["uid"])
                 self._count("delete")
             self._accepted.clear()
+            self._verified.clear()
             log.info("resourceslices deleted node=%s count=%d", self._node_name, len(existing))
             return len(existing)
 
@@ -255,10 +290,38 @@ class SlicePublisher:
             self._node_uid = self._api.get_node_uid(self._node_name)
         return NodeRef(self._node_name, self._node_uid)
 
-    def _up_to_date(self, obj: dict[str, Any], body: dict[str, Any], generation: int, count: int) -> bool:
+    def _render(
+        self, planned: PlannedSlice, node: NodeRef, index: int, generation: int, count: int
+    ) -> dict[str, Any]:
+        return render_slice(
+            planned, node=node, driver=self._driver, index=index, generation=generation, count=count
+        )
+
+    def _up_to_date(
+        self,
+        obj: dict[str, Any],
+        planned: PlannedSlice,
+        node: NodeRef,
+        index: int,
+        generation: int,
+        count: int,
+    ) -> bool:
         pool = obj.get("spec", {}).get("pool", {})
         if pool.get("generation") != generation or pool.get("resourceSliceCount") != count:
             return False
+        name = obj["metadata"]["name"]
+        verified = self._verified.get(name)
+        if verified is not None and verified.still_stored(obj, generation, count, node.uid):
+            # What is stored is what we verified for `verified.planned`: no need to look again.
+            return verified.plans(planned)
+        body = self._render(planned, node, index, generation, count)
+        if not self._matches(obj, body):
+            return False
+        self._verify(name, obj, planned, generation, count, node.uid)
+        return True
+
+    def _matches(self, obj: dict[str, Any], body: dict[str, Any]) -> bool:
+        """The full comparison of a stored slice with the one we would write."""
         owner = body["metadata"].get("ownerReferences", [])
         if owner and not any(
             ref.get("uid") == owner[0]["uid"] for ref in obj["metadata"].get("ownerReferences", [])
@@ -272,16 +335,49 @@ class SlicePublisher:
         accepted = self._accepted.get(obj["metadata"]["name"])
         return accepted is not None and accepted.desired == canonical(wanted) and accepted.stored == stored
 
-    def _remember(self, name: str, body: dict[str, Any], stored: dict[str, Any]) -> None:
-        desired, kept = canonical(body["spec"]), canonical(stored.get("spec", {}))
-        if desired != kept and not only_taint_times_differ(body["spec"], stored.get("spec", {})):
-            log.warning(
-                "api server changed or dropped fields of our slice (a feature gate may be off) slice=%s", name
-            )
-        self._accepted[name] = _Accepted(desired, kept)
-        version = stored.get("metadata", {}).get("resourceVersion")
+    def _remember(
+        self, name: str, body: dict[str, Any], stored: dict[str, Any], planned: PlannedSlice
+    ) -> None:
+        """After our write: what the server kept, and that this resourceVersion is ours and up to date."""
+        if body["spec"] == stored.get("spec"):  # stored as sent (the usual case): nothing to accept
+            self._accepted.pop(name, None)
+        else:
+            desired, kept = canonical(body["spec"]), canonical(stored.get("spec", {}))
+            if desired != kept and not only_taint_times_differ(body["spec"], stored.get("spec", {})):
+                log.warning(
+                    "api server changed or dropped fields of our slice (a feature gate may be off) slice=%s",
+                    name,
+                )
+            self._accepted[name] = _Accepted(desired, kept)
+        meta = stored.get("metadata", {})
+        version = meta.get("resourceVersion")
         if version:
             self._own_versions.append(str(version))
+        pool = body["spec"]["pool"]
+        owner = body["metadata"].get("ownerReferences") or [{}]
+        generation, count = int(pool["generation"]), int(pool["resourceSliceCount"])
+        self._verify(name, stored, planned, generation, count, owner[0].get("uid"))
+
+    def _verify(
+        self,
+        name: str,
+        obj: dict[str, Any],
+        planned: PlannedSlice,
+        generation: int,
+        count: int,
+        node_uid: str | None,
+    ) -> None:
+        """Remember that `obj`, at its uid and resourceVersion, is what we would write for `planned`."""
+        meta = obj.get("metadata", {})
+        uid, version = meta.get("uid"), meta.get("resourceVersion")
+        if not (uid and version):  # nothing to recognise it by: compare in full next time
+            self._verified.pop(name, None)
+            return
+        self._verified[name] = _Verified(str(uid), str(version), planned, generation, count, node_uid)
+
+    def _forget(self, name: str) -> None:
+        self._accepted.pop(name, None)
+        self._verified.pop(name, None)
 
     def _count(self, operation: str) -> None:
         self.writes[operation] += 1

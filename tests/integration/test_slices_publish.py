@@ -150,6 +150,46 @@ def test_deleted_slices_come_back_and_idle_publisher_writes_nothing(
         assert our_slices(rest, node) == []
 
 
+def test_slice_edited_behind_our_back_is_repaired_by_resync_and_by_the_watch(
+    kube_cluster: ControlPlane, fake_node: Callable[..., str]
+) -> None:
+    """Resyncs skip slices whose resourceVersion they have seen: an edit by someone else must still
+    be noticed (new resourceVersion) and undone, with one write each time and none after."""
+    node = fake_node()
+    devices = FakeBackend(node, config_from_flags(200, "L4")).discover()
+    with kube_cluster.api_client() as api:
+        rest = KubeApi(api)
+        pub = make_publisher(rest, node, lambda: (devices, []), settle_s=0.1)
+        pub.sync()
+        published = our_slices(rest, node)
+
+        def tamper(index: int) -> None:
+            edited = our_slices(rest, node)[index]
+            edited["spec"]["devices"][0]["attributes"]["productName"] = {"string": "not-this-gpu"}
+            rest.replace(f"{RESOURCE_V1}/resourceslices/{edited['metadata']['name']}", edited)
+
+        def specs() -> list[dict[str, Any]]:
+            return [s["spec"] for s in our_slices(rest, node)]
+
+        assert pub.sync().writes == 0
+        tamper(1)
+        result = pub.sync()
+        assert (result.updated, result.created, result.deleted, result.generation) == (1, 0, 0, 1)
+        assert specs() == [s["spec"] for s in published]
+        assert pub.sync().writes == 0
+
+        pub.start()
+        try:
+            time.sleep(0.5)  # the loop's first pass and the watch's start
+            before = sum(pub.writes.values())
+            tamper(0)
+            wait_for("the edited slice repaired", lambda: specs() == [s["spec"] for s in published], 15)
+            time.sleep(1.0)
+            assert sum(pub.writes.values()) == before + 1
+        finally:
+            pub.stop(delete=True)
+
+
 def test_unhealthy_device_taint_is_published_in_place(
     kube_cluster: ControlPlane, fake_node: Callable[..., str]
 ) -> None:

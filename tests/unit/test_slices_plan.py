@@ -10,7 +10,7 @@ import pytest
 
 from draplugin.devices.fake import FakeBackend, config_from_flags, parse_config
 from draplugin.devices.model import CounterConsumption, CounterSet, Device, DeviceTaint, DeviceValidationError
-from draplugin.slices.plan import SliceLayout, layout_for, plan_slices
+from draplugin.slices.plan import PlanMemo, SliceLayout, layout_for, plan_slices
 from draplugin.slices.render import MAX_NAME_LENGTH, NodeRef, render_pool, slice_name
 
 DRIVER = "gpu.draplugin.dev"
@@ -147,3 +147,53 @@ def test_numa_node_renders_as_the_standard_scalar_int_and_keeps_128_per_slice() 
     assert "resource.kubernetes.io/numaNode" not in rendered[-1]["attributes"]
     # A scalar attribute, not a list one: the 128-device limit stays.
     assert [len(s["spec"]["devices"]) for s in slices] == [128, 2]
+
+
+def test_plan_memo_answers_an_equal_pool_from_the_previous_plan() -> None:
+    memo = PlanMemo()
+    first = memo.plan(fake_devices(300))
+    # Equal devices, built anew (as each discovery builds them): the same answer, not a new one.
+    assert memo.plan(fake_devices(300)) is first
+    assert first == plan_slices(fake_devices(300))
+    assert memo.plan(fake_devices(300), expect_taints=True) == plan_slices(
+        fake_devices(300), expect_taints=True
+    )
+
+
+def test_plan_memo_renders_only_changed_devices_and_equals_a_fresh_plan() -> None:
+    memo = PlanMemo()
+    devices = fake_devices(300)
+    first = memo.plan(devices)
+    changed = list(devices)
+    changed[200] = dataclasses.replace(changed[200], capacity={**changed[200].capacity, "memory": "1Gi"})
+    second = memo.plan(changed)
+    assert second == plan_slices(changed) and second != first
+    # Unchanged devices keep their rendered form; the changed one is rendered anew.
+    assert second[0].devices[0] is first[0].devices[0]
+    assert second[1].devices[200 - 128] is not first[1].devices[200 - 128]
+    assert second[1].devices[200 - 128]["capacity"]["memory"] == {"value": "1Gi"}
+
+
+def test_plan_memo_still_rejects_invalid_and_duplicate_devices_every_time() -> None:
+    memo = PlanMemo()
+    devices = fake_devices(3)
+    memo.plan(devices)
+    bad = [*devices[:2], dataclasses.replace(devices[2], attributes={"productName": "x" * 65})]
+    for _ in range(2):  # an error is not remembered as a plan
+        with pytest.raises(DeviceValidationError, match=r"attributes\[productName\]"):
+            memo.plan(bad)
+    duplicate = [*devices, dataclasses.replace(devices[1], index=7)]
+    with pytest.raises(DeviceValidationError, match="duplicate device name"):
+        memo.plan(duplicate)
+    assert memo.plan(devices) == plan_slices(devices)
+
+
+def test_plan_memo_checks_counter_references_again_when_the_counter_sets_change() -> None:
+    backend = FakeBackend(NODE, parse_config({"gpus": [{"model": "A100-SXM4-40GB"}], "partitionable": True}))
+    devices, sets = backend.discover(), backend.shared_counters()
+    memo = PlanMemo()
+    assert memo.plan(devices, sets) == plan_slices(devices, sets)
+    with pytest.raises(DeviceValidationError, match="unknown counter set"):
+        memo.plan(devices, [])
+    layout = SliceLayout.COUNTERS_WITH_DEVICES
+    assert memo.plan(devices, sets, layout=layout) == plan_slices(devices, sets, layout=layout)

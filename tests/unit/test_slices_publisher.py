@@ -4,6 +4,7 @@ conflicts, the watch and the background loop."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import itertools
 import logging
 import queue
@@ -242,6 +243,39 @@ def test_fields_dropped_by_the_server_do_not_cause_rewrites() -> None:
     pub, _ = publisher(api, devices)
     pub.sync()
     assert pub.sync().writes == 0
+
+
+def test_resync_trusts_a_slice_at_the_resource_version_it_verified() -> None:
+    api = MemoryApi()
+    pub, _ = publisher(api, fake_devices(200))
+    pub.sync()
+    name = f"{NODE}-{DRIVER}-1"
+    # Not a real server's doing (every write gets a new resourceVersion): shows the stored spec is not
+    # compared again while the resourceVersion is the one our write got.
+    api.objects[name]["spec"]["devices"][0]["attributes"] = {}
+    assert pub.sync().writes == 0
+
+
+def test_slice_edited_by_someone_else_is_repaired_in_place() -> None:
+    api = MemoryApi()
+    pub, state = publisher(api, fake_devices(200))
+    pub.sync()
+    wanted = copy.deepcopy(api.objects)
+    name = f"{NODE}-{DRIVER}-1"
+    api.objects[name]["spec"]["devices"][0]["attributes"] = {}
+    api.objects[name]["metadata"]["resourceVersion"] = "5000"  # what any write does
+    result = pub.sync()
+    assert (result.updated, result.created, result.deleted, result.generation) == (1, 0, 0, 1)
+    assert api.objects[name]["spec"] == wanted[name]["spec"]
+    assert pub.sync().writes == 0
+    # A device change after that still reaches the slice it is in.
+    last = fake_devices(200)[199]
+    state[0] = [
+        *fake_devices(200)[:199],
+        dataclasses.replace(last, capacity={**last.capacity, "memory": "1Gi"}),
+    ]
+    assert pub.sync().updated == 1
+    assert api.objects[name]["spec"]["devices"][-1]["capacity"]["memory"] == {"value": "1Gi"}
 
 
 def test_delete_all_removes_only_our_slices() -> None:
