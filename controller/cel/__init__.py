@@ -19,15 +19,22 @@
   (controller.cel.analysis) against upstream's 1,000,000 limit, rejected as "too complex,
   exceeds cost limit". At run time, size guards in every library function (strings/lists
   over 1,000,000 elements) bound the work, and regular expressions run on RE2 (linear
-  time); cel-cpp stops after 10,000 comprehension iterations, where upstream allows a
-  cost of 1,000,000, so such evaluations are finished by cel-python when it can run them.
-* Two-variable comprehensions (all/exists/existsOne/transformList) and sortBy run on
-  cel-expr-python only; transformMap/transformMapEntry are refused by both engines.
+  time). Upstream stops one DeviceMatches at an *actual* cost of 1,000,000
+  ("operation cancelled: actual cost limit exceeded"); cel-expr-python cannot count
+  cost and stops after 10,000 comprehension iterations (fixed in its binding), far
+  less than upstream allows (at least one cost unit per iteration). Past that, the
+  evaluation is redone by cel-python when it can run the expression (correct, but
+  slow: ~1-2 ms per iteration), and otherwise fails with a message saying so: a
+  known difference (engine_cpp.CppProgram._over_budget).
+* Two-variable comprehensions (all/exists/existsOne/transformList/transformMap/
+  transformMapEntry, upstream's base environment since 1.32) and sortBy run on
+  cel-expr-python only; a duplicate key in transformMapEntry fails as upstream's does.
 * Engines: cel-expr-python (default) and cel-python (fallback; DRA_CEL_ENGINE=cel-python,
   or automatic when cel_expr_python cannot be imported).
 * Speed: compiled selectors are cached (LRU); results are memoized per selector on
   exactly the device values the expression can read, so identical devices that differ
-  only in name/UUID/index are evaluated once.
+  only in name/UUID/index are evaluated once, and the `device` value handed to the engine
+  holds only those values (controller.cel.device.ViewPlan).
 """
 
 from controller.cel.errors import CompileError, EvaluationError

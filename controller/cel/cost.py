@@ -764,7 +764,14 @@ class _Coster:
         if len(bodies) == 2:
             per = _add(per, bodies[0].cost)
         total = _add(_add(_add(target.cost, MAP_CREATE), 1), _mul(count, per))
-        return _Info(total, ("map", "string", DYN), (count, count))
+        # The checker's result type, which e.g. upstream's O(1) Quantity `==` needs: a map of
+        # the key variable's type to the transform's (transformMap), or the produced map's.
+        if name == "transformMap":
+            key_kind = inner[first.name].type
+            result_map: Type = ("map", key_kind if isinstance(key_kind, str) else DYN, fn.type)
+        else:
+            result_map = fn.type if _is(fn.type, "map") else ("map", DYN, DYN)
+        return _Info(total, result_map, (count, count))
 
     @staticmethod
     def _element_types(kind: Type) -> tuple[Type, Type]:

@@ -7,9 +7,10 @@ Unqualified attribute and capacity names belong to the driver's domain, so
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from controller.cel.analysis import WILDCARD, Read
 from controller.cel.errors import LibraryError
 from controller.cel.semver import Semver, SemverError
 from dracommon.quantity import Quantity, QuantityError
@@ -33,23 +34,76 @@ def device_name(device: Mapping[str, Any]) -> str:
     return name if isinstance(name, str) and name else "<unnamed>"
 
 
+class ViewPlan:
+    """Which attribute/capacity entries one expression can read, for one driver.
+
+    From the static `reads` of controller.cel.analysis, the same the memo keys on: the
+    expression's result depends on nothing else, so a view holding only those entries
+    evaluates exactly as the whole one. Entries it cannot read are neither converted nor
+    validated (as with the memo, a malformed entry the selector never reads is not an error).
+    """
+
+    def __init__(self, reads: tuple[Read, ...], driver: str) -> None:
+        self.driver = driver
+        # Per field: None = every entry; else (qualified name, unqualified name or None,
+        # domain, ident) per entry read by name, and the domains read as a whole.
+        self.whole: set[str] = set()
+        self.exact: dict[str, list[tuple[str, str | None, str, str]]] = {"attributes": [], "capacity": []}
+        self.domains: dict[str, set[str]] = {"attributes": set(), "capacity": set()}
+        for field, domain, ident in reads:
+            if field not in self.exact:
+                continue
+            if domain == WILDCARD:
+                self.whole.add(field)
+            elif ident == WILDCARD:
+                self.domains[field].add(domain)
+            else:
+                short = ident if domain == driver else None
+                self.exact[field].append((f"{domain}/{ident}", short, domain, ident))
+
+    def entries(self, table: Mapping[str, Any], field: str) -> list[tuple[str, Any, str, str]] | None:
+        """(name, raw value, domain, ident) of the entries to build; None: build them all."""
+        if field in self.whole:
+            return None
+        out: list[tuple[str, Any, str, str]] = []
+        domains = self.domains[field]
+        if domains:
+            for name, raw in table.items():
+                domain, ident = split_name(name, self.driver)
+                if domain in domains:
+                    out.append((name, raw, domain, ident))
+        for qualified, short, domain, ident in self.exact[field]:
+            if domain in domains:
+                continue  # already taken above
+            present = qualified in table
+            if short is not None and short in table:
+                if present:
+                    return None  # both spellings: the whole build decides which wins, as always
+                qualified, present = short, True
+            if present:
+                out.append((qualified, table[qualified], domain, ident))
+        return out
+
+
 def build_view(
     driver: str,
     device: Mapping[str, Any],
     *,
     semver: Callable[[Semver], object],
     quantity: Callable[[Quantity], object],
+    plan: ViewPlan | None = None,
 ) -> dict[str, Any]:
-    """The `device` variable; `semver`/`quantity` turn library values into an engine's values."""
+    """The `device` variable; `semver`/`quantity` turn library values into an engine's values.
+
+    With a `plan` (for this driver), only the entries the expression can read.
+    """
     if not isinstance(device, Mapping):
         raise DeviceShapeError("device must be an object")
     attributes: dict[str, dict[str, object]] = {}
-    for name, attr in _mapping(device, "attributes").items():
-        domain, ident = split_name(name, driver)
+    for name, attr, domain, ident in _entries(driver, _mapping(device, "attributes"), "attributes", plan):
         attributes.setdefault(domain, {})[ident] = _attribute_value(name, attr, semver)
     capacity: dict[str, dict[str, object]] = {}
-    for name, cap in _mapping(device, "capacity").items():
-        domain, ident = split_name(name, driver)
+    for name, cap, domain, ident in _entries(driver, _mapping(device, "capacity"), "capacity", plan):
         raw = cap.get("value") if isinstance(cap, Mapping) else None
         if not isinstance(raw, str | int):
             raise DeviceShapeError(f"capacity {name!r} has no value")
@@ -60,6 +114,15 @@ def build_view(
     view: dict[str, Any] = {"driver": driver, "attributes": attributes, "capacity": capacity}
     view["allowMultipleAllocations"] = bool(device.get("allowMultipleAllocations", False))
     return view
+
+
+def _entries(
+    driver: str, table: Mapping[str, Any], field: str, plan: ViewPlan | None
+) -> Iterable[tuple[str, Any, str, str]]:
+    chosen = plan.entries(table, field) if plan is not None else None
+    if chosen is not None:
+        return chosen
+    return ((name, raw, *split_name(name, driver)) for name, raw in table.items())
 
 
 def _mapping(device: Mapping[str, Any], field: str) -> Mapping[str, Any]:
@@ -102,4 +165,4 @@ def _scalar(name: str, field: str, raw: object, semver: Callable[[Semver], objec
     return raw
 
 
-__all__ = ["DeviceShapeError", "LibraryError", "build_view", "device_name", "split_name"]
+__all__ = ["DeviceShapeError", "LibraryError", "ViewPlan", "build_view", "device_name", "split_name"]

@@ -6,6 +6,12 @@ Quantity and Semver cross into cel-cpp as tiny protobuf messages (`kubernetes.Qu
 except cel-go's ext.Lists and two-variable comprehensions, which cel-cpp ships natively
 (`NATIVE_EXTENSIONS`): they are typed exactly like cel-go's (`sort()` only over comparable
 element types, `sortBy` a macro), which our dyn-typed Python versions cannot be.
+
+transformMap/transformMapEntry expand to calls of `cel.@mapInsert`, which cel-expr-python
+declares to the checker but does not implement at run time (and will not let a second
+implementation be declared beside its own). So such a program is checked in the usual
+environment and then planned, from its serialized checked form, in a runtime environment
+that adds our implementation (`map_insert`) under upstream's overload ids.
 """
 
 from __future__ import annotations
@@ -18,8 +24,8 @@ from typing import Any
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
-from controller.cel.analysis import Analysis
-from controller.cel.device import DeviceShapeError, build_view
+from controller.cel.analysis import Analysis, Read
+from controller.cel.device import DeviceShapeError, ViewPlan, build_view
 from controller.cel.engine import EvalFailure, Program, not_bool_error
 from controller.cel.errors import CompileError, LibraryError
 from controller.cel.library import FUNCTIONS, SCALAR_KINDS, Function, Kind, Overload
@@ -35,9 +41,11 @@ log = logging.getLogger(__name__)
 _QUANTITY_TYPE = "kubernetes.Quantity"
 # cel-cpp's own libraries, enabled through its environment config: ext.Lists at cel-cpp's
 # newest version 2 (slice, flatten, distinct, reverse, sort, sortBy, lists.range: the same
-# functions as cel-go's v3, whose increment is cost estimation only) and the two-variable
-# comprehension macros (all/exists/existsOne/transformList with two variables).
-NATIVE_EXTENSIONS = 'extensions:\n  - name: "lists"\n    version: 2\n  - name: "two-var-comprehensions"\n'
+# functions as cel-go's v3, whose increment is cost estimation only) and, in the checking
+# environment only, the two-variable comprehension macros (all/exists/existsOne/
+# transformList/transformMap/transformMapEntry; see `_map_runtime_environment`).
+NATIVE_EXTENSIONS = 'extensions:\n  - name: "lists"\n    version: 2\n'
+_TWO_VAR_EXTENSION = '  - name: "two-var-comprehensions"\n'
 # Our library's Python versions of those, for engines without them (cel-python).
 NATIVE_FUNCTIONS = frozenset({"slice", "flatten", "distinct", "reverse", "sort", "lists.range"})
 _SEMVER_TYPE = "kubernetes.Semver"
@@ -220,17 +228,97 @@ def _declarations() -> tuple[list[Any], dict[str, Callable[..., Any]]]:
     return declarations, impls
 
 
-@lru_cache(maxsize=1)
-def _environment() -> Any:
+def _new_environment(native_extensions: str, extensions: list[Any]) -> Any:
     declarations, impls = _declarations()
     return cel.NewEnv(
         _POOL,
-        config=cel.NewEnvConfigFromYaml(NATIVE_EXTENSIONS),
+        config=cel.NewEnvConfigFromYaml(native_extensions),
         variables={"device": cel.Type.Map(cel.Type.STRING, cel.Type.DYN)},
-        extensions=[ext_optional.ExtOptional(), ext_bindings.ExtBindings(), ext_math.ExtMath()],
+        extensions=[ext_optional.ExtOptional(), ext_bindings.ExtBindings(), ext_math.ExtMath(), *extensions],
         functions=declarations,
         function_impls=impls,
     )
+
+
+@lru_cache(maxsize=1)
+def _environment() -> Any:
+    """Where every selector is parsed and type-checked (and, mostly, run)."""
+    return _new_environment(NATIVE_EXTENSIONS + _TWO_VAR_EXTENSION, [])
+
+
+# Upstream's names (cel-go ext/comprehensions.go, the same in cel-cpp).
+MAP_INSERT = "cel.@mapInsert"
+_MAP_INSERT_KEY_VALUE = "@mapInsert_map_key_value"
+_MAP_INSERT_MAP = "@mapInsert_map_map"
+_MAP_MACROS = frozenset({"transformMap", "transformMapEntry"})
+
+
+def _cel_key_text(key: Any) -> str:
+    """A map key as Go's %v prints cel-go's value (string bare, bool lower-case)."""
+    if isinstance(key, bool):
+        return "true" if key else "false"
+    return str(key)
+
+
+def _insert(accumulator: dict[Any, Any], key: Any, value: Any) -> None:
+    """types.InsertMapKeyValue: a key already present is an error, never an overwrite."""
+    if key in accumulator:
+        # Python's dict equates true with 1, CEL does not; a map holding both cannot reach here.
+        if any(k == key and isinstance(k, bool) != isinstance(key, bool) for k in accumulator):
+            raise LibraryError(f"{MAP_INSERT}: maps mixing bool and int keys are not supported")
+        raise LibraryError(f"insert failed: key {_cel_key_text(key)} already exists")
+    accumulator[key] = value
+
+
+def map_insert(accumulator: dict[Any, Any], key: Any, value: Any) -> dict[Any, Any]:
+    """cel.@mapInsert(map, key, value): the transformMap step.
+
+    The binding hands us a fresh dict per call and wants a new one back, so a transformMap
+    over n entries copies O(n^2) entries where cel-go's mutable accumulator copies none;
+    the iteration limit (ITERATION_LIMIT) bounds n.
+    """
+    merged = dict(accumulator)
+    _insert(merged, key, value)
+    return merged
+
+
+def map_merge(accumulator: dict[Any, Any], update: dict[Any, Any]) -> dict[Any, Any]:
+    """cel.@mapInsert(map, map): the transformMapEntry step, failing on the first duplicate key."""
+    merged = dict(accumulator)
+    for key, value in update.items():
+        _insert(merged, key, value)
+    return merged
+
+
+def _map_insert_extension() -> Any:
+    any_map = cel.Type.Map(cel.Type.DYN, cel.Type.DYN)
+    declaration = cel.FunctionDecl(
+        MAP_INSERT,
+        [
+            cel.Overload(
+                _MAP_INSERT_KEY_VALUE, any_map, [any_map, cel.Type.DYN, cel.Type.DYN], impl=map_insert
+            ),
+            cel.Overload(_MAP_INSERT_MAP, any_map, [any_map, any_map], impl=map_merge),
+        ],
+    )
+    return cel.CelExtension("dra-map-insert", [declaration])
+
+
+@lru_cache(maxsize=1)
+def _map_runtime_environment() -> Any:
+    """Runs checked transformMap/transformMapEntry programs: `_environment()` less the two-variable
+    macros' declarations (which would collide with ours), plus our `cel.@mapInsert`.
+
+    The other two-variable macros expand to plain comprehensions, so nothing else is lost.
+    """
+    return _new_environment(NATIVE_EXTENSIONS, [_map_insert_extension()])
+
+
+def _plan(checked: Any, info: Analysis) -> Any:
+    """The program to run for a checked expression (see `_map_runtime_environment`)."""
+    if not info.calls & _MAP_MACROS:
+        return checked
+    return _map_runtime_environment().deserialize(checked.serialize())
 
 
 _POSITION = re.compile(r"ERROR: <input>:(\d+):(\d+): (.*)")
@@ -255,21 +343,50 @@ def runtime_message(raw: str) -> str:
     return text
 
 
-# cel-expr-python stops every evaluation after 10,000 comprehension iterations in all (fixed
-# in its binding, not configurable), where upstream stops at an actual cost of 1,000,000
-# (CELSelectorExpressionMaxCost), a cost of at least one per iteration.
+# cel-expr-python (0.1.3) stops every evaluation after 10,000 comprehension iterations in all:
+# cel-cpp's RuntimeOptions.comprehension_max_iterations default, which the binding neither
+# exposes nor lets an extension change, and it has no actual-cost tracking. Upstream
+# (k8s.io/dynamic-resource-allocation/cel at v0.34.4 and v0.37.2 alike) builds each program
+# with cel.CostLimit(CELSelectorExpressionMaxCost = 1,000,000) and cel-go counts the cost
+# afresh in every DeviceMatches call, failing it with "operation cancelled: actual cost
+# limit exceeded"; each iteration costs at least one unit, so upstream runs far more
+# iterations than this. An expression admitted by the API server has an *estimated* cost
+# of at most 1,000,000 (we refuse the others at compile time, as it does), which bounds its
+# actual cost, so upstream never stops it for cost; here it is finished by cel-python if
+# that engine can run it, else it fails (`_over_budget`).
 ITERATION_LIMIT = 10_000
 _BUDGET = "Iteration budget exceeded"
 
 
 class CppProgram:
-    def __init__(self, expression: Any, fallback: Callable[[], Program | None] | None = None) -> None:
+    def __init__(
+        self,
+        expression: Any,
+        fallback: Callable[[], Program | None] | None = None,
+        reads: tuple[Read, ...] | None = None,
+    ) -> None:
         self._expression = expression
         self._fallback = fallback
+        # Building (and handing cel-cpp) only the entries the expression can read is most
+        # of an evaluation's saving when it reads one or two of a device's attributes.
+        self._reads = reads
+        self._plans: dict[str, ViewPlan] = {}
+
+    def _plan(self, driver: str) -> ViewPlan | None:
+        if self._reads is None:
+            return None
+        plan = self._plans.get(driver)
+        if plan is None:
+            if len(self._plans) >= 64:  # drivers are few; never grow without bound
+                self._plans.clear()
+            plan = self._plans[driver] = ViewPlan(self._reads, driver)
+        return plan
 
     def evaluate(self, driver: str, device: Mapping[str, Any]) -> bool:
         try:
-            view = build_view(driver, device, semver=_semver_msg, quantity=_quantity_msg)
+            view = build_view(
+                driver, device, semver=_semver_msg, quantity=_quantity_msg, plan=self._plan(driver)
+            )
         except DeviceShapeError as err:
             raise EvalFailure(f"invalid device: {err}") from None
         try:
@@ -292,8 +409,10 @@ class CppProgram:
         """Past cel-cpp's iteration limit but maybe within upstream's cost limit: ask cel-python.
 
         The compile-time estimate (at most 1,000,000, like upstream's) bounds the work, so the
-        fallback finishes; without one (cel-python absent, or a feature it lacks) the
-        evaluation fails, as upstream's would only past 1,000,000 cost units.
+        fallback finishes, though slowly (cel-python takes ~1-2 ms per iteration). Without
+        one (cel-python absent, or a feature it lacks: optionals, cel.bind, lists.range, the
+        two-variable macros, ...) the evaluation fails here where upstream's succeeds: the
+        one remaining difference in runtime limits.
         """
         program = self._fallback() if self._fallback is not None else None
         if program is None:
@@ -312,21 +431,10 @@ def _type_name(kind: Any) -> str:
     )
 
 
-# cel-expr-python registers the macros of cel-cpp's two-variable comprehensions but not the
-# runtime function the map-building ones expand to, so programs using them cannot run.
-_UNSUPPORTED_MACROS = frozenset({"transformMap", "transformMapEntry"})
-
-
 class CppEngine:
     name = NAME
 
     def compile(self, expression: str, info: Analysis) -> CppProgram:
-        unsupported = sorted(info.calls & _UNSUPPORTED_MACROS)
-        if unsupported:
-            raise CompileError(
-                f"{unsupported[0]}() is not supported by the {NAME} engine (its runtime lacks"
-                " cel.@mapInsert, the function cel-cpp's macro expands to); use transformList"
-            )
         try:
             compiled = _environment().compile(expression)
         except RuntimeError as err:
@@ -344,7 +452,7 @@ class CppEngine:
             except RuntimeError as err:
                 # Never expected; the original program is still correct for known domains.
                 log.warning("CEL rewrite for unknown domains failed", extra={"error": str(err)[:200]})
-        return CppProgram(compiled, _fallback(expression, info))
+        return CppProgram(_plan(compiled, info), _fallback(expression, info), info.reads)
 
 
 def tolerant_lookups(expression: str, spans: tuple[tuple[int, int, int], ...]) -> str:

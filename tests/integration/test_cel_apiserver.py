@@ -80,3 +80,51 @@ def test_apiserver_agrees_on_compile_verdict(
         compile_selector(case.expression, engine="cel-expr-python", kubernetes_version=server_release)
     if case.message:
         assert case.message in rejection, f"ours: {ours.value}; apiserver: {rejection}"
+
+
+# transformMap / transformMapEntry (ext.TwoVarComprehensions, in the base environment since
+# 1.32, so in every release we support): accepted by the API server and by us alike.
+TWO_VAR_MAP_ACCEPTED = [
+    'device.attributes["gpu.example.com"].transformMap(k, v, k == "model", v) == {"model": "H100"}',
+    '["a", "b"].transformMap(i, v, device.attributes["gpu.example.com"].index + i)[1] > 2',
+    "[1, 2, 3, 4].transformMap(i, v, v % 2 == 0, v * 2).size() == 2",
+    '{"a": 1}.transformMapEntry(k, v, {k + "x": v}) == {"ax": 1}',
+    '["a", "b"].transformMapEntry(i, v, i > 0, {v: i}).size() == 1',
+]
+
+
+@pytest.mark.parametrize("expression", TWO_VAR_MAP_ACCEPTED)
+def test_apiserver_accepts_map_building_comprehensions_as_we_do(
+    kube_cluster: ControlPlane, server_release: tuple[int, int], expression: str
+) -> None:
+    rejection = _dry_run_create(kube_cluster, expression)
+    assert rejection is None, f"kube-apiserver rejected an expression we accept: {rejection}"
+    compile_selector(expression, engine="cel-expr-python", kubernetes_version=server_release)
+
+
+# Whose compile-time cost (controller.cel.cost's estimate of the macro against upstream's)
+# decides the verdict: each must get the API server's verdict from us too.
+TWO_VAR_MAP_COST_PROBES = [
+    'device.capacity["gpu.example.com"].transformMap(k, v, v).size() == 1',
+    'device.capacity["gpu.example.com"].transformMapEntry(k, v, {k: v}).size() == 1',
+    'device.capacity["gpu.example.com"].transformMap(k, v, v).memory == quantity("80Gi")',
+    '{"m": quantity("1Gi")}.transformMap(k, v, v)["m"] == quantity("1024Mi")',
+    '{"m": quantity("1Gi")}.transformMap(k, v, v)["m"].isGreaterThan(quantity("1023Mi"))',
+    'device.attributes["gpu.example.com"].transformMap(k, v, v).model == "H100"',
+    '["a", "b"].transformMapEntry(i, v, {v: i})["a"] == 0',
+    '["a", "b"].transformMap(i, v, v + v)[0] == "aa"',
+]
+
+
+@pytest.mark.parametrize("expression", TWO_VAR_MAP_COST_PROBES)
+def test_apiserver_and_we_agree_on_map_building_comprehension_cost(
+    kube_cluster: ControlPlane, server_release: tuple[int, int], expression: str
+) -> None:
+    rejection = _dry_run_create(kube_cluster, expression)
+    try:
+        compile_selector(expression, engine="cel-expr-python", kubernetes_version=server_release)
+    except CompileError as err:
+        assert rejection is not None, f"kube-apiserver accepted an expression we reject: {err}"
+        assert "cost limit" in rejection and "cost limit" in err.message, (err, rejection)
+    else:
+        assert rejection is None, f"kube-apiserver rejected an expression we accept: {rejection}"
