@@ -6,9 +6,12 @@ claim is deleted, and so a second claim cannot take a device that is in use)
 and the validated config applied to each device (so CDI specs can be
 re-created at start-up without asking the API server).
 
-A claim is written as `PrepareStarted` before anything is changed on the node
-and as `PrepareCompleted` once its CDI spec exists, so a crash at any point
-leaves a record that the next prepare or unprepare finishes.
+A claim is recorded as `PrepareStarted` before anything is changed on the node
+(in memory, where it takes the devices; a redo of a known claim also writes it
+to the file first) and written as `PrepareCompleted`, durably, once its CDI spec
+exists and before the kubelet is answered: a crash at any point leaves either
+that record or nothing the kubelet was told about, and start-up removes what a
+claim without a completed record left behind (`draplugin.prepare.driver`).
 
 Formats:
   v1 (older releases): `preparedClaims` keyed by UID, every claim completed,

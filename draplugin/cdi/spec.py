@@ -241,13 +241,22 @@ class SpecStore:
         return remove_stale_temp_files(self.root, f".{self._prefix}", ".json.", before)
 
     def write(self, claim_uid: str, spec: Spec) -> bool:
-        """Write the claim's spec unless an identical file is already there. Returns True if written."""
+        """Write the claim's spec unless an identical file is already there. Returns True if written.
+
+        Atomic but not fsynced (two fsyncs off every prepare): the spec is never the record that
+        must survive. The kubelet is answered only after the claim's checkpoint record is durable,
+        and from that record the spec is rebuilt whenever it is missing or differs: by start-up
+        (`GpuDriver.recover`) when the boot is the same, by the kubelet's prepare after a reboot
+        (power loss is always one; its records are demoted and redone). A spec whose record never
+        became durable is removed by start-up as leaked, so none is orphaned. `/var/run/cdi` is a
+        tmpfs besides, where an fsync does nothing.
+        """
         content = spec.render()
         path = self.path_for(claim_uid)
         with contextlib.suppress(FileNotFoundError):
             if path.read_bytes() == content:
                 return False
-        atomic_write(path, content)
+        atomic_write(path, content, durable=False)
         return True
 
     def read(self, claim_uid: str) -> bytes | None:
@@ -277,8 +286,14 @@ class SpecStore:
                 yield entry.name[len(self._prefix) : -len(".json")]
 
 
-def atomic_write(path: Path, content: bytes, mode: int = 0o644) -> None:
-    """Replace `path` with `content` all at once, durably: temp file, fsync, rename, fsync directory."""
+def atomic_write(path: Path, content: bytes, mode: int = 0o644, *, durable: bool = True) -> None:
+    """Replace `path` with `content` all at once: temp file, rename. `durable`: also fsync the file
+    before the rename and the directory after it, so the new content survives a power loss too.
+
+    Without `durable` the write is still atomic for every reader and survives the writer being
+    killed (-9 included: the page cache outlives the process); only a kernel crash or power loss,
+    which always comes back as a new boot, may undo it.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TEMP_SUFFIX)
     try:
@@ -286,13 +301,15 @@ def atomic_write(path: Path, content: bytes, mode: int = 0o644) -> None:
             tmp.write(content)
             tmp.flush()
             os.fchmod(tmp.fileno(), mode)
-            os.fsync(tmp.fileno())
+            if durable:
+                os.fsync(tmp.fileno())
         os.replace(tmp_name, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp_name)
         raise
-    _fsync_dir(path.parent)
+    if durable:
+        _fsync_dir(path.parent)
 
 
 def remove_stale_temp_files(directory: Path, prefix: str, infix: str, before: float) -> list[Path]:

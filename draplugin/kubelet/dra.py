@@ -318,7 +318,9 @@ def _summarize(operation: str, version: str, outcomes: dict[str, ClaimOutcome], 
     failed = sum(1 for o in outcomes.values() if o.error)
     elapsed = time.monotonic() - started
     REQUEST_SECONDS.labels(operation=operation, api_version=version).observe(elapsed)
-    log.info(
+    # Debug, as the driver's per-claim lines: the kubelet sends one call per pod, so this is per claim
+    # too; failures are logged where they happen, and the request histogram counts every call.
+    log.debug(
         "kubelet request done",
         extra={
             "operation": operation,

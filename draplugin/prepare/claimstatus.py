@@ -25,7 +25,12 @@ round trip to pod start-up nor fail a claim whose devices are ready. Transient
 failures (no answer, 409, 429, 5xx) are retried with backoff; writes of one
 claim run in order, and one overtaken by a later write (unprepare right after
 prepare) is skipped. A repeated prepare whose entries are already on the claim
-(as read by that prepare) writes nothing.
+(as read by that prepare) writes nothing. Writes also yield to prepares: one waits
+until no prepare has run for `QUIET_S` (at most `DEFER_MAX_S` after it was asked
+for), so a burst of pod starts does not find the API server busy with our status
+writes while its claim GETs wait; a write overtaken meanwhile (the claim was
+unprepared) is never sent. They have their own API workers and connections too
+(`draplugin.prepare.wiring`), so a prepare's GET never queues behind one.
 
 Where it is on (`--device-status`, `draplugin.config`): `auto` writes on
 Kubernetes 1.36+, where granular status authorization lets RBAC narrow the
@@ -38,8 +43,10 @@ and the chart refuses to grant it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Callable, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Final, Protocol
 
@@ -62,6 +69,9 @@ DEFAULT_ATTEMPTS: Final = 5
 DEFAULT_BACKOFF_S: Final = 0.5
 BACKOFF_MAX_S: Final = 8.0
 RESULTS: Final = ("success", "unchanged", "superseded", "gone", "error")
+# A status write waits until no prepare has run for this long, but never longer than DEFER_MAX_S.
+QUIET_S: Final = 0.05
+DEFER_MAX_S: Final = 3.0
 
 log = logging.getLogger(__name__)
 
@@ -216,8 +226,15 @@ class ClaimStatusWriter:
         attempts: int = DEFAULT_ATTEMPTS,
         backoff_s: float = DEFAULT_BACKOFF_S,
         now: Callable[[], str] = _now,
+        defer_max_s: float = DEFER_MAX_S,
     ) -> None:
         self._api = api
+        self._defer_max_s = defer_max_s
+        # Prepares in flight (`preparing`), when the last one ended, and set while none runs.
+        self._preparing = 0
+        self._last_prepare_end = 0.0
+        self._no_prepares = asyncio.Event()
+        self._no_prepares.set()
         self.driver_name = driver_name
         self.node_name = node_name
         self.field_manager = field_manager_for(driver_name)
@@ -256,6 +273,31 @@ class ClaimStatusWriter:
     def unprepared(self, claim: ClaimRef) -> None:
         """Remove our entries from the claim."""
         self._start("unprepare", claim, [])
+
+    @contextlib.contextmanager
+    def preparing(self) -> Iterator[None]:
+        """Held by the driver around each prepare: status writes wait while any is held."""
+        self._preparing += 1
+        self._no_prepares.clear()
+        try:
+            yield
+        finally:
+            self._preparing -= 1
+            if not self._preparing:
+                self._last_prepare_end = time.monotonic()
+                self._no_prepares.set()
+
+    async def _yield_to_prepares(self, until: float) -> None:
+        """Return once no prepare has run for QUIET_S, or at `until` (monotonic) at the latest."""
+        while (left := until - time.monotonic()) > 0:
+            if self._preparing:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._no_prepares.wait(), left)
+                continue
+            quiet_in = self._last_prepare_end + QUIET_S - time.monotonic()
+            if quiet_in <= 0:
+                return
+            await asyncio.sleep(min(quiet_in, left))
 
     async def idle(self) -> None:
         """Wait until every write asked for so far has finished (tests; orderly shutdown)."""
@@ -308,7 +350,9 @@ class ClaimStatusWriter:
         path = f"{claim_path(claim.namespace, claim.name)}/status"
         body = apply_body(claim, entries)
         delay = self._backoff_s
+        until = time.monotonic() + self._defer_max_s
         for attempt in range(1, self._attempts + 1):
+            await self._yield_to_prepares(until)
             if self._generation.get(claim.uid) != generation:
                 return "superseded"
             try:

@@ -42,6 +42,9 @@ from draplugin.prepare.timeslice import TimeSlicer
 log = logging.getLogger(__name__)
 
 CHECKPOINT_FILE = "checkpoint.json"
+# Status writes are few and never urgent: a handful of workers keeps up, and leaves the API server
+# (and our CPU) to the prepares' GETs.
+STATUS_WORKERS = 4
 FAKE_GPUS_ENV = "DRAPLUGIN_FAKE_GPUS"
 FAKE_CONFIG_ENV = "DRAPLUGIN_FAKE_CONFIG"
 BOOT_ID_FILE_ENV = "DRAPLUGIN_BOOT_ID_FILE"
@@ -174,6 +177,13 @@ def driver_from_settings(settings: Settings, backend: DeviceBackend | None = Non
     files = _driver_files(settings, backend, events)
     # retries=0: the reader and the status writer retry themselves, within their own limits.
     async_api = AsyncKubeApi(api, DEFAULT_WORKERS, retries=0)
+    # The status writer's own workers and connection pool (same server and credentials): a
+    # prepare's claim GET must never queue behind a background status write.
+    status_api = AsyncKubeApi(
+        KubeApi(type(api_client)(configuration=api_client.configuration), timeout_s=REQUEST_TIMEOUT_S),
+        STATUS_WORKERS,
+        retries=0,
+    )
     driver = GpuDriver(
         driver_name=settings.driver_name,
         node_name=settings.node_name,
@@ -187,7 +197,7 @@ def driver_from_settings(settings: Settings, backend: DeviceBackend | None = Non
         metrics=ClaimMetrics(),
         driver_files=files,
         api_deadline_s=settings.prepare_api_deadline_s,
-        status=_claim_status(settings, api, async_api),
+        status=_claim_status(settings, api, status_api),
     )
     driver.recover()
     log.info(

@@ -9,7 +9,16 @@ from pathlib import Path
 import pytest
 
 from draplugin.cdi import spec as cdi
-from draplugin.cdi.spec import CdiDevice, CdiError, ContainerEdits, DeviceNode, Mount, Spec, SpecStore
+from draplugin.cdi.spec import (
+    CdiDevice,
+    CdiError,
+    ContainerEdits,
+    DeviceNode,
+    Mount,
+    Spec,
+    SpecStore,
+    atomic_write,
+)
 
 DRIVER = "gpu.draplugin.dev"
 
@@ -118,15 +127,27 @@ def test_failed_write_leaves_old_file_and_no_temp(tmp_path: Path, monkeypatch: p
     store.write("uid-1", spec())
     before = store.path_for("uid-1").read_bytes()
 
-    def boom(fd: int) -> None:
+    def boom(fd: int, mode: int) -> None:
         raise OSError("disk full")
 
-    monkeypatch.setattr(os, "fsync", boom)
+    # Fails after the temp file exists and before the rename (spec writes do not fsync).
+    monkeypatch.setattr(os, "fchmod", boom)
     with pytest.raises(OSError, match="disk full"):
         store.write("uid-1", spec(name="changed"))
     monkeypatch.undo()
     assert store.path_for("uid-1").read_bytes() == before
     assert os.listdir(tmp_path) == [store.path_for("uid-1").name]
+
+
+def test_spec_writes_are_atomic_but_not_fsynced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The checkpoint record is what must survive; the spec is rebuilt from it (SpecStore.write)."""
+    synced: list[int] = []
+    monkeypatch.setattr(os, "fsync", synced.append)
+    store = SpecStore(tmp_path, DRIVER)
+    assert store.write("uid-1", spec())
+    assert synced == [] and store.path_for("uid-1").read_bytes() == spec().render()
+    atomic_write(tmp_path / "durable.json", b"{}")
+    assert len(synced) == 2  # the durable default: the file, then its directory
 
 
 def test_uid_cannot_escape_the_directory(tmp_path: Path) -> None:

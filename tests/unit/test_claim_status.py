@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -262,6 +263,37 @@ async def test_writes_of_one_claim_land_in_order_and_an_overtaken_one_is_skipped
     await status.idle()
     assert [len(api.devices(i)) for i in range(len(api.calls))] == [1, 1]
     assert writes(registry, "unprepare", "superseded") == 1
+
+
+async def test_writes_wait_while_prepares_run_and_one_overtaken_meanwhile_is_never_sent() -> None:
+    api = FakeStatusApi()
+    registry = CollectorRegistry()
+    status = writer(api, registry)
+    doc = doc_with(result("gpu", "gpu-0"))
+    with status.preparing():
+        status.prepared(plan_of(doc), doc)
+        await asyncio.sleep(0.1)
+        assert api.calls == []  # held back: a prepare is running
+        status.unprepared(REF)  # the claim went away before the write was sent
+    await status.idle()
+    assert [len(api.devices(i)) for i in range(len(api.calls))] == [0]  # only the clear went out
+    assert writes(registry, "prepare", "superseded") == 1
+
+
+async def test_a_write_waits_for_prepares_at_most_its_limit() -> None:
+    api = FakeStatusApi()
+    status = ClaimStatusWriter(
+        api, driver_name=DRIVER, node_name=NODE, registry=CollectorRegistry(), now=lambda: NOW,
+        defer_max_s=0.2,
+    )  # fmt: skip
+    doc = doc_with(result("gpu", "gpu-0"))
+    with status.preparing():  # a prepare that never ends, as a steady stream of them would look
+        status.prepared(plan_of(doc), doc)
+        started = time.monotonic()
+        await asyncio.wait_for(api.started.wait(), 5.0)
+        assert 0.15 < time.monotonic() - started < 2.0
+    await status.idle()
+    assert [e["device"] for e in api.devices()] == ["gpu-0"]
 
 
 async def test_close_stops_a_write_waiting_out_its_backoff() -> None:

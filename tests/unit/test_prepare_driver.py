@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,8 +17,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from dracommon.kubeapi import ApiError
+from draplugin import checkpoint as checkpoint_module
 from draplugin import crashpoints
-from draplugin.cdi.spec import SpecStore
+from draplugin.cdi.spec import SpecStore, atomic_write
 from draplugin.checkpoint import CheckpointStore, ClaimState
 from draplugin.kubelet.dra import ClaimRunner
 from draplugin.kubelet.interface import ClaimError, ClaimRef
@@ -433,3 +435,40 @@ async def test_metrics_track_in_flight_and_durations(node: Node) -> None:
     assert node.metric("draplugin_claim_operation_duration_seconds_count", operation="prepare") == 1
     assert node.metric("draplugin_claim_operations_total", operation="unprepare", result="success") == 1
     assert node.metric("draplugin_prepared_claims") == 0
+
+
+async def test_fresh_prepare_writes_the_checkpoint_once_and_fsyncs_only_it(
+    node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One durable checkpoint write per fresh prepare (file and directory fsync), the spec unsynced;
+    a redo of a known claim still records `PrepareStarted` in the file before changing anything."""
+    driver = node.driver()
+    ref = node.claims.add(two_gpu_claim())
+    writes: list[bool] = []
+    real = atomic_write
+    fsyncs: list[int] = []
+    real_fsync = os.fsync
+
+    def counting(path: Path, content: bytes, mode: int = 0o644, *, durable: bool = True) -> None:
+        writes.append(durable)
+        real(path, content, mode, durable=durable)
+
+    def counting_fsync(fd: int) -> None:
+        fsyncs.append(fd)
+        real_fsync(fd)
+
+    monkeypatch.setattr(checkpoint_module, "atomic_write", counting)
+    monkeypatch.setattr(os, "fsync", counting_fsync)
+    await driver.prepare_claim(ref)
+    assert writes == [True] and len(fsyncs) == 2
+    record = CheckpointStore(node.checkpoint_path, node.boot_id)
+    record.load()
+    loaded = record.get("uid-1")
+    assert loaded is not None and loaded.state is ClaimState.PREPARE_COMPLETED
+
+    # After a reboot the record is PrepareStarted: the redo commits it before touching the node.
+    node.boot_id = "boot-2"
+    rebooted = node.driver()
+    writes.clear()
+    await rebooted.prepare_claim(ref)
+    assert writes == [True, True]
