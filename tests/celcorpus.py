@@ -52,9 +52,12 @@ class _Scope:
 
 
 class Generator:
-    def __init__(self, seed: int) -> None:
+    def __init__(self, seed: int, *, transform_map: bool = False) -> None:
         self.rng = random.Random(seed)
         self.counter = 0
+        # transformMap / transformMapEntry: off by default, and then no random draw is spent on
+        # them, so the default corpus stays what the apiserver comparison was run on.
+        self.transform_map = transform_map
 
     def fresh(self, prefix: str) -> str:
         self.counter += 1
@@ -90,6 +93,8 @@ class Generator:
         kind = rng.random()
         if kind < 0.55:
             rng_expr, key_kind, value_kind = self.map_range(scope)
+            if self.transform_map and rng.random() < 0.3:
+                return self.transformed_map(rng_expr, key_kind, value_kind, scope, body)
             if rng.random() < 0.3:
                 k, v = self.fresh("k"), self.fresh("v")
                 inner = scope.bind(k, key_kind).bind(v, value_kind)
@@ -116,8 +121,25 @@ class Generator:
             return f"{list_expr}.transformList({i}, {x}, {body(inner.bind(i, INT))}).exists(r, r)"
         i = self.fresh("i")
         both = inner.bind(i, INT)
+        if self.transform_map and rng.random() < 0.3:
+            return self.transformed_map(list_expr, INT, element, scope, body)
         macro = rng.choice(("all", "exists", "existsOne"))
         return f"{list_expr}.{macro}({i}, {x}, {body(both)})"
+
+    def transformed_map(
+        self, range_expr: str, key_kind: str, value_kind: str, scope: _Scope, body: Callable[[_Scope], str]
+    ) -> str:
+        """transformMap / transformMapEntry over a map or list, its bool values then read back."""
+        rng = self.rng
+        k, v, t, r = self.fresh("k"), self.fresh("v"), self.fresh("t"), self.fresh("r")
+        inner = scope.bind(k, key_kind).bind(v, value_kind)
+        if rng.random() < 0.5:
+            made = f"{range_expr}.transformMap({k}, {v}, {body(inner)})"
+        else:
+            # The entry's key is the element's key: string keys from maps, int keys from lists.
+            made = f"{range_expr}.transformMapEntry({k}, {v}, {{{k}: {body(inner)}}})"
+        macro = rng.choice(("all", "exists"))
+        return f"cel.bind({t}, {made}, {t}.{macro}({r}, {t}[{r}]))"
 
     def map_range(self, scope: _Scope) -> tuple[str, str, str]:
         rng = self.rng
@@ -342,10 +364,94 @@ class Generator:
         return f'device.driver == "{rng.choice(("gpu.example.com", "x"))}"'
 
 
-def corpus(size: int, seed: int = 20261201) -> list[str]:
-    """`size` distinct expressions, the same for the same seed."""
-    generator = Generator(seed)
+def corpus(size: int, seed: int = 20261201, *, transform_map: bool = False) -> list[str]:
+    """`size` distinct expressions, the same for the same seed (and transform_map choice)."""
+    generator = Generator(seed, transform_map=transform_map)
     found: dict[str, None] = {}
     while len(found) < size:
         found.setdefault(generator.expression())
     return list(found)
+
+
+# ---------------------------------------------------------------------- evaluation fleet
+
+FLEET_DRIVER = "gpu.example.com"
+FLEET_SIZE = 24  # within resource.k8s.io/v1's 32 results per allocation: `All` may take every one
+GPU_MODELS = (  # (model, productName, memory, multiprocessors, watts)
+    ("H100", "NVIDIA H100 80GB HBM3", "80Gi", 132, 700),
+    ("A100", "NVIDIA A100-SXM4-40GB", "40Gi", 108, 400),
+    ("L4", "NVIDIA L4", "24Gi", 58, 72),
+)
+MIG_PROFILES = (("1g.10gb", "10Gi", 16), ("3g.40gb", "40Gi", 60))
+DRIVER_VERSIONS = ("535.104.5", "550.54.15", "560.35.3", "9.0.0", "1.2.3")
+COMPUTE_CAPABILITIES = {"H100": "9.0.0", "A100": "8.0.0", "L4": "8.9.0"}
+
+
+def fleet(size: int = FLEET_SIZE, seed: int = 20261201, *, shareable: bool = True) -> list[dict[str, object]]:
+    """resource.k8s.io/v1 devices that differ the way a real node's GPUs do, for evaluating the corpus.
+
+    Whole GPUs and MIG partitions of several models, each with its own UUID, PCI address and
+    index, several driver versions (semver); attributes and capacities under the domains and
+    ids the generator reads, every name qualified so the fleet means the same under any driver.
+    Some devices lack some attributes (productName, driverVersion, mig, the numa domain), so an
+    unguarded read errs at run time there; a few carry values the generator does not expect
+    (the WORDS it compares with, an int where it reads a string), and with `shareable` a few
+    allow multiple allocations. Deterministic for a seed.
+    """
+    rng = random.Random(seed)
+    devices: list[dict[str, object]] = []
+    for i in range(size):
+        model, product, memory, multiprocessors, watts = rng.choice(GPU_MODELS)
+        mig = i % 3 == 2
+        gpu = "gpu.example.com/"
+        attributes: dict[str, dict[str, object]] = {
+            gpu + "model": {"string": model},
+            gpu + "uuid": {"string": f"{'MIG' if mig else 'GPU'}-{_uuid(rng)}"},
+            gpu + "index": {"int": i % 8},
+            gpu + "pciBusID": {"string": f"0000:{0x18 + 0x10 * (i // 3):02x}:00.0"},
+            gpu + "driverVersion": {"version": rng.choice(DRIVER_VERSIONS)},
+            gpu + "cudaComputeCapability": {"version": COMPUTE_CAPABILITIES[model]},
+            gpu + "mig": {"bool": mig},
+        }
+        capacity: dict[str, dict[str, object]] = {gpu + "memory": {"value": memory}}
+        if mig:
+            profile, memory, multiprocessors = rng.choice(MIG_PROFILES)
+            product = f"{product} MIG {profile}"
+            capacity[gpu + "memory"] = {"value": memory}
+            attributes[gpu + "parentIndex"] = {"int": i % 8}
+        else:
+            capacity[gpu + "watts"] = {"value": str(watts)}
+        capacity[gpu + "multiprocessors"] = {"value": str(multiprocessors)}
+        if rng.random() < 0.8:
+            attributes[gpu + "productName"] = {"string": product}
+        if rng.random() < 0.15:
+            del attributes[gpu + "driverVersion"]
+        if rng.random() < 0.15:
+            del attributes[gpu + "mig"]
+        if i == 1:
+            attributes[gpu + "uuid"] = {"string": "gpu-0"}  # one of WORDS: equality and prefix tests hit
+        if rng.random() < 0.75:
+            numa = "numa.example.org/"
+            attributes[numa + "node"] = {"int": (i // 4) % 2}
+            attributes[numa + "index"] = {"int": i // 4}
+            if rng.random() < 0.3:
+                attributes[numa + "model"] = {"string": rng.choice(("a", "abc", model))}
+                capacity[numa + "memory"] = {"value": rng.choice(("1k", "500m", "40Gi"))}
+        if rng.random() < 0.3:
+            other = "other.dev/"
+            attributes[other + "productName"] = {"string": rng.choice(("x,y", "", "10.0.0.1", "a"))}
+            attributes[other + "mig"] = {"bool": rng.random() < 0.5}
+            capacity[other + "watts"] = {"value": rng.choice(("1", "1k"))}
+        if i == 5:
+            # A string attribute as an int: comparing it as a string is a runtime overload error.
+            attributes["other.dev/model"] = {"int": 7}
+        device: dict[str, object] = {"name": f"gpu-{i}", "attributes": attributes, "capacity": capacity}
+        if shareable and i % 6 == 4:
+            device["allowMultipleAllocations"] = True
+        devices.append(device)
+    return devices
+
+
+def _uuid(rng: random.Random) -> str:
+    hexits = f"{rng.getrandbits(128):032x}"
+    return f"{hexits[:8]}-{hexits[8:12]}-{hexits[12:16]}-{hexits[16:20]}-{hexits[20:]}"

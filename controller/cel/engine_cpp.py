@@ -28,6 +28,7 @@ from controller.cel.analysis import Analysis, Read
 from controller.cel.device import DeviceShapeError, ViewPlan, build_view
 from controller.cel.engine import EvalFailure, Program, not_bool_error
 from controller.cel.errors import CompileError, LibraryError
+from controller.cel.fullloops import run_loops_to_the_end
 from controller.cel.library import FUNCTIONS, SCALAR_KINDS, Function, Kind, Overload
 from controller.cel.netlib import CIDR, IP, URL
 from controller.cel.semver import Semver
@@ -314,11 +315,22 @@ def _map_runtime_environment() -> Any:
     return _new_environment(NATIVE_EXTENSIONS, [_map_insert_extension()])
 
 
+# Macros that can stop their loop early, which cel-cpp gets wrong (controller.cel.fullloops).
+_EARLY_EXIT_MACROS = frozenset({"all", "exists"})
+
+
 def _plan(checked: Any, info: Analysis) -> Any:
-    """The program to run for a checked expression (see `_map_runtime_environment`)."""
-    if not info.calls & _MAP_MACROS:
+    """The program to run for a checked expression: in the runtime environment that has
+    `cel.@mapInsert` where it needs one (see `_map_runtime_environment`), with `all`/`exists`
+    loops run to the end where there are any (see controller.cel.fullloops)."""
+    maps = bool(info.calls & _MAP_MACROS)
+    early_exits = bool(info.calls & _EARLY_EXIT_MACROS)
+    if not maps and not early_exits:
         return checked
-    return _map_runtime_environment().deserialize(checked.serialize())
+    serialized = checked.serialize()
+    if early_exits:
+        serialized = run_loops_to_the_end(serialized)
+    return (_map_runtime_environment() if maps else _environment()).deserialize(serialized)
 
 
 _POSITION = re.compile(r"ERROR: <input>:(\d+):(\d+): (.*)")
