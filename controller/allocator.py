@@ -21,7 +21,7 @@ from controller.allocation.nodes import Node, NodeSelectorError
 from controller.allocation.pools import Pool, gather_pools
 from controller.allocation.requests import claim_ref, claim_requests
 from controller.allocation.result import NodeSelectorConflict, allocation_config, device_result, node_selector
-from controller.allocation.search import AllocationError, Search
+from controller.allocation.search import AllocationError, Candidate, Search, pool_candidates
 from controller.allocation.selectors import Compiler, SelectorCache, SelectorError
 from controller.allocation.state import AllocatedState, allocated_state, apply_taint_rules
 from controller.allocation.unsupported import Unsupported, claim_problems, slice_problems
@@ -48,6 +48,18 @@ class Failure:
 
     message: str
     error: bool = False
+
+
+@dataclass
+class _NodeView:
+    """What the allocator searches on one node, built once per node from the slices: the pools,
+    their candidate devices (with their per-device facts and selector verdicts) and the first
+    unsupported field in the pools' slices (`problem_known` once looked for)."""
+
+    pools: list[Pool]
+    candidates: list[list[Candidate]]
+    problem: Unsupported | None = None
+    problem_known: bool = False
 
 
 @dataclass
@@ -92,7 +104,17 @@ class Allocator:
         self.new_share_id = new_share_id or (lambda: str(uuid.uuid4()))
         self._slices_by_node: dict[str, list[JSON]] = {}
         self._shared_slices: list[JSON] = []
-        self._slice_problems: dict[int, Unsupported | None] = {}
+        self._indexed: list[JSON] | None = None
+        self._views: dict[tuple[str, tuple[tuple[str, str], ...]] | None, _NodeView] = {}
+        self._index_slices()
+
+    def _index_slices(self) -> None:
+        """Slices by node, and a fresh cache of node views. Slices are a snapshot: the views
+        are rebuilt when `self.slices` is replaced (a list changed in place is not noticed)."""
+        self._indexed = self.slices
+        self._slices_by_node = {}
+        self._shared_slices = []
+        self._views = {}
         for slice_obj in self.slices:
             node_name = (slice_obj.get("spec") or {}).get("nodeName")
             if node_name:
@@ -102,24 +124,42 @@ class Allocator:
 
     def node_names(self) -> list[str]:
         """Nodes that have node-local slices, sorted."""
+        if self._indexed is not self.slices:
+            self._index_slices()
         return sorted(self._slices_by_node)
 
     def pools(self, node: Node | None) -> list[Pool]:
         """The pools the allocator searches on `node`, in search order."""
-        local = self._slices_by_node.get(node.name, []) if node is not None else []
-        return gather_pools([*local, *self._shared_slices], self.slices, node, self.features)
+        return list(self._view(node).pools)
+
+    def _view(self, node: Node | None) -> _NodeView:
+        """The node's view, built on first use. Pools depend on the node only through its name
+        and labels (node selectors), so those key the cache; the many Filter calls on one node
+        (one per pod) then cost no pool gathering and share the candidates' selector verdicts."""
+        if self._indexed is not self.slices:
+            self._index_slices()
+        key = None if node is None else (node.name, tuple(sorted(node.labels.items())))
+        view = self._views.get(key)
+        if view is None:
+            local = self._slices_by_node.get(node.name, []) if node is not None else []
+            pools = gather_pools([*local, *self._shared_slices], self.slices, node, self.features)
+            view = _NodeView(pools, [pool_candidates(p) for p in pools])
+            self._views[key] = view
+        return view
 
     def search(self, claims: Sequence[JSON], node: Node | None) -> Search:
         """A prepared search (not yet run): explain uses it to look at single devices."""
+        view = self._view(node)
         search = Search(
             claims=claims,
             node=node,
-            pools=self.pools(node),
+            pools=list(view.pools),
             classes=self.classes,
             state=self.state,
             features=self.features,
             selectors=self.selectors,
             new_share_id=self.new_share_id,
+            candidates=view.candidates,
         )
         return search
 
@@ -131,7 +171,7 @@ class Allocator:
             return AllocationOutcome(failure=Failure(missing), node=node_name)
         try:
             search = self.search(claims, node)
-            unsupported = self._unsupported(claims, search.pools)
+            unsupported = self._unsupported(claims, self._view(node))
             if unsupported is not None:
                 # An error, not "unschedulable": we cannot tell what the scheduler would decide.
                 return AllocationOutcome(failure=Failure(unsupported.message, error=True), node=node_name)
@@ -150,21 +190,24 @@ class Allocator:
             return AllocationOutcome(failure=Failure(str(err), error=True), node=node_name)
         return AllocationOutcome(allocations=allocations, node=node_name)
 
-    def _unsupported(self, claims: Sequence[JSON], pools: Sequence[Pool]) -> Unsupported | None:
+    def _unsupported(self, claims: Sequence[JSON], view: _NodeView) -> Unsupported | None:
         """The first field we do not model in the claims or in the slices the search reads."""
         for claim in claims:
             found = claim_problems(claim)
             if found:
                 return found[0]
-        for pool in pools:
-            for slice_obj in (*pool.slices_on_node, *pool.slices_elsewhere):
-                key = id(slice_obj)  # slices do not change during the allocator's life
-                if key not in self._slice_problems:
-                    self._slice_problems[key] = next(iter(slice_problems(slice_obj)), None)
-                problem = self._slice_problems[key]
-                if problem is not None:
-                    return problem
-        return None
+        if not view.problem_known:
+            view.problem = next(
+                (
+                    problem
+                    for pool in view.pools
+                    for slice_obj in (*pool.slices_on_node, *pool.slices_elsewhere)
+                    for problem in slice_problems(slice_obj)[:1]
+                ),
+                None,
+            )
+            view.problem_known = True
+        return view.problem
 
     def commit(self, claim: JSON, allocation: JSON) -> None:
         """Mark the devices of a new allocation as in use for later calls."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from controller.allocation.features import Features
 from controller.allocation.nodes import Node, node_matches
@@ -19,8 +19,9 @@ from dracommon.quantity import Quantity, QuantityError
 JSON = Mapping[str, Any]
 
 
-@dataclass(frozen=True, order=True)
-class DeviceID:
+class DeviceID(NamedTuple):
+    # A NamedTuple, not a dataclass: it keys every per-device dict of the search, and a
+    # tuple's hash and equality run in C (a frozen dataclass hashes in Python on each lookup).
     driver: str
     pool: str
     device: str

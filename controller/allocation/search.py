@@ -24,9 +24,9 @@ from controller.allocation.nodes import Node, node_matches
 from controller.allocation.pools import DeviceID, Pool
 from controller.allocation.requests import ALL, EXACT_COUNT, Request, alternatives, blocking_taint, claim_ref
 from controller.allocation.result import ChosenDevice
-from controller.allocation.selectors import SelectorCache, request_steps
+from controller.allocation.selectors import SelectorCache, request_steps, step_expressions
 from controller.allocation.state import AllocatedState
-from dracommon.quantity import Quantity
+from dracommon.quantity import Quantity, QuantityError
 
 JSON = Mapping[str, Any]
 
@@ -48,6 +48,14 @@ class Candidate:
     device: JSON
     slice: JSON
     pool: Pool
+    # Facts about the device that every Filter call asks, read once (`candidate`).
+    consumes_counters: bool
+    per_device_node_selection: bool
+    plain_capacity: bool  # see `has_plain_capacity`
+    # Selector outcomes on this device by the expressions evaluated (a request's steps): CEL
+    # is pure over the device, so a node's cached candidates need each verdict only once.
+    # Errors are not kept: they abort the attempt, and the next one evaluates (and fails) again.
+    selected: dict[tuple[str, ...], bool] = field(default_factory=dict, compare=False)
 
 
 @dataclass
@@ -56,6 +64,7 @@ class RequestPlan:
     device_class: JSON
     num_devices: int
     all_devices: list[Candidate] | None = None  # only for allocationMode All
+    expressions: tuple[str, ...] | None = None  # step_expressions, the key of Candidate.selected
 
 
 @dataclass
@@ -68,9 +77,36 @@ class ClaimPlan:
     selected: dict[int, int] = field(default_factory=dict)  # request index -> alternative index
 
 
+def has_plain_capacity(device: JSON) -> bool:
+    """No capacity has a requestPolicy and every value parses: then a request without capacity
+    requests fits while nothing of the device is allocated or being allocated (each capacity is
+    taken whole, which equals its value), exactly what `request_fits` finds the long way."""
+    capacities = device.get("capacity") or {}
+    try:
+        for capacity in capacities.values():
+            if capacity.get("requestPolicy") is not None:
+                return False
+            Quantity.from_json(capacity.get("value", "0"))
+    except (QuantityError, AttributeError, TypeError):
+        return False  # the general path reports it as it always did
+    return True
+
+
+def candidate_of(pool: Pool, slice_obj: JSON, device: JSON) -> Candidate:
+    return Candidate(
+        DeviceID(pool.driver, pool.name, str(device.get("name", ""))),
+        device,
+        slice_obj,
+        pool,
+        consumes_counters=bool(device.get("consumesCounters")),
+        per_device_node_selection=bool((slice_obj.get("spec") or {}).get("perDeviceNodeSelection")),
+        plain_capacity=has_plain_capacity(device),
+    )
+
+
 def pool_candidates(pool: Pool) -> list[Candidate]:
     return [
-        Candidate(DeviceID(pool.driver, pool.name, str(d.get("name", ""))), d, s, pool)
+        candidate_of(pool, s, d)
         for s in pool.slices_on_node
         for d in (s.get("spec") or {}).get("devices") or []
     ]
@@ -79,7 +115,7 @@ def pool_candidates(pool: Pool) -> list[Candidate]:
 def available_on_node(candidate: Candidate, node: Node | None) -> bool:
     """Per-device node selection: in a slice with `perDeviceNodeSelection`, each device names
     its own node(s); other slices were already matched to the node as a whole (gather_pools)."""
-    if not (candidate.slice.get("spec") or {}).get("perDeviceNodeSelection"):
+    if not candidate.per_device_node_selection:
         return True
     device = candidate.device
     return node_matches(
@@ -113,7 +149,10 @@ class Search:
         features: Features,
         selectors: SelectorCache,
         new_share_id: Callable[[], str] = lambda: str(uuid.uuid4()),
+        candidates: list[list[Candidate]] | None = None,
     ) -> None:
+        """`candidates`: `pool_candidates` of each of `pools`, when the caller keeps them (the
+        Allocator does, per node); the search only reads them (and their selector memo)."""
         self.claims = list(claims)
         self.node = node
         self.pools = pools
@@ -122,7 +161,7 @@ class Search:
         self.features = features
         self.selectors = selectors
         self.new_share_id = new_share_id
-        self.candidates = [pool_candidates(p) for p in pools]
+        self.candidates = candidates if candidates is not None else [pool_candidates(p) for p in pools]
         self._matches: dict[tuple[DeviceID, int, int, int], bool] = {}
         # device -> indexes of claims of this search that hold it
         self._allocating: dict[DeviceID, set[int]] = {}
@@ -247,8 +286,13 @@ class Search:
         cached = self._matches.get(cache_key)
         if cached is not None:
             return cached
-        steps = request_steps(plan.device_class, plan.request, claim_ref(self.claims[key[0]]))
-        result = self.selectors.first_non_match(steps, candidate.device_id.driver, device) is None
+        if plan.expressions is None:
+            plan.expressions = step_expressions(plan.device_class, plan.request)
+        result = candidate.selected.get(plan.expressions)
+        if result is None:
+            steps = request_steps(plan.device_class, plan.request, claim_ref(self.claims[key[0]]))
+            result = self.selectors.first_non_match(steps, candidate.device_id.driver, device) is None
+            candidate.selected[plan.expressions] = result
         if result:
             result = available_on_node(candidate, self.node)
         self._matches[cache_key] = result
@@ -258,6 +302,13 @@ class Search:
         return device_id in self.state.devices or bool(self._allocating.get(device_id))
 
     def _capacity_fits(self, request: Request, candidate: Candidate) -> bool:
+        if (
+            candidate.plain_capacity
+            and not request.capacity_requests
+            and candidate.device_id not in self.state.capacity
+            and candidate.device_id not in self._allocating_capacity
+        ):
+            return True  # what request_fits finds for it (has_plain_capacity), without the quantities
         try:
             return request_fits(
                 request.capacity_requests,
@@ -281,14 +332,9 @@ class Search:
                 f"#{device_index} of request {request.name} checked against slice "
                 f"{(candidate.slice.get('metadata') or {}).get('name')} of {len(devices)} device(s)"
             )
-        other = devices[device_index]
-        proxy = Candidate(
-            DeviceID(candidate.device_id.driver, candidate.device_id.pool, str(other.get("name", ""))),
-            other,
-            candidate.slice,
-            candidate.pool,
+        return self._capacity_fits(
+            request, candidate_of(candidate.pool, candidate.slice, devices[device_index])
         )
-        return self._capacity_fits(request, proxy)
 
     def _allow_multiple(self, candidate: Candidate) -> bool:
         return self.features.consumable_capacity and bool(candidate.device.get("allowMultipleAllocations"))
@@ -425,12 +471,16 @@ class Search:
                 raise AllocationError(f"resource pool {pool.id} is invalid: {pool.invalid_reason}")
             candidates = self.candidates[pool_index]
             first = start_offset if pool_index == start_pool else 0
+            # Hoisted out of the loop, which mostly skips devices in use (same checks as in_use).
+            admin_access = request.admin_access
+            allocating, allocated = self._allocating, self.state.devices
             for offset in range(first, len(candidates)):
                 candidate = candidates[offset]
-                if request.admin_access:
-                    if claim_index in self._allocating.get(candidate.device_id, ()):
+                device_id = candidate.device_id
+                if admin_access:
+                    if claim_index in allocating.get(device_id, ()):
                         continue
-                elif self.in_use(candidate.device_id):
+                elif device_id in allocated or allocating.get(device_id):
                     continue
                 if not self.selectable(key, request_plan, candidate):
                     continue
@@ -484,11 +534,11 @@ class Search:
             return None
         if not request.admin_access and self.in_use(device_id):
             return None
-        if not self.features.partitionable_devices and candidate.device.get("consumesCounters"):
+        if not self.features.partitionable_devices and candidate.consumes_counters:
             return None
         capacity_in_use = device_id in self.state.capacity or device_id in self._allocating_capacity
         counters_taken = False
-        if not (multiple and capacity_in_use) and candidate.device.get("consumesCounters"):
+        if not (multiple and capacity_in_use) and candidate.consumes_counters:
             if not self._take_counters(candidate):
                 return None
             counters_taken = True

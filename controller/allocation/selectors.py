@@ -38,19 +38,28 @@ class SelectorStep:
     where: str
 
 
+def _expression(selector: Mapping[str, Any]) -> str:
+    return str((selector.get("cel") or {}).get("expression", ""))
+
+
 def request_steps(device_class: Mapping[str, Any], request: Request, claim: str) -> list[SelectorStep]:
     """What the allocator evaluates on a device for `request`: the class's selectors, then the
     request's own (kube-scheduler's `isSelectable`); `claim` is "namespace/name"."""
     class_name = str((device_class.get("metadata") or {}).get("name", ""))
     steps = [
-        SelectorStep(str((s.get("cel") or {}).get("expression", "")), f"class {class_name}: selector #{i}")
+        SelectorStep(_expression(s), f"class {class_name}: selector #{i}")
         for i, s in enumerate((device_class.get("spec") or {}).get("selectors") or [])
     ]
     steps.extend(
-        SelectorStep(str((s.get("cel") or {}).get("expression", "")), f"claim {claim}: selector #{i}")
-        for i, s in enumerate(request.selectors)
+        SelectorStep(_expression(s), f"claim {claim}: selector #{i}") for i, s in enumerate(request.selectors)
     )
     return steps
+
+
+def step_expressions(device_class: Mapping[str, Any], request: Request) -> tuple[str, ...]:
+    """The expressions of `request_steps`, in order, without the names its error messages need."""
+    class_selectors = (device_class.get("spec") or {}).get("selectors") or []
+    return tuple(_expression(s) for s in [*class_selectors, *request.selectors])
 
 
 def default_compiler() -> Compiler:
