@@ -53,6 +53,8 @@ class Analysis:
     # Domain lookups `device.attributes[d]` / `device.capacity.d` (outside has()), as offsets
     # (start of `device`, start of `[d]` / `.d`, end), for engines that must rewrite them.
     domain_lookups: tuple[tuple[int, int, int], ...] = ()
+    # How many comprehensions the expression expands to (macros, sortBy and cel.bind).
+    loops: int = 0
 
 
 def analyze(expression: str) -> Analysis:
@@ -80,6 +82,11 @@ def analyze(expression: str) -> Analysis:
         frozenset(collector.free),
         evident_type(tree),
         tuple(sorted(collector.lookups)),
+        sum(
+            1
+            for node in syntax.walk(tree)
+            if isinstance(node, Call) and (node.name in BINDING_MACROS or _is_bind(node))
+        ),
     )
 
 

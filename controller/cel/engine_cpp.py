@@ -324,7 +324,10 @@ def _plan(checked: Any, info: Analysis) -> Any:
     `cel.@mapInsert` where it needs one (see `_map_runtime_environment`), with `all`/`exists`
     loops run to the end where there are any (see controller.cel.fullloops)."""
     maps = bool(info.calls & _MAP_MACROS)
-    early_exits = bool(info.calls & _EARLY_EXIT_MACROS)
+    # Only a second loop can read the first one's stale slots (or the same loop run again,
+    # nested in another); a lone loop keeps its early exit, which upstream's cost accounting
+    # also gets (running it to the end could meet cel-cpp's iteration cap).
+    early_exits = bool(info.calls & _EARLY_EXIT_MACROS) and info.loops >= 2
     if not maps and not early_exits:
         return checked
     serialized = checked.serialize()

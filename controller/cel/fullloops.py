@@ -8,7 +8,9 @@ comprehension or `cel.bind` in the same expression then reads the stale slot:
 "_>_(string, int64)", where cel-go answers true. Found by the evaluation corpus
 (tests/integration/test_cel_corpus_eval.py).
 
-The cure here: every comprehension's loop condition becomes the constant `true`, so each loop
+The cure here, for expressions with two loops or more (a lone loop has nothing to spoil and
+keeps its early exit, see engine_cpp._plan): every comprehension's loop condition becomes the
+constant `true`, so each loop
 runs to its last element and leaves through the normal exit. The result does not change: once
 `all` has a false (or `exists` a true) accumulator, `false && x` stays false and `true || x`
 stays true whatever `x` is, errors included, as CEL's commutative logical operators absorb
