@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -34,16 +35,42 @@ def peers_dir() -> Path:
 
 def run_peer(name: str, job: dict[str, Any], timeout_s: float = 1800) -> dict[str, Any]:
     """Run peer `name` once on `job` and return its JSON result."""
+    return run_peer_measured(name, job, timeout_s)[0]
+
+
+def run_peer_measured(
+    name: str, job: dict[str, Any], timeout_s: float = 1800
+) -> tuple[dict[str, Any], float]:
+    """Run peer `name` once on `job`: its JSON result and its peak RSS in MiB."""
     binary = peers_dir() / name
     if not binary.exists():
         raise PeerError(f"peer {binary} is missing (build it with {BUILD_SCRIPT})")
     with tempfile.NamedTemporaryFile("w", suffix=".json", prefix=f"{name}-") as job_file:
         json.dump(job, job_file)
         job_file.flush()
-        done = subprocess.run(
-            [str(binary), job_file.name], capture_output=True, text=True, timeout=timeout_s, check=False
-        )
-    if done.returncode != 0:
-        raise PeerError(f"{name} exited {done.returncode}: {done.stderr.strip()[-2000:]}")
-    result: dict[str, Any] = json.loads(done.stdout)
-    return result
+        returncode, stdout, stderr, peak_mib = run_measured([str(binary), job_file.name], timeout_s)
+    if returncode != 0:
+        raise PeerError(f"{name} exited {returncode}: {stderr.strip()[-2000:]}")
+    result: dict[str, Any] = json.loads(stdout)
+    return result, peak_mib
+
+
+def run_measured(command: list[str], timeout_s: float) -> tuple[int, str, str, float]:
+    """Run a command to its end: exit status, stdout, stderr and the process's peak RSS (MiB),
+    read from its own rusage (wait4), so every side is measured the same way."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(command, stdout=out, stderr=err, text=True)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.monotonic() > deadline:
+                proc.kill()
+                os.wait4(proc.pid, 0)
+                raise PeerError(f"{command[0]} ran past {timeout_s:.0f}s")
+            time.sleep(0.05)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        return proc.returncode, out.read(), err.read(), usage.ru_maxrss / 1024  # Linux: KiB

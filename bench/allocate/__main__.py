@@ -18,10 +18,14 @@ alike here). Both sides' results are checked: no device used twice, devices on t
 node, the selector and the NUMA constraint hold (checked on the snapshot, not by either CEL
 engine); the two sides' placements are compared claim by claim. Both sides Filter one node
 after another on one thread (kube-scheduler spreads Filter over 16 goroutines; neither side
-does that here, and this machine has 2 cores). At the default sizes ours needs tens of
-minutes on 2 cores (about 1.5 million Filter calls per case); --nodes/--claims make it smaller.
-Timings cover the decision loop only: the peer's start and JSON decoding of its job are outside
-them.
+does that here, and this machine has 2 cores). At the default sizes each side needs one to
+two minutes per case on 2 cores (about 1.2 and 0.6 million Filter calls); --nodes/--claims
+make it smaller. Timings cover the decision loop only: the peer's start and JSON decoding of
+its job are outside them.
+
+Memory: the peak RSS of a process that reads one job of 8,000 devices (800 nodes x 10) and
+makes 1,000 decisions, ours in a child Python process and the peer harness, both from the
+child's own rusage (--memory-nodes, 0 to skip).
 
 The earlier end-to-end comparison against the running kube-scheduler is gone: its path (pod
 binding, the claim's finalizer and status writes under kube-scheduler's client QPS/burst) and
@@ -32,13 +36,15 @@ ratio compared different work.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from bench.peers import PeerError, run_peer
+from bench.peers import PeerError, run_measured, run_peer, run_peer_measured
 from bench.summary import Row, record
 from controller.allocation.builders import claim, device, device_class, exactly, resource_slice
 from controller.allocation.nodes import Node
@@ -226,16 +232,74 @@ def run_case(label: str, nodes_n: int, claims_n: int, gpus: int, numa: bool) -> 
     return ok
 
 
+MEMORY_NODES = 800  # x 10 GPUs: the 8,000 devices of the issue's memory row
+MEMORY_CLAIMS = 1000
+
+
+def memory_case(nodes_n: int, claims_n: int) -> None:
+    """Peak RSS of a process that reads the same job (JSON: classes, slices, claims) and makes
+    `claims_n` one-GPU decisions on it: ours (this module in a child process, `--memory-probe`)
+    and the allocpeer harness, both read from the child's own rusage. Ours is the allocator
+    alone, as in `dra-controller`; the controller daemon adds its watch caches of the objects."""
+    devices = nodes_n * GPUS
+    nodes = [node_name(n) for n in range(nodes_n)]
+    job = {
+        "classes": [device_class("gpu", [f'device.driver == "{D}"'])],
+        "slices": [gpu_slice(n) for n in nodes],
+        "nodes": nodes,
+        "claims": claims_for(claims_n, 1, numa=False),
+        "feasible": feasible_nodes_to_find(nodes_n),
+    }
+    with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="allocate-memory-") as job_file:
+        json.dump(job, job_file)
+        job_file.flush()
+        command = [sys.executable, "-m", "bench.allocate", f"--memory-probe={job_file.name}"]
+        returncode, _, stderr, ours_mib = run_measured(command, timeout_s=1800)
+    if returncode != 0:
+        raise PeerError(f"our memory probe exited {returncode}: {stderr.strip()[-2000:]}")
+    _, peer_mib = run_peer_measured("allocpeer", job)
+    print(
+        f"allocator process, {devices} devices ({nodes_n} nodes x {GPUS}), {claims_n} decisions: peak RSS "
+        f"ours {ours_mib:.1f} MiB, upstream {peer_mib:.1f} MiB, ours/upstream {ours_mib / peer_mib:.2f}x"
+    )
+    record(
+        Row(
+            "allocate",
+            f"allocator process peak RSS, {devices:,} devices, {claims_n:,} decisions",
+            "MiB",
+            ours_mib,
+            peer_mib,
+            PEER,
+        )
+    )
+
+
+def memory_probe(job_path: str) -> None:
+    """The child side of memory_case: our allocator on the peer's job, read as the peer reads it."""
+    with open(job_path) as f:
+        job = json.load(f)
+    ours(job["classes"], job["slices"], job["nodes"], job["claims"], job["feasible"])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.allocate", description=__doc__)
     parser.add_argument("--nodes", type=int, default=500)
     parser.add_argument(
         "--claims", type=int, default=5000, help="claims of one GPU (the variant: half as many of two)"
     )
+    parser.add_argument(
+        "--memory-nodes", type=int, default=MEMORY_NODES, help="nodes of the memory row (0: skip)"
+    )
+    parser.add_argument("--memory-probe", metavar="JOB", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.memory_probe:
+        memory_probe(args.memory_probe)
+        return 0
     try:
         ok = run_case("1 GPU, CEL selector", args.nodes, args.claims, 1, numa=False)
         ok = run_case("2 GPUs, matchAttribute numa", args.nodes, args.claims // 2, 2, numa=True) and ok
+        if args.memory_nodes:
+            memory_case(args.memory_nodes, min(MEMORY_CLAIMS, args.claims))
     except PeerError as err:
         print(f"bench.allocate: {err}", file=sys.stderr)
         return 1

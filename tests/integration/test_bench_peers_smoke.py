@@ -28,7 +28,7 @@ def test_smoke_cel_peer_returns_the_same_match_sets_as_ours() -> None:
 
 def test_smoke_allocate_peer_places_validly_beside_ours() -> None:
     # main() exits 1 when either side's placements break a rule (device twice, selector, NUMA).
-    assert allocate_main(["--nodes", "4", "--claims", "20"]) == 0
+    assert allocate_main(["--nodes", "4", "--claims", "20", "--memory-nodes", "4"]) == 0
 
 
 def test_smoke_slices_peer_and_ours_make_the_same_writes(
