@@ -146,6 +146,12 @@ class CheckpointStore:
         self._version = 0
         self._written = 0
         self._write_lock = asyncio.Lock()
+        # Our changes the file does not hold yet (uid -> (version of the change, record or None
+        # for a forget)). `load()` re-applies them over what it reads, so re-reading the file
+        # (another plugin process may have written it) never drops a claim of ours that is held
+        # in memory only, such as a new claim's PrepareStarted or one still running after the
+        # kubelet's deadline.
+        self._unwritten: dict[str, tuple[int, ClaimRecord | None]] = {}
 
     # --- queries and mutations --------------------------------------------------------------------
 
@@ -161,12 +167,18 @@ class CheckpointStore:
     def put(self, record: ClaimRecord) -> None:
         self._claims[record.uid] = record
         self._version += 1
+        self._unwritten[record.uid] = (self._version, record)
 
     def forget(self, uid: str) -> bool:
         if self._claims.pop(uid, None) is None:
             return False
         self._version += 1
+        self._unwritten[uid] = (self._version, None)
         return True
+
+    def _mark_written(self, version: int) -> None:
+        self._written = version
+        self._unwritten = {uid: change for uid, change in self._unwritten.items() if change[0] > version}
 
     # --- persistence ------------------------------------------------------------------------------
 
@@ -179,12 +191,12 @@ class CheckpointStore:
             version = self._version
             content = self._render()
             await asyncio.to_thread(atomic_write, self.path, content, 0o600)
-            self._written = version
+            self._mark_written(version)
 
     def save(self) -> None:
         """Synchronous commit, for start-up before the event loop serves requests."""
         atomic_write(self.path, self._render(), 0o600)
-        self._written = self._version
+        self._mark_written(self._version)
 
     def remove_stale_temp_files(self, before: float) -> list[Path]:
         """Temp files of our interrupted writes (`.checkpoint.json.*.tmp`) older than `before`."""
@@ -226,6 +238,11 @@ class CheckpointStore:
                 # After a reboot nothing we did survives; v1 lacks the config to redo it offline.
                 record = replace(record, state=ClaimState.PREPARE_STARTED)
             self._claims[record.uid] = record
+        for uid, (_, change) in self._unwritten.items():
+            if change is None:
+                self._claims.pop(uid, None)
+            else:
+                self._claims[uid] = change
         self._version += 1
         return LoadResult(version=version, claims=len(records), new_boot=new_boot, newer_version=newer)
 

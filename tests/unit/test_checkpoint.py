@@ -183,3 +183,38 @@ def test_checkpoint_is_written_as_compact_json(tmp_path: Path) -> None:
     again = CheckpointStore(tmp_path / "cp.json", boot_id="boot-1")
     assert again.load().claims == 3
     assert again.get("u2") == ClaimRecord("u2", "ns", "claim-2", ClaimState.PREPARE_COMPLETED, (DEVICE,))
+
+
+def test_reload_keeps_our_unwritten_changes_over_the_file(tmp_path: Path) -> None:
+    """Two plugin processes share the file during a rolling update: re-reading it brings in the
+    other's claims but must not drop ours that are held in memory only (a new claim's
+    PrepareStarted), nor bring back one we forgot and have not written yet."""
+    path = tmp_path / "cp.json"
+    ours = CheckpointStore(path, boot_id="b")
+    ours.put(RECORD)
+    ours.put(ClaimRecord("u-gone", "ns", "gone", ClaimState.PREPARE_COMPLETED))
+    ours.save()
+    ours.forget("u-gone")  # not written yet
+    started = ClaimRecord("u-new", "ns", "new", ClaimState.PREPARE_STARTED, (DEVICE,))
+    ours.put(started)  # held in memory only
+    other = CheckpointStore(path, boot_id="b")
+    other.load()
+    other.put(ClaimRecord("u-other", "ns", "theirs", ClaimState.PREPARE_COMPLETED))
+    other.save()
+
+    ours.load()
+    assert {r.uid for r in ours.records()} == {"u1", "u-new", "u-other"}
+    assert ours.get("u-new") == started
+
+
+def test_written_changes_follow_the_file_on_reload(tmp_path: Path) -> None:
+    path = tmp_path / "cp.json"
+    ours = CheckpointStore(path, boot_id="b")
+    ours.put(RECORD)
+    ours.save()
+    other = CheckpointStore(path, boot_id="b")
+    other.load()
+    other.forget("u1")  # the other process unprepared it after our write
+    other.save()
+    ours.load()
+    assert ours.get("u1") is None
