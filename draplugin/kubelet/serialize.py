@@ -21,7 +21,7 @@ import fcntl
 import logging
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Final, Protocol
 
@@ -77,6 +77,17 @@ class FileLockSerializer:
                 extra={"lock": str(self.path), "seconds": round(waited, 1)},
             )
         return fd
+
+
+@contextlib.contextmanager
+def held_now(path: Path) -> Iterator[None]:
+    """The same lock, taken synchronously: for start-up recovery, before the event loop serves,
+    so that it never cleans up behind a call the other plugin process is in the middle of."""
+    fd = _open_and_lock(path)
+    try:
+        yield
+    finally:
+        _release(fd)
 
 
 def _open_and_lock(path: Path) -> int:

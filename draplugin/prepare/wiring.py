@@ -28,6 +28,7 @@ from draplugin.devices.fakemig import FakeMigHardware
 from draplugin.devices.mig import MigPartitioner
 from draplugin.devices.nvml import NvmlBackend
 from draplugin.events import KubeEvents
+from draplugin.kubelet.serialize import held_now, lock_path
 from draplugin.metrics import ClaimMetrics
 from draplugin.prepare import mps, timeslice
 from draplugin.prepare.api import DEFAULT_WORKERS, REQUEST_TIMEOUT_S, KubeClaimReader
@@ -199,7 +200,15 @@ def driver_from_settings(settings: Settings, backend: DeviceBackend | None = Non
         api_deadline_s=settings.prepare_api_deadline_s,
         status=_claim_status(settings, api, status_api),
     )
-    driver.recover()
+    # Beside another plugin pod (rolling update: a pod UID is set) recover under the lock its
+    # calls hold, or it could remove a spec that pod is writing for a claim it is preparing.
+    serialized = (
+        held_now(lock_path(settings.kubelet_root_dir, settings.driver_name))
+        if settings.pod_uid is not None
+        else contextlib.nullcontext()
+    )
+    with serialized:
+        driver.recover()
     log.info(
         "prepare driver ready",
         extra={

@@ -14,7 +14,7 @@ from draplugin.checkpoint import CheckpointStore, ClaimRecord, ClaimState
 from draplugin.kubelet._proto.dra.v1 import api_pb2 as v1
 from draplugin.kubelet.dra import ClaimRunner
 from draplugin.kubelet.interface import ClaimRef, PreparedDevice
-from draplugin.kubelet.serialize import FileLockSerializer, lock_path
+from draplugin.kubelet.serialize import FileLockSerializer, held_now, lock_path
 from draplugin.kubelet.server import KubeletPluginServer, PluginServerOptions
 from tests.kubelet_client import StaticDriver
 from tests.unit.test_prepare_driver import Node
@@ -190,3 +190,28 @@ async def test_prepare_driver_reload_sees_the_other_process_claims(tmp_path: Pat
     record = ours.checkpoint.get("uid-other")
     assert record is not None and record.state is ClaimState.PREPARE_COMPLETED
     assert node.metric("draplugin_prepared_claims") == 1
+
+
+def test_start_up_recovery_waits_for_the_other_process(tmp_path: Path) -> None:
+    """`held_now` (around recover() beside another pod) gets in only after the other process's
+    call is done, so recovery never cleans up behind a prepare in the middle of its work."""
+    path = tmp_path / "serialize.lock"
+    marker = tmp_path / "released"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(path), str(marker)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdin is not None
+        assert holder.stdout.readline() == "locked\n"
+        holder.stdin.write("go\n")
+        holder.stdin.flush()
+        with held_now(path):
+            assert marker.exists()
+            assert probe(path) == "busy"
+        assert probe(path) == "free"
+    finally:
+        holder.kill()
+        holder.wait(timeout=WAIT)
