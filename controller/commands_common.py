@@ -118,7 +118,8 @@ def load_objects(args: argparse.Namespace) -> ClusterObjects:
         raise InputError(str(err)) from err
     try:
         with api:
-            return load_from_cluster(KubeApi(api))
+            # A subcommand that judges workloads' pod templates (lint) sets `list_workloads`.
+            return load_from_cluster(KubeApi(api), include_workloads=getattr(args, "list_workloads", False))
     except (ApiError, OSError) as err:
         raise InputError(f"cannot read objects from the cluster: {err}") from err
 

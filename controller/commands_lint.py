@@ -23,6 +23,8 @@ from controller.objects import ClusterObjects
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_source_arguments(parser)
     parser.add_argument("--strict", action="store_true", help="fail on warnings too")
+    # From a cluster, also list Deployments, Jobs, ...: their pod templates are linted as pods.
+    parser.set_defaults(list_workloads=True)
 
 
 @with_objects

@@ -19,6 +19,9 @@ Findings (errors fail `dra-controller lint`; warnings too with --strict):
   scheduler cannot place a request on the objects given (`controller.lint_placement`);
 * untolerated-node-taint (warning): a class whose devices are all on nodes with taints the pods
   using it do not tolerate (`controller.lint_node_taints`).
+
+Pod-level findings judge Pods and the pod templates of Deployments, StatefulSets, DaemonSets,
+ReplicaSets, Jobs and CronJobs alike, naming the workload (`controller.lint_workloads`).
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from controller.lint_model import (
 from controller.lint_node_taints import node_taint_findings
 from controller.lint_placement import NodeView, placement_findings
 from controller.lint_reads import attribute_reads, device_has, is_guarded
+from controller.lint_workloads import with_template_pods
 from controller.objects import ClusterObjects
 from controller.podclaims import claim_from_template
 
@@ -241,11 +245,13 @@ def lint(
     objects: ClusterObjects, allocator: Allocator | None = None, *, extended_resources: bool = True
 ) -> Report:
     """Lint the DeviceClasses, ResourceClaims and ResourceClaimTemplates of `objects` against its
-    ResourceSlices (and DeviceTaintRules, Nodes and Pods, where given). `allocator` carries the
+    ResourceSlices (and DeviceTaintRules, Nodes, Pods and workloads' pod templates, where given).
+    `allocator` carries the
     release's CEL environment and feature gates (default: `build_allocator(objects)`);
     `extended_resources`: the DRAExtendedResource gate (pods' mapped extended resources count as
     claims)."""
     allocator = allocator or build_allocator(objects)
+    objects = with_template_pods(objects)
     linter = Linter(allocator)
     for device_class in objects.device_classes:
         linter.lint_class(device_class)

@@ -8,7 +8,8 @@ ExtendedResourceToleration admission plugin add the toleration to every pod that
 pod waits Pending with "untolerated taint" from the scheduler, far from the claim that caused it.
 
 Judged from the objects given: Node objects (their `spec.taints`), ResourceSlices (which node
-has which device, with the allocator's per-node pools), DeviceClasses and Pods. For each pod
+has which device, with the allocator's per-node pools), DeviceClasses and Pods (workloads' pod
+templates among them, `controller.lint_workloads`). For each pod
 that is not bound yet, each unallocated claim it uses (claims, templates, and the scheduler's
 implicit claim for mapped extended resources) and each request: when every node that has a
 device the request's class selects carries a NoSchedule/NoExecute taint the pod does not
@@ -25,6 +26,7 @@ from controller.allocation.requests import alternatives, claim_requests, tolerat
 from controller.extendedclaim import container_requests, is_extended_resource_name
 from controller.lint_model import Finding, PublishedDevice
 from controller.lint_placement import NodeView
+from controller.lint_workloads import pod_noun, pod_subject
 from controller.objects import ClusterObjects
 from controller.podclaims import resolve_pods
 
@@ -108,11 +110,11 @@ def node_taint_findings(
                 if not blocked:
                     continue
                 for option, reason in zip(alternatives(request), blocked, strict=True):
-                    key = (option.device_class_name, pod.ref)
+                    key = (option.device_class_name, pod_subject(pod.pod))
                     if key in seen:
                         continue
                     seen.add(key)
-                    findings.append(_finding(option.device_class_name, pod.ref, pod_claim.claim_name, reason))
+                    findings.append(_finding(option.device_class_name, pod.pod, pod_claim.claim_name, reason))
     return findings
 
 
@@ -138,14 +140,17 @@ def _blocked_class(
     return _listed(closed)
 
 
-def _finding(class_name: str, pod_ref: str, claim_name: str, reason: str) -> Finding:
+def _finding(class_name: str, pod: JSON, claim_name: str, reason: str) -> Finding:
+    # A workload's template names the workload: its pods are the ones that would wait.
+    noun = pod_noun(pod)
+    pending = "Its pods stay Pending" if noun != "the pod" else "The pod stays Pending"
     return Finding(
         "warning",
         "untolerated-node-taint",
         f"DeviceClass/{class_name}",
-        f"pod {pod_ref}, claim {claim_name}",
-        f"the class selects devices only on nodes whose taints the pod does not tolerate: {reason}. "
-        "The pod stays Pending; add a matching toleration to the pod (the ExtendedResourceToleration "
+        f"{pod_subject(pod)}, claim {claim_name}",
+        f"the class selects devices only on nodes whose taints {noun} does not tolerate: {reason}. "
+        f"{pending}; add a matching toleration to {noun} (the ExtendedResourceToleration "
         "admission plugin adds one only for the extended resources a pod asks for, never for a claim), "
         "or remove the taint from those nodes",
     )

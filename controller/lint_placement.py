@@ -28,6 +28,7 @@ from controller.allocation.search import all_mode_blocker, available_on_node, po
 from controller.allocator import Allocator
 from controller.commands_common import cluster_nodes
 from controller.lint_model import Finding, PublishedDevice, RequestOutcome
+from controller.lint_workloads import pod_subject
 from controller.objects import ClusterObjects
 from controller.podclaims import candidate_nodes, pod_node_constraints, resolve_pods
 
@@ -170,7 +171,7 @@ def _pod_nodes(pod: JSON, view: NodeView, allocated: Sequence[JSON]) -> list[Nod
 
 
 def _pod_node_finding(
-    view: NodeView, pod_ref: str, constraints: str, nodes: Sequence[Node], group: Sequence[RequestOutcome]
+    view: NodeView, pod_label: str, constraints: str, nodes: Sequence[Node], group: Sequence[RequestOutcome]
 ) -> Finding | None:
     if any(view.nodes_of(o.matched, nodes) for o in group) or not any(o.matched for o in group):
         return None  # usable on a pod node, or matching nothing at all (a no-match finding)
@@ -195,7 +196,7 @@ def _pod_node_finding(
         "warning",
         "no-device-on-pod-nodes",
         group[0].subject,
-        f"request {group[0].request.base_name}, pod {pod_ref}",
+        f"request {group[0].request.base_name}, {pod_label}",
         f"the pod can run only on node {_listed(names)} ({constraints}); "
         + "; ".join(parts)
         + ". Change the pod's node constraints or the selectors, or publish matching devices there",
@@ -226,7 +227,9 @@ def placement_findings(
                 continue  # unconstrained, unknowable, or no node at all (simulate says why)
             for (group_subject, _), group in groups.items():
                 if group_subject == subject:
-                    finding = _pod_node_finding(view, pod.ref, pod_node_constraints(pod.pod), nodes, group)
+                    finding = _pod_node_finding(
+                        view, pod_subject(pod.pod), pod_node_constraints(pod.pod), nodes, group
+                    )
                     if finding is not None:
                         findings.append(finding)
 

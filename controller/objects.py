@@ -20,8 +20,10 @@ JSON = dict[str, Any]
 
 RESOURCE_API = "/apis/resource.k8s.io/v1"
 MANIFEST_SUFFIXES = (".yaml", ".yml", ".json")
+# Workload kinds whose pod template lint judges as a pod (`controller.lint_workloads`).
+WORKLOAD_KINDS = ("Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job", "CronJob")
 # Namespaced kinds we keep; a manifest without a namespace lands in "default", as with kubectl.
-NAMESPACED_KINDS = ("ResourceClaim", "ResourceClaimTemplate", "Pod")
+NAMESPACED_KINDS = ("ResourceClaim", "ResourceClaimTemplate", "Pod", *WORKLOAD_KINDS)
 
 
 class ManifestError(ValueError):
@@ -39,6 +41,9 @@ class ClusterObjects:
     taint_rules: list[JSON] = field(default_factory=list)
     nodes: list[JSON] = field(default_factory=list)
     pods: list[JSON] = field(default_factory=list)
+    # Deployments, Jobs, ...: only lint reads them (their pod templates); simulate and explain
+    # are about pods that exist.
+    workloads: list[JSON] = field(default_factory=list)
 
     _BY_KIND: ClassVar[dict[str, str]] = {
         "DeviceClass": "device_classes",
@@ -48,6 +53,7 @@ class ClusterObjects:
         "DeviceTaintRule": "taint_rules",
         "Node": "nodes",
         "Pod": "pods",
+        **{kind: "workloads" for kind in WORKLOAD_KINDS},
     }
 
     def add(self, obj: Mapping[str, Any]) -> bool:
@@ -130,14 +136,29 @@ COLLECTIONS: Sequence[tuple[str, str, str]] = (
     ("nodes", "/api/v1/nodes", "Node"),
     ("pods", "/api/v1/pods", "Pod"),
 )
+WORKLOAD_COLLECTIONS: Sequence[tuple[str, str]] = (
+    ("/apis/apps/v1/deployments", "Deployment"),
+    ("/apis/apps/v1/statefulsets", "StatefulSet"),
+    ("/apis/apps/v1/daemonsets", "DaemonSet"),
+    ("/apis/apps/v1/replicasets", "ReplicaSet"),
+    ("/apis/batch/v1/jobs", "Job"),
+    ("/apis/batch/v1/cronjobs", "CronJob"),
+)
 
 
-def load_from_cluster(api: KubeApi, *, include_taint_rules: bool = True) -> ClusterObjects:
-    """List the objects allocation depends on from a live cluster."""
+def load_from_cluster(
+    api: KubeApi, *, include_taint_rules: bool = True, include_workloads: bool = False
+) -> ClusterObjects:
+    """List the objects allocation depends on from a live cluster; with `include_workloads`,
+    the workload objects too (lint judges their pod templates)."""
     objects = ClusterObjects()
     for attribute, path, kind in COLLECTIONS:
         items, _ = api.list(path, kind=kind)
         setattr(objects, attribute, items)
+    if include_workloads:
+        for path, kind in WORKLOAD_COLLECTIONS:
+            items, _ = api.list(path, kind=kind)
+            objects.workloads.extend(items)
     if include_taint_rules:
         try:
             objects.taint_rules, _ = api.list(f"{RESOURCE_API}/devicetaintrules", kind="DeviceTaintRule")
