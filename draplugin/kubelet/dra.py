@@ -36,7 +36,9 @@ from draplugin.kubelet.deadline import CALL_DEADLINE, CALL_STARTED, deadline_fro
 from draplugin.kubelet.interface import ClaimError, ClaimRef, Driver, PreparedDevice
 from draplugin.kubelet.serialize import CallSerializer
 
-DEFAULT_MAX_CONCURRENT_CLAIMS: Final = 32
+# Claims in flight at once: a node-wide burst of pods (the kubelet sends one call per pod) is all
+# admitted, as the Go plugins' HTTP/2 clients admit it; the prepare reader has a GET worker for each.
+DEFAULT_MAX_CONCURRENT_CLAIMS: Final = 64
 
 log = logging.getLogger(__name__)
 

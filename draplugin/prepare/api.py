@@ -29,8 +29,6 @@ from urllib.parse import quote
 
 from dracommon.kubeapi import ApiError, AsyncKubeApi
 
-# Enough parallel GETs for a burst of pods; beyond this the API server is the limit anyway.
-DEFAULT_WORKERS: Final = 16
 REQUEST_TIMEOUT_S: Final = 20.0
 # The longest a prepare waits for the API server (`--prepare-api-deadline`): a few seconds under the
 # kubelet's 45 s for NodePrepareResources, so the kubelet gets our specific error, not its timeout.

@@ -28,10 +28,11 @@ from draplugin.devices.fakemig import FakeMigHardware
 from draplugin.devices.mig import MigPartitioner
 from draplugin.devices.nvml import NvmlBackend
 from draplugin.events import KubeEvents
+from draplugin.kubelet.dra import DEFAULT_MAX_CONCURRENT_CLAIMS
 from draplugin.kubelet.serialize import held_now, lock_path
 from draplugin.metrics import ClaimMetrics
 from draplugin.prepare import mps, timeslice
-from draplugin.prepare.api import DEFAULT_WORKERS, REQUEST_TIMEOUT_S, KubeClaimReader
+from draplugin.prepare.api import REQUEST_TIMEOUT_S, KubeClaimReader
 from draplugin.prepare.claimstatus import ClaimStatusWriter, enabled_for
 from draplugin.prepare.driver import GpuDriver
 from draplugin.prepare.drivertools import DriverTools
@@ -159,6 +160,15 @@ def _claim_status(
     )
 
 
+def claim_reader(api: KubeApi) -> KubeClaimReader:
+    """The prepare path's claim reader: a GET worker and a pooled connection for every claim the
+    kubelet runner lets in at once. With fewer (16 for 64 claims) admitted claims queued for a
+    thread in rounds of a server round trip each, where the Go plugins send every GET at once
+    over HTTP/2. retries=0: the reader retries itself, within the prepare's deadline; urllib3's
+    own retries would outlast it."""
+    return KubeClaimReader(AsyncKubeApi(api, DEFAULT_MAX_CONCURRENT_CLAIMS, retries=0))
+
+
 def driver_from_settings(settings: Settings, backend: DeviceBackend | None = None) -> GpuDriver:
     """Everything the driver needs, then start-up recovery (checkpoint, CDI specs) before serving.
 
@@ -176,10 +186,10 @@ def driver_from_settings(settings: Settings, backend: DeviceBackend | None = Non
     boot_id = read_boot_id(Path(os.environ.get(BOOT_ID_FILE_ENV) or DEFAULT_BOOT_ID_PATH))
     events = KubeEvents(api, settings.driver_name, settings.node_name)
     files = _driver_files(settings, backend, events)
-    # retries=0: the reader and the status writer retry themselves, within their own limits.
-    async_api = AsyncKubeApi(api, DEFAULT_WORKERS, retries=0)
+    claims = claim_reader(api)
     # The status writer's own workers and connection pool (same server and credentials): a
-    # prepare's claim GET must never queue behind a background status write.
+    # prepare's claim GET must never queue behind a background status write. retries=0: the writer
+    # retries itself, within its own limits.
     status_api = AsyncKubeApi(
         KubeApi(type(api_client)(configuration=api_client.configuration), timeout_s=REQUEST_TIMEOUT_S),
         STATUS_WORKERS,
@@ -189,8 +199,7 @@ def driver_from_settings(settings: Settings, backend: DeviceBackend | None = Non
         driver_name=settings.driver_name,
         node_name=settings.node_name,
         devices=devices,
-        # The reader retries within the prepare's deadline; urllib3's own retries would outlast it.
-        claims=KubeClaimReader(async_api),
+        claims=claims,
         cdi_store=SpecStore(settings.cdi_root, settings.driver_name),
         checkpoint=CheckpointStore(settings.state_dir / CHECKPOINT_FILE, boot_id),
         sharing=_sharing(settings, backend, files, api),

@@ -22,6 +22,7 @@ from draplugin.kubelet._proto.dra.v1 import api_pb2 as v1
 from draplugin.kubelet._proto.dra.v1 import api_pb2_grpc as v1_grpc
 from draplugin.kubelet._proto.dra_health.v1 import api_pb2 as health_v1
 from draplugin.kubelet._proto.dra_health.v1alpha1 import api_pb2 as health_v1alpha1
+from draplugin.kubelet.dra import DEFAULT_MAX_CONCURRENT_CLAIMS
 from draplugin.kubelet.interface import (
     ClaimError,
     ClaimRef,
@@ -386,7 +387,7 @@ async def test_five_thousand_claims_in_one_request(plugin: RegisteredPlugin, dri
     devices = await plugin.prepare(claims)
     assert len(devices) == 5000
     assert devices["uid-4999"][0].device_name == "gpu-claim-4999"
-    assert 1 < driver.max_in_flight <= 32, "claims run concurrently, but bounded"
+    assert 1 < driver.max_in_flight <= DEFAULT_MAX_CONCURRENT_CLAIMS, "claims run concurrently, but bounded"
     await plugin.unprepare(claims)
     assert driver.prepared == {}
 
