@@ -15,19 +15,14 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from controller.objects import ClusterObjects
+from controller.migrate.workloads import POD_SPEC_PATHS, follow
+from controller.objects import WORKLOAD_KINDS, ClusterObjects
 
 JSON = Mapping[str, Any]
 
-# Where each workload kind keeps its pod template.
-TEMPLATE_PATHS: Mapping[str, tuple[str, ...]] = {
-    "Deployment": ("spec", "template"),
-    "StatefulSet": ("spec", "template"),
-    "DaemonSet": ("spec", "template"),
-    "ReplicaSet": ("spec", "template"),
-    "Job": ("spec", "template"),
-    "CronJob": ("spec", "jobTemplate", "spec", "template"),
-}
+# Where each workload kind (controller.objects.WORKLOAD_KINDS) keeps its pod template:
+# migrate's table of pod spec paths, less its last step.
+TEMPLATE_PATHS: Mapping[str, tuple[str, ...]] = {kind: POD_SPEC_PATHS[kind][:-1] for kind in WORKLOAD_KINDS}
 
 
 def pod_template(workload: JSON) -> JSON | None:
@@ -35,9 +30,7 @@ def pod_template(workload: JSON) -> JSON | None:
     path = TEMPLATE_PATHS.get(str(workload.get("kind", "")))
     if path is None:
         return None
-    node: Any = workload
-    for key in path:
-        node = node.get(key) if isinstance(node, Mapping) else None
+    node = follow(workload, path)
     return node if isinstance(node, Mapping) else None
 
 

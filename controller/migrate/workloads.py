@@ -19,16 +19,22 @@ POD_SPEC_PATHS: Mapping[str, tuple[str, ...]] = {
 }
 
 
-def pod_spec_of(obj: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The (mutable) pod spec of a workload object, or None when its kind has none or it is missing."""
-    path = POD_SPEC_PATHS.get(str(obj.get("kind", "")))
-    if path is None:
-        return None
+def follow(obj: Mapping[str, Any], path: tuple[str, ...]) -> Any:
+    """The value at `path` (keys from the object down), or None where a step is missing."""
     node: Any = obj
     for key in path:
         node = node.get(key) if isinstance(node, Mapping) else None
         if node is None:
             return None
+    return node
+
+
+def pod_spec_of(obj: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The (mutable) pod spec of a workload object, or None when its kind has none or it is missing."""
+    path = POD_SPEC_PATHS.get(str(obj.get("kind", "")))
+    if path is None:
+        return None
+    node = follow(obj, path)
     return node if isinstance(node, dict) else None
 
 
