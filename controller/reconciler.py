@@ -230,6 +230,10 @@ class Reconciler:
         self._preallocate_key = preallocate_annotation(self.settings.driver_name)
         self._allocated_by_key = allocated_by_annotation(self.settings.driver_name)
         self._reporting_controller = reporting_controller(self.settings.driver_name)
+        # The release's allocation rules and CEL environment, fixed for this reconciler's life.
+        release = self.settings.release
+        self._features = Features.for_release(release[1]).with_gates(self.settings.feature_gates)
+        self._compiler = functools.partial(compile_selector, kubernetes_version=release)
         # Our writes the watch cache may not have delivered yet: key -> (stale versions, object).
         self._written: dict[str, tuple[set[str], JSON]] = {}
         self._invalid_logged: set[str] = set()
@@ -268,15 +272,14 @@ class Reconciler:
         if not candidates and not waiting:
             self._events.due([], self._clock())
             return
-        release = self.settings.release
         allocator = Allocator(
             device_classes=snap.device_classes,
             slices=snap.slices,
             allocated_claims=[c for c in claims.values() if is_allocated(c)]
             + [c for c in self._out_of_scope_allocated(snap.claims)],
             taint_rules=snap.taint_rules,
-            features=Features.for_release(release[1]).with_gates(self.settings.feature_gates),
-            compiler=functools.partial(compile_selector, kubernetes_version=release),
+            features=self._features,
+            compiler=self._compiler,
         )
         for claim in candidates:
             if not self._is_leader():
