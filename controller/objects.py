@@ -19,6 +19,8 @@ from dracommon.kubeapi import ApiError, KubeApi
 JSON = dict[str, Any]
 
 RESOURCE_API = "/apis/resource.k8s.io/v1"
+# DeviceTaintRules: served from 1.37 (or with the gate on); a 404 before that.
+TAINT_RULES = f"{RESOURCE_API}/devicetaintrules"
 MANIFEST_SUFFIXES = (".yaml", ".yml", ".json")
 # Workload kinds whose pod template lint judges as a pod (`controller.lint_workloads`).
 WORKLOAD_KINDS = ("Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job", "CronJob")
@@ -161,7 +163,7 @@ def load_from_cluster(
             objects.workloads.extend(items)
     if include_taint_rules:
         try:
-            objects.taint_rules, _ = api.list(f"{RESOURCE_API}/devicetaintrules", kind="DeviceTaintRule")
+            objects.taint_rules, _ = api.list(TAINT_RULES, kind="DeviceTaintRule")
         except ApiError as err:
             if err.status != 404:  # DeviceTaintRule is not served before 1.37 (or with the gate off)
                 raise

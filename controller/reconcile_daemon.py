@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry
 
 from controller.leader import KubeLeaseApi, LeaderConfig, LeaderElector
 from controller.metrics import ControllerMetrics, MetricsServer
-from controller.objects import RESOURCE_API
+from controller.objects import RESOURCE_API, TAINT_RULES
 from controller.reconcile_api import KubeClaimApi
 from controller.reconciler import Reconciler, ReconcilerSettings, Snapshot
 from controller.watchcache import KubeListWatch, WatchCache
@@ -50,9 +50,6 @@ class DaemonSettings:
     leader_config: LeaderConfig = field(default_factory=LeaderConfig)
     release: KubernetesVersion = NEWEST_KNOWN  # the cluster's: allocate by its rules
     feature_gates: Mapping[str, bool] = field(default_factory=dict)
-
-
-TAINT_RULES = f"{RESOURCE_API}/devicetaintrules"
 
 
 def _served(api: KubeApi, path: str) -> bool:
