@@ -20,13 +20,13 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import PurePosixPath
 
 from draplugin.cdi.driverlayout import DriverInstall, DriverRoot, DriverRootError, Finding
 from draplugin.cdi.driverroot import discover
 from draplugin.cdi.spec import ContainerEdits, DeviceNode, Mount
-from draplugin.devices.model import Device, DeviceBackend
+from draplugin.devices.model import DeviceBackend, DriverVersionSource
 
 log = logging.getLogger(__name__)
 
@@ -87,22 +87,15 @@ def log_report(reason: str, message: str) -> None:
     log.warning("NVIDIA driver files: %s", message, extra={"reason": reason})
 
 
-def published_driver_version(devices: Sequence[Device]) -> str | None:
-    """The driver version the backend publishes (NVML's answer; numeric form, "580.95.5")."""
-    for device in devices:
-        value = device.attributes.get("driverVersion")
-        if value is not None:
-            return str(value)
-    return None
-
-
 def for_backend(root: DriverRoot, backend: DeviceBackend, report: Report = log_report) -> DriverFiles:
     """Driver files for the node's backend: NVML's driver version picks the libraries; a fake
-    backend's version is made up, so its driver root speaks for itself."""
-    if backend.name == "nvml":
-        return DriverFiles(
-            root, known_version=lambda: published_driver_version(backend.discover()), report=report
-        )
+    backend's version is made up, so its driver root speaks for itself.
+
+    The driver's own version string, never the published `driverVersion` attribute: that is its
+    semver form, padded for two-part releases ("550.135" is published as 550.135.0), which
+    names no library file (`libcuda.so.550.135`)."""
+    if backend.name == "nvml" and isinstance(backend, DriverVersionSource):
+        return DriverFiles(root, known_version=backend.driver_version, report=report)
     return DriverFiles(root, report=report)
 
 

@@ -357,6 +357,15 @@ class DeviceBackend(Protocol):
         ...
 
 
+@runtime_checkable
+class DriverVersionSource(Protocol):
+    """A backend that knows the driver's own version string (NVML's `nvmlSystemGetDriverVersion`)."""
+
+    def driver_version(self) -> str | None:
+        """ "550.135", "580.95.05": as the driver's files are named; None before the first read."""
+        ...
+
+
 # --- helpers -----------------------------------------------------------------------------------------
 
 

@@ -22,13 +22,15 @@ import logging
 import os
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from draplugin.devices.health import GPU_LOST_REASON, HealthTracker
 from draplugin.devices.mig import (
     MIG_ERROR,
     MIG_MODE_DISABLED,
+    MIG_MODE_ENABLED,
     MIG_PLACEMENT_TAKEN,
     CreatedMig,
     MigOperationError,
@@ -77,18 +79,28 @@ _ARCHITECTURES = {
     10: "Blackwell",
     13: "Rubin",
 }
+# nvml.h nvmlBrandType_enum, named as NVIDIA's driver publishes them (go-nvlib GetBrandAsString).
 _BRANDS = {
     1: "Quadro",
     2: "Tesla",
     3: "NVS",
+    4: "Grid",
     5: "GeForce",
     6: "Titan",
+    7: "NvidiaVApps",
+    8: "NvidiaVPC",
+    9: "NvidiaVCS",
+    10: "NvidiaVWS",
+    11: "NvidiaCloudGaming",
     12: "QuadroRTX",
     13: "NvidiaRTX",
     14: "Nvidia",
     15: "GeForceRTX",
     16: "TitanRTX",
 }
+_ADDRESSING_MODES = {1: "HMM", 2: "ATS", 0: "None"}
+# Hopper and later switch MIG mode without a GPU reset; Ampere only sets a pending mode.
+_ARCH_HOPPER = 9
 _ALL_GPU_INSTANCES = 0xFFFFFFFF
 # XID 79: the GPU has fallen off the bus. Its devices are re-read at once.
 XID_FALLEN_OFF_BUS = 79
@@ -101,6 +113,10 @@ _RECOVERY_EVENT = "nvmlEventTypeGpuRecoveryAction"
 # GPU instance IDs are small (under 32 on every MIG GPU so far): probing them by ID avoids
 # NVML's out-array of opaque handles and finds a bare GPU instance (no compute instance) too.
 _MAX_GPU_INSTANCE_ID = 32
+
+
+class NodeEventSink(Protocol):
+    def node_event(self, reason: str, note: str, *, warning: bool = True) -> None: ...
 
 
 class NvmlUnavailableError(RuntimeError):
@@ -217,6 +233,14 @@ class NvmlBackend:
         self._xid_listeners: list[Callable[[list[str], int], None]] = []
         self._generation = 0  # bumped when the GPUs change: the event monitor registers new ones
         self._refresh_lock = threading.Lock()
+        # Where problems an admin must fix go as Node Events (`attach_events`); until then, held.
+        self._events: NodeEventSink | None = None
+        self._notices: dict[str, tuple[str, str]] = {}  # GPU UUID → (reason, note), current problems
+        self._posted: set[tuple[str, str]] = set()  # (UUID, reason) already posted while it lasts
+        # One lock per GPU around MIG mode switches, creates and destroys: 64 claims prepare at
+        # once, and one claim's switch-off must never land between another's switch-on and create.
+        self._mig_locks: dict[str, threading.Lock] = {}
+        self._mig_locks_guard = threading.Lock()
         self.refresh()
 
     @property
@@ -243,6 +267,19 @@ class NvmlBackend:
     def attach_health(self, tracker: HealthTracker) -> None:
         """Where lost and recovered GPUs found by `refresh` are reported."""
         self._health = tracker
+
+    def attach_events(self, sink: NodeEventSink) -> None:
+        """Where discovery problems an admin must fix (a GPU in MIG mode without MIG devices) go
+        as Node Events; those found before are posted now."""
+        self._events = sink
+        self._post_notices()
+
+    def driver_version(self) -> str | None:
+        """The driver's own version string, as NVML gives it ("550.135", "580.95.05"): what the
+        driver's library files are named after. The published `driverVersion` is the semver form
+        ("550.135.0"), which names no file."""
+        with self._lock:
+            return self._system.driver_version if self._system is not None else None
 
     def refresh(self) -> bool:
         """Re-read the hardware (a MIG layout change, a GPU lost or back). True if the devices changed."""
@@ -282,7 +319,44 @@ class NvmlBackend:
         if changed:
             log.info("nvml discovery done gpus=%d devices=%d lost=%d", len(gpus), len(devices), len(lost))
         self._report_lost(lost, back, by_parent)
+        self._note_problems(gpus, lost)
         return changed
+
+    def _note_problems(self, gpus: list[GpuInfo], lost: set[str]) -> None:
+        """Log and (once while it lasts) post what makes a GPU publish nothing without an error."""
+        notices: dict[str, tuple[str, str]] = {}
+        for gpu in gpus:
+            if gpu.uuid in lost or not gpu.mig_enabled or gpu.mig_instances:
+                continue
+            if self._partitionable and gpu.mig_profiles:
+                continue  # partitionable: its MIG placements are published, created at prepare
+            notices[gpu.uuid] = (
+                "MigEnabledWithoutDevices",
+                f"GPU {gpu.index} ({gpu.uuid}, {gpu.product_name}) is in MIG mode but has no MIG "
+                "devices: nothing of it is published. Create MIG devices (nvidia-smi mig -cgi ... -C), "
+                "turn MIG mode off (nvidia-smi -i <gpu> -mig 0), or run the plugin partitionable",
+            )
+        with self._lock:
+            new = {u: n for u, n in notices.items() if self._notices.get(u) != n}
+            self._notices = notices
+            # A problem that went away may be posted again when it comes back.
+            self._posted = {(u, r) for u, r in self._posted if notices.get(u, ("", ""))[0] == r}
+        for note in new.values():
+            log.warning("%s: %s", note[0], note[1])
+        self._post_notices()
+
+    def _post_notices(self) -> None:
+        sink = self._events
+        if sink is None:
+            return
+        with self._lock:
+            due = [(u, r, n) for u, (r, n) in self._notices.items() if (u, r) not in self._posted]
+            self._posted.update((u, r) for u, r, _ in due)
+        for _, reason, note in due:
+            try:
+                sink.node_event(reason, note)
+            except Exception:  # an Event must never stop discovery
+                log.exception("posting a node event failed reason=%s", reason)
 
     def _report_lost(self, lost: set[str], back: set[str], by_parent: dict[str, list[str]]) -> None:
         tracker = self._health
@@ -332,7 +406,7 @@ class NvmlBackend:
         nvml = self._nvml
         cuda = int(nvml.nvmlSystemGetCudaDriverVersion())
         system = SystemInfo(
-            driver_version=str(nvml.nvmlSystemGetDriverVersion()),
+            driver_version=_text(nvml.nvmlSystemGetDriverVersion()),
             cuda_driver_version=f"{cuda // 1000}.{(cuda % 1000) // 10}",
         )
         known = {gpu.index: gpu for gpu in self._gpus}
@@ -375,15 +449,18 @@ class NvmlBackend:
         mig_capable, mig_enabled = self._mig_mode(handle)
         profiles = self._read_profiles(handle) if mig_capable else ()
         instances = self._read_instances(handle, minor, profiles) if mig_enabled else ()
+        architecture = int(nvml.nvmlDeviceGetArchitecture(handle))
         return GpuInfo(
             index=int(nvml.nvmlDeviceGetIndex(handle)),
             minor=minor,
             uuid=_text(nvml.nvmlDeviceGetUUID(handle)),
             product_name=_text(nvml.nvmlDeviceGetName(handle)),
             brand=_BRANDS.get(int(nvml.nvmlDeviceGetBrand(handle)), "Unknown"),
-            architecture=_ARCHITECTURES.get(int(nvml.nvmlDeviceGetArchitecture(handle)), "Unknown"),
+            architecture=_ARCHITECTURES.get(architecture, "Unknown"),
             cuda_compute_capability=(int(major_cc), int(minor_cc)),
-            memory_bytes=int(nvml.nvmlDeviceGetMemoryInfo(handle).total),
+            memory_bytes=self._memory_bytes(handle, index),
+            addressing_mode=self._addressing_mode(handle),
+            mig_switch_needs_reset=architecture < _ARCH_HOPPER,
             pci_bus_id=bus_id,
             pcie_root=pcie_root(self._sysfs_root, bus_id),
             numa_node=numa_node(self._sysfs_root, bus_id),
@@ -394,7 +471,29 @@ class NvmlBackend:
             memory_slice_count=max((s + p.memory_slices for p in profiles for s in p.placements), default=8),
         )
 
+    def _memory_bytes(self, handle: Any, index: int) -> int | None:
+        """The GPU's memory; None where NVML has none to report (unified memory: GB10 and other
+        coherent parts answer NOT_SUPPORTED). NVIDIA's driver publishes such a GPU without a
+        memory capacity, and so do we, rather than lose the GPU."""
+        nvml = self._nvml
+        try:
+            return int(nvml.nvmlDeviceGetMemoryInfo(handle).total)
+        except nvml.NVMLError_NotSupported:
+            log.warning("GPU has no memory info (unified memory?): published without memory index=%d", index)
+            return None
+
+    def _addressing_mode(self, handle: Any) -> str | None:
+        """HMM or ATS on coherent-memory systems (NVIDIA's `addressingMode`); None where the
+        platform or the library (older than 580) has none."""
+        nvml = self._nvml
+        try:
+            return _ADDRESSING_MODES.get(int(nvml.nvmlDeviceGetAddressingMode(handle)))
+        except (nvml.NVMLError, AttributeError):
+            return None
+
     def _mig_mode(self, handle: Any) -> tuple[bool, bool]:
+        """(MIG capable, MIG on now). The current mode is what counts: a pending one (Ampere,
+        set but waiting for a reset) changes nothing until the reset."""
         nvml = self._nvml
         try:
             current, _pending = nvml.nvmlDeviceGetMigMode(handle)
@@ -426,6 +525,7 @@ class NvmlBackend:
                 ofa_engines=int(info.ofaCount),
                 placements=tuple(start for start, _ in placements),
                 profile_id=int(info.id),
+                compute_slices=int(info.sliceCount),
             )
         return tuple(profiles[k] for k in sorted(profiles))
 
@@ -450,26 +550,73 @@ class NvmlBackend:
         for k in range(int(nvml.nvmlDeviceGetMaxMigDeviceCount(handle))):
             try:
                 mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, k)
-            except nvml.NVMLError_NotFound:
-                continue  # holes are normal: not every slot holds a MIG device
+            except (nvml.NVMLError_NotFound, nvml.NVMLError_InvalidArgument):
+                # Holes are normal: not every slot holds a MIG device. Past the last one NVML
+                # answers INVALID_ARGUMENT (nvml.h: the index is invalid), which is a hole too.
+                continue
             gi = int(nvml.nvmlDeviceGetGpuInstanceId(mig))
             ci = int(nvml.nvmlDeviceGetComputeInstanceId(mig))
-            info = nvml.nvmlGpuInstanceGetInfo(nvml.nvmlDeviceGetGpuInstanceById(handle, gi))
+            gi_handle = nvml.nvmlDeviceGetGpuInstanceById(handle, gi)
+            info = nvml.nvmlGpuInstanceGetInfo(gi_handle)
             profile = by_id.get(int(info.profileId))
             if profile is None:
                 log.error("MIG device with unknown profile skipped gpu_minor=%d gi=%d", minor, gi)
                 continue
+            part, part_start = self._compute_part(gi_handle, ci, profile)
             instances.append(
                 MigInstance(
-                    profile=profile,
+                    profile=part,
                     placement_start=int(info.placement.start),
                     uuid=_text(nvml.nvmlDeviceGetUUID(mig)),
                     gpu_instance_id=gi,
                     compute_instance_id=ci,
                     device_nodes=self._mig_caps(minor, gi, ci),
+                    compute_slice_start=part_start,
                 )
             )
         return tuple(instances)
+
+    def _compute_part(self, gi_handle: Any, ci: int, profile: MigProfile) -> tuple[MigProfile, int | None]:
+        """What one compute instance of a GPU instance offers, and where it starts in it.
+
+        A compute instance spanning its GPU instance is the GPU instance's profile (start None).
+        One of several ("1c.3g.40gb") is its own MIG device with its own UUID: its own
+        multiprocessors and engine counts from its compute instance profile, the GPU instance's
+        memory (shared by all its compute instances), and its start in the name.
+        """
+        nvml = self._nvml
+        info = nvml.nvmlComputeInstanceGetInfo(nvml.nvmlGpuInstanceGetComputeInstanceById(gi_handle, ci))
+        ci_profile = self._ci_profile(gi_handle, int(info.profileId))
+        if ci_profile is None or not profile.compute_slices:
+            return profile, None
+        slices = int(ci_profile.sliceCount)
+        if slices >= profile.compute_slices:
+            return profile, None
+        part = replace(
+            profile,
+            name=f"{slices}c.{profile.name}",
+            multiprocessors=int(ci_profile.multiprocessorCount),
+            copy_engines=int(ci_profile.sharedCopyEngineCount),
+            decoders=int(ci_profile.sharedDecoderCount),
+            encoders=int(ci_profile.sharedEncoderCount),
+            jpeg_engines=int(ci_profile.sharedJpegCount),
+            ofa_engines=int(ci_profile.sharedOfaCount),
+        )
+        return part, int(info.placement.start)
+
+    def _ci_profile(self, gi_handle: Any, profile_id: int) -> Any:
+        """The compute instance profile with this NVML ID, or None."""
+        nvml = self._nvml
+        for index in range(int(getattr(nvml, "NVML_COMPUTE_INSTANCE_PROFILE_COUNT", 8))):
+            try:
+                info = nvml.nvmlGpuInstanceGetComputeInstanceProfileInfo(
+                    gi_handle, index, nvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
+                )
+            except nvml.NVMLError:
+                continue
+            if int(info.id) == profile_id:
+                return info
+        return None
 
     def _mig_caps(self, minor: int, gi: int, ci: int) -> tuple[str, ...]:
         """The nvidia-caps device nodes that grant access to one MIG device, from /proc."""
@@ -488,12 +635,16 @@ class NvmlBackend:
                     nodes.append(f"/dev/nvidia-caps/nvidia-cap{int(value)}")
         return tuple(nodes)
 
-    # --- dynamic MIG (draplugin.devices.mig.MigPartitioner) ---------------------------------------------
+    # --- dynamic MIG (draplugin.devices.mig.MigPartitioner, MigModeSwitch) --------------------------
 
     def mig_check_free(self, placement: MigPlacement) -> None:
         nvml = self._nvml
         try:
-            handle = self._mig_parent(placement)
+            handle = self._mig_parent(placement, require_mig_mode=False)
+            if not self._mig_mode(handle)[1]:
+                if self._switch_needs_reset(handle):
+                    raise self._mig_mode_off(placement)
+                return  # MIG off: no GPU instance can exist; create switches the mode on
             size = self._placement_size(handle, placement)
             for gi_handle in self._gpu_instances(handle):
                 info = nvml.nvmlGpuInstanceGetInfo(gi_handle)
@@ -511,41 +662,55 @@ class NvmlBackend:
 
     def mig_create(self, placement: MigPlacement) -> CreatedMig:
         nvml = self._nvml
-        try:
-            handle = self._mig_parent(placement)
-            profile = self._gi_profile(handle, placement)
-            where = nvml.c_nvmlGpuInstancePlacement_t()
-            where.start = placement.start
-            where.size = self._placement_size(handle, placement)
-            gi_handle = nvml.nvmlDeviceCreateGpuInstanceWithPlacement(handle, int(profile.id), where)
-        except nvml.NVMLError as err:
-            reason = MIG_PLACEMENT_TAKEN if _is(nvml, err, "NVML_ERROR_INSUFFICIENT_RESOURCES") else MIG_ERROR
-            raise MigOperationError(
-                reason,
-                f"NVML: creating GPU instance {placement.profile}@"
-                f"{placement.start} on {placement.parent_uuid} failed: {err}",
-            ) from None
-        try:
-            ci_profile = nvml.nvmlGpuInstanceGetComputeInstanceProfileInfo(
-                gi_handle,
-                int(getattr(nvml, f"NVML_COMPUTE_INSTANCE_PROFILE_{int(profile.sliceCount)}_SLICE")),
-                nvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED,
-            )
-            nvml.nvmlGpuInstanceCreateComputeInstance(gi_handle, int(ci_profile.id))
-            created = self._created(placement, gi_handle)
-            if len(created.cap_nodes) != 2:
-                raise MigOperationError(
-                    MIG_ERROR,
-                    f"the nvidia-caps access files of GPU instance {created.gpu_instance_id} are missing "
-                    f"under {self._proc_root}/driver/nvidia/capabilities: a container could not use it",
+        with self._mig_lock(placement.parent_uuid):
+            try:
+                handle = self._mig_parent(placement, require_mig_mode=False)
+                if not self._mig_mode(handle)[1]:
+                    if self._switch_needs_reset(handle):
+                        raise self._mig_mode_off(placement)
+                    # The first MIG device of a partitionable GPU: MIG mode on, at once (Hopper+).
+                    # Prepare wrote its "creating" entry first, so a kill -9 from here on leaves an
+                    # entry whose release destroys what is there and switches the mode back off.
+                    self._set_mig_mode(handle, placement.parent_uuid, enable=True)
+                profile = self._gi_profile(handle, placement)
+                where = nvml.c_nvmlGpuInstancePlacement_t()
+                where.start = placement.start
+                where.size = self._placement_size(handle, placement)
+                # The C signature takes `const nvmlGpuInstancePlacement_t *`, and pynvml declares no
+                # argtypes: the structure must go by reference, or NVML reads its bytes as an address.
+                gi_handle = nvml.nvmlDeviceCreateGpuInstanceWithPlacement(
+                    handle, int(profile.id), ctypes.byref(where)
                 )
-            return created
-        except (nvml.NVMLError, AttributeError, MigOperationError) as err:
-            # Never leave a half-made MIG device behind: nobody could use it, and it blocks the slices.
-            self._undo_create(gi_handle)
-            raise MigOperationError(
-                MIG_ERROR, f"NVML: creating the compute instance on {placement.parent_uuid} failed: {err}"
-            ) from None
+            except nvml.NVMLError as err:
+                reason = (
+                    MIG_PLACEMENT_TAKEN if _is(nvml, err, "NVML_ERROR_INSUFFICIENT_RESOURCES") else MIG_ERROR
+                )
+                raise MigOperationError(
+                    reason,
+                    f"NVML: creating GPU instance {placement.profile}@"
+                    f"{placement.start} on {placement.parent_uuid} failed: {err}",
+                ) from None
+            try:
+                ci_profile = nvml.nvmlGpuInstanceGetComputeInstanceProfileInfo(
+                    gi_handle,
+                    int(getattr(nvml, f"NVML_COMPUTE_INSTANCE_PROFILE_{int(profile.sliceCount)}_SLICE")),
+                    nvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED,
+                )
+                nvml.nvmlGpuInstanceCreateComputeInstance(gi_handle, int(ci_profile.id))
+                created = self._created(placement, gi_handle)
+                if len(created.cap_nodes) != 2:
+                    raise MigOperationError(
+                        MIG_ERROR,
+                        f"the nvidia-caps access files of GPU instance {created.gpu_instance_id} are missing "
+                        f"under {self._proc_root}/driver/nvidia/capabilities: a container could not use it",
+                    )
+                return created
+            except (nvml.NVMLError, AttributeError, MigOperationError) as err:
+                # Never leave a half-made MIG device behind: nobody could use it, and it blocks the slices.
+                self._undo_create(gi_handle)
+                raise MigOperationError(
+                    MIG_ERROR, f"NVML: creating the compute instance on {placement.parent_uuid} failed: {err}"
+                ) from None
 
     def _undo_create(self, gi_handle: Any) -> None:
         nvml = self._nvml
@@ -560,8 +725,13 @@ class NvmlBackend:
         nvml = self._nvml
         try:
             handle = self._mig_parent(placement, require_mig_mode=False)
+            # Instances first: with MIG off there are none, and NVML may not even list the
+            # profiles then (nvml.h: NOT_SUPPORTED without MIG mode), which is no error here.
+            instances = self._gpu_instances(handle)
+            if not instances:
+                return None
             profile_id = int(self._gi_profile(handle, placement).id)
-            for gi_handle in self._gpu_instances(handle):
+            for gi_handle in instances:
                 info = nvml.nvmlGpuInstanceGetInfo(gi_handle)
                 if int(info.profileId) == profile_id and int(info.placement.start) == placement.start:
                     return self._created(placement, gi_handle, bare_ok=True)
@@ -571,23 +741,114 @@ class NvmlBackend:
 
     def mig_destroy(self, placement: MigPlacement, gpu_instance_id: int | None) -> bool:
         nvml = self._nvml
-        found = self.mig_find(placement)
-        if found is None or (gpu_instance_id is not None and found.gpu_instance_id != gpu_instance_id):
-            return True  # gone already, or someone else's instance now sits there: not ours
+        with self._mig_lock(placement.parent_uuid):
+            found = self.mig_find(placement)
+            if found is None or (gpu_instance_id is not None and found.gpu_instance_id != gpu_instance_id):
+                return True  # gone already, or someone else's instance now sits there: not ours
+            try:
+                handle = self._mig_parent(placement, require_mig_mode=False)
+                gi_handle = nvml.nvmlDeviceGetGpuInstanceById(handle, found.gpu_instance_id)
+                if found.compute_instance_id >= 0:
+                    # A partial cleanup before (CI gone, GI refused) leaves no CI: go on to the GI.
+                    with contextlib.suppress(nvml.NVMLError_NotFound):
+                        ci_handle = nvml.nvmlGpuInstanceGetComputeInstanceById(
+                            gi_handle, found.compute_instance_id
+                        )
+                        nvml.nvmlComputeInstanceDestroy(ci_handle)
+                nvml.nvmlGpuInstanceDestroy(gi_handle)
+            except (nvml.NVMLError_NotSupported, nvml.NVMLError_NotFound):
+                return True  # MIG mode went off (or the instance went) meanwhile: nothing is left
+            except nvml.NVMLError as err:
+                raise MigOperationError(
+                    MIG_ERROR,
+                    f"NVML: destroying GPU instance {found.gpu_instance_id} on {placement.parent_uuid} "
+                    f"failed (processes still running on it?): {err}",
+                ) from None
+            return True
+
+    def mig_release_mode(self, parent_uuid: str) -> None:
+        nvml = self._nvml
+        with self._mig_lock(parent_uuid):
+            try:
+                handle = nvml.nvmlDeviceGetHandleByUUID(parent_uuid)
+                if not self._mig_mode(handle)[1] or self._switch_needs_reset(handle):
+                    return  # off already, or an Ampere: its mode stays as the admin set it
+                if self._gpu_instances(handle):
+                    return  # MIG devices are still on it (ours or anyone's)
+                self._set_mig_mode(handle, parent_uuid, enable=False)
+            except (nvml.NVMLError, MigOperationError) as err:
+                # Not fatal to the unprepare: the whole GPU's next prepare switches it off.
+                log.warning("cannot switch MIG mode off gpu=%s error=%s", parent_uuid, err)
+
+    def mig_whole_gpu(self, parent_uuid: str) -> None:
+        nvml = self._nvml
+        with self._mig_lock(parent_uuid):
+            try:
+                handle = nvml.nvmlDeviceGetHandleByUUID(parent_uuid)
+                if not self._mig_mode(handle)[1]:
+                    return
+                if self._switch_needs_reset(handle):
+                    raise MigOperationError(
+                        MIG_MODE_ENABLED,
+                        f"GPU {parent_uuid} is in MIG mode and cannot leave it without a reset: "
+                        "the whole GPU cannot be used",
+                    )
+                instances = self._gpu_instances(handle)
+                if instances:
+                    ids = sorted(int(nvml.nvmlGpuInstanceGetInfo(gi).id) for gi in instances)
+                    raise MigOperationError(
+                        MIG_MODE_ENABLED,
+                        f"GPU {parent_uuid} is in MIG mode with GPU instances {ids}: the whole GPU cannot "
+                        "be used until they are destroyed",
+                    )
+                self._set_mig_mode(handle, parent_uuid, enable=False)
+            except nvml.NVMLError as err:
+                raise MigOperationError(
+                    MIG_ERROR, f"NVML: checking MIG mode of {parent_uuid} failed: {err}"
+                ) from None
+
+    def _set_mig_mode(self, handle: Any, uuid: str, *, enable: bool) -> None:
+        """Switch MIG mode and check it took effect now, not just became pending."""
+        nvml = self._nvml
+        want = nvml.NVML_DEVICE_MIG_ENABLE if enable else nvml.NVML_DEVICE_MIG_DISABLE
+        word = "on" if enable else "off"
+        reason = MIG_MODE_DISABLED if enable else MIG_MODE_ENABLED
         try:
-            handle = self._mig_parent(placement, require_mig_mode=False)
-            gi_handle = nvml.nvmlDeviceGetGpuInstanceById(handle, found.gpu_instance_id)
-            if found.compute_instance_id >= 0:
-                ci_handle = nvml.nvmlGpuInstanceGetComputeInstanceById(gi_handle, found.compute_instance_id)
-                nvml.nvmlComputeInstanceDestroy(ci_handle)
-            nvml.nvmlGpuInstanceDestroy(gi_handle)
+            # pynvml returns the activation status; the call's own result only says it was accepted.
+            activation = int(nvml.nvmlDeviceSetMigMode(handle, want))
+            current, pending = (int(m) for m in nvml.nvmlDeviceGetMigMode(handle))
         except nvml.NVMLError as err:
             raise MigOperationError(
-                MIG_ERROR,
-                f"NVML: destroying GPU instance {found.gpu_instance_id} on {placement.parent_uuid} failed "
-                f"(processes still running on it?): {err}",
+                reason, f"NVML: switching MIG mode {word} on GPU {uuid} failed: {err}"
             ) from None
-        return True
+        if current != want:
+            if pending == want:
+                # Left pending it would flip at the next reset, behind everyone's back.
+                try:
+                    nvml.nvmlDeviceSetMigMode(handle, current)
+                except nvml.NVMLError as err:
+                    log.error("cannot withdraw pending MIG mode gpu=%s error=%s", uuid, err)
+            raise MigOperationError(
+                reason,
+                f"GPU {uuid}: MIG mode did not switch {word} ({_return_text(nvml, activation)}); "
+                "stop the processes on it, or it needs a reset",
+            )
+        log.info("MIG mode switched %s gpu=%s", word, uuid)
+
+    def _switch_needs_reset(self, handle: Any) -> bool:
+        return int(self._nvml.nvmlDeviceGetArchitecture(handle)) < _ARCH_HOPPER
+
+    def _mig_lock(self, uuid: str) -> threading.Lock:
+        with self._mig_locks_guard:
+            return self._mig_locks.setdefault(uuid, threading.Lock())
+
+    @staticmethod
+    def _mig_mode_off(placement: MigPlacement) -> MigOperationError:
+        return MigOperationError(
+            MIG_MODE_DISABLED,
+            f"GPU {placement.parent_uuid} has MIG mode off and cannot switch it without a reset; enable it "
+            "(nvidia-smi -i <gpu> -mig 1, then reset the GPU) before MIG devices can be created",
+        )
 
     def _mig_parent(self, placement: MigPlacement, *, require_mig_mode: bool = True) -> Any:
         nvml = self._nvml
@@ -607,7 +868,11 @@ class NvmlBackend:
                 info = nvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, profile_index)
             except (nvml.NVMLError_NotSupported, nvml.NVMLError_InvalidArgument):
                 continue
-            if _text(info.name).removeprefix("MIG ").strip() == placement.profile:
+            # By NVML's ID where the device name carries it: names alone may differ only in a suffix.
+            if placement.profile_id is not None:
+                if int(info.id) == placement.profile_id:
+                    return info
+            elif _text(info.name).removeprefix("MIG ").strip() == placement.profile:
                 return info
         raise MigOperationError(
             MIG_ERROR, f"GPU {placement.parent_uuid} has no MIG profile {placement.profile}"
@@ -630,6 +895,10 @@ class NvmlBackend:
                 found.append(nvml.nvmlDeviceGetGpuInstanceById(handle, gi))
             except (nvml.NVMLError_NotFound, nvml.NVMLError_InvalidArgument):
                 continue
+            except nvml.NVMLError_NotSupported:
+                # nvml.h: MIG mode is off, so there are no GPU instances at all (not an error:
+                # an unprepare after MIG mode went off must find its device gone).
+                return []
         return found
 
     def _created(self, placement: MigPlacement, gi_handle: Any, *, bare_ok: bool = False) -> CreatedMig:
@@ -772,6 +1041,14 @@ def _gi_of(device: Device, gpus: list[GpuInfo]) -> int | None:
 
 def _is(nvml: Any, err: Any, code_name: str) -> bool:
     return getattr(err, "value", None) == getattr(nvml, code_name, object())
+
+
+def _return_text(nvml: Any, code: int) -> str:
+    """An nvmlReturn_t as NVML words it (an activation status is one, not raised by pynvml)."""
+    try:
+        return str(nvml.NVMLError(code))
+    except Exception:  # an unknown code: the number says enough
+        return f"NVML return {code}"
 
 
 def _text(value: Any) -> str:

@@ -71,8 +71,13 @@ class MigProfile:
     jpeg_engines: int
     ofa_engines: int
     placements: tuple[int, ...]
-    # NVML's GPU instance profile id (0 for fake profiles); links MIG devices to their profile.
-    profile_id: int = 0
+    # NVML's GPU instance profile ID; None for fake profiles. NVML's IDs are part of the device
+    # name: two profiles may differ only in a suffix that a DNS label cannot keep apart
+    # (Blackwell's "1g.24gb+me" and "1g.24gb-me").
+    profile_id: int | None = None
+    # NVML's compute slice count of the GPU instance (sliceCount); 0 when unknown. A compute
+    # instance with fewer slices is a part of its GPU instance, a device of its own.
+    compute_slices: int = 0
 
     def capacity(self) -> dict[str, int]:
         return {
@@ -97,6 +102,9 @@ class MigInstance:
     compute_instance_id: int = 0
     # Extra nodes (the nvidia-caps access files) on top of the parent's.
     device_nodes: tuple[str, ...] = ()
+    # Where a compute instance that is only a part of its GPU instance starts (in compute slices);
+    # None: it spans the whole GPU instance. Several parts of one GPU instance are several devices.
+    compute_slice_start: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +118,9 @@ class GpuInfo:
     brand: str
     architecture: str
     cuda_compute_capability: tuple[int, int]
-    memory_bytes: int
+    # None: NVML has no memory info (unified-memory parts such as GB10 answer NOT_SUPPORTED); the
+    # GPU is published without a memory capacity, as NVIDIA's driver does.
+    memory_bytes: int | None
     pci_bus_id: str
     pcie_root: str | None
     device_nodes: tuple[str, ...]
@@ -123,6 +133,13 @@ class GpuInfo:
     engines: dict[str, int] = field(default_factory=dict, hash=False)
     # The NUMA node the GPU is attached to; None when the platform reports no affinity.
     numa_node: int | None = None
+    # Turning MIG mode on or off takes a GPU reset (Ampere): in partitionable mode such a GPU
+    # offers either its MIG devices (MIG on) or itself (MIG off), never both. Hopper and later
+    # switch at once, so they offer both and prepare switches the mode.
+    mig_switch_needs_reset: bool = False
+    # NVML's memory addressing mode on coherent-memory systems ("HMM", "ATS", "None"); None: the
+    # platform has none. Published as NVIDIA's driver does (`addressingMode`).
+    addressing_mode: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,9 +152,28 @@ def gpu_device_name(index: int) -> str:
     return f"gpu-{index}"
 
 
-def mig_device_name(gpu_index: int, profile: str, placement_start: int) -> str:
-    """`gpu-0-mig-1g10gb-0`: parent index, profile without dots, placement start (stable across reboots)."""
-    return f"gpu-{gpu_index}-mig-{dns_label_from(profile.replace('.', ''))}-{placement_start}"
+def mig_device_name(
+    gpu_index: int,
+    profile: str,
+    placement_start: int,
+    profile_id: int | None = None,
+    compute_slice_start: int | None = None,
+) -> str:
+    """`gpu-0-mig-1g10gb-19-0`: parent index, profile without dots, NVML's profile ID, placement start.
+
+    All stable across reboots. The profile ID keeps apart profiles whose names differ only in
+    characters a DNS label drops ("1g.24gb+me", "1g.24gb-me": both `1g24gb-me`), as in NVIDIA's
+    driver; fake profiles have none (`gpu-0-mig-1g5gb-0`). A compute instance that is one part of
+    its GPU instance ("1c.3g.40gb") adds where it starts in the GPU instance.
+    """
+    label = dns_label_from(profile.replace(".", ""))
+    name = f"gpu-{gpu_index}-mig-{label}"
+    if profile_id is not None:
+        name += f"-{profile_id}"
+    name += f"-{placement_start}"
+    if compute_slice_start is not None:
+        name += f"-{compute_slice_start}"
+    return name
 
 
 def counter_set_name(gpu_index: int) -> str:
@@ -156,9 +192,13 @@ def build_devices(
     - MIG disabled: the GPU itself.
     - Static MIG (MIG enabled, not partitionable): each existing MIG device; the
       parent GPU is not allocatable as a whole.
-    - Partitionable (MIG-capable GPUs): the whole GPU and every possible
-      profile placement, all drawing from one counter set per GPU, so the
-      scheduler never hands out overlapping pieces.
+    - Partitionable (MIG-capable GPUs): every possible profile placement and,
+      where it is usable, the whole GPU, all drawing from one counter set per
+      GPU, so the scheduler never hands out overlapping pieces. Prepare switches
+      MIG mode on for the first MIG device and off after the last. A GPU that
+      needs a reset to switch (Ampere) offers only what its current mode
+      serves: its MIG placements with MIG on, itself with MIG off (a whole GPU
+      in MIG mode cannot run CUDA; a MIG device cannot be made with MIG off).
     - `shared` (not off): each whole GPU that is not partitionable is published
       for several claims at once, with consumable memory (and compute)
       (`draplugin.devices.shared`).
@@ -167,18 +207,24 @@ def build_devices(
     counter_sets: list[CounterSet] = []
     for gpu in sorted(gpus, key=lambda g: g.index):
         common = _common_attributes(system, gpu)
-        if partitionable and gpu.mig_profiles:
+        if partitionable and gpu.mig_profiles and (gpu.mig_enabled or not gpu.mig_switch_needs_reset):
             counters = _gpu_counters(gpu)
             counter_sets.append(CounterSet(counter_set_name(gpu.index), counters))
-            devices.append(_gpu_device(gpu, common, consumes=dict(counters)))
+            if not gpu.mig_enabled or not gpu.mig_switch_needs_reset:
+                devices.append(_gpu_device(gpu, common, consumes=dict(counters)))
             for profile in gpu.mig_profiles:
                 for start in profile.placements:
                     devices.append(_abstract_mig_device(gpu, common, profile, start))
         elif gpu.mig_enabled:
-            for instance in sorted(gpu.mig_instances, key=lambda m: (m.placement_start, m.profile.name)):
+            ordered = sorted(
+                gpu.mig_instances,
+                key=lambda m: (m.placement_start, m.compute_slice_start or 0, m.profile.name),
+            )
+            for instance in ordered:
                 devices.append(_mig_device(gpu, common, instance))
         else:
-            devices.append(share(_gpu_device(gpu, common, consumes=None), gpu.memory_bytes, shared))
+            whole = _gpu_device(gpu, common, consumes=None)
+            devices.append(share(whole, gpu.memory_bytes, shared) if gpu.memory_bytes is not None else whole)
     return devices, counter_sets
 
 
@@ -199,6 +245,8 @@ def _common_attributes(system: SystemInfo, gpu: GpuInfo) -> dict[str, AttributeV
         attrs[PCIE_ROOT] = gpu.pcie_root
     if gpu.numa_node is not None:
         attrs[NUMA_NODE] = gpu.numa_node
+    if gpu.addressing_mode:
+        attrs["addressingMode"] = gpu.addressing_mode
     return attrs
 
 
@@ -211,7 +259,7 @@ def _gpu_device(gpu: GpuInfo, common: dict[str, AttributeValue], consumes: dict[
         index=gpu.index,
         minor=gpu.minor,
         attributes=attrs,
-        capacity={"memory": format_bytes(gpu.memory_bytes)},
+        capacity={"memory": format_bytes(gpu.memory_bytes)} if gpu.memory_bytes is not None else {},
         device_nodes=gpu.device_nodes,
         consumes_counters=(
             (CounterConsumption(counter_set_name(gpu.index), consumes),) if consumes is not None else ()
@@ -239,7 +287,13 @@ def _mig_capacity(profile: MigProfile) -> dict[str, str]:
 def _mig_device(gpu: GpuInfo, common: dict[str, AttributeValue], instance: MigInstance) -> Device:
     profile = instance.profile
     return Device(
-        name=mig_device_name(gpu.index, profile.name, instance.placement_start),
+        name=mig_device_name(
+            gpu.index,
+            profile.name,
+            instance.placement_start,
+            profile.profile_id,
+            instance.compute_slice_start,
+        ),
         kind=KIND_MIG,
         uuid=instance.uuid,
         index=gpu.index,
@@ -259,7 +313,7 @@ def _abstract_mig_device(
     for slot in range(start, start + profile.memory_slices):
         consumes[f"memory-slice-{slot}"] = "1"
     return Device(
-        name=mig_device_name(gpu.index, profile.name, start),
+        name=mig_device_name(gpu.index, profile.name, start, profile.profile_id),
         kind=KIND_MIG,
         uuid="",
         index=gpu.index,
@@ -282,7 +336,7 @@ def _gpu_counters(gpu: GpuInfo) -> dict[str, str]:
         "encoders": str(gpu.engines.get("encoders", largest.encoders)),
         "jpeg-engines": str(gpu.engines.get("jpegEngines", largest.jpeg_engines)),
         "ofa-engines": str(gpu.engines.get("ofaEngines", largest.ofa_engines)),
-        "memory": format_bytes(gpu.memory_bytes),
+        "memory": format_bytes(gpu.memory_bytes if gpu.memory_bytes is not None else largest.memory_bytes),
     }
     for slot in range(gpu.memory_slice_count):
         counters[f"memory-slice-{slot}"] = "1"

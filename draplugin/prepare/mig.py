@@ -14,10 +14,20 @@ use the slice. Never the caps of another instance, never `mig/config` or
 Crash safety, in order, each step durable before the next:
   1. the placement is checked free (taken by anyone else: `MigPlacementTaken`);
   2. a `creating` entry for (claim, device) goes into the sharing ledger;
-  3. the GPU instance and compute instance are created (a half, GI without CI, is undone);
+  3. MIG mode is switched on if it is off (partitionable GPUs that switch without
+     a reset: Hopper and later), then the GPU instance and compute instance are
+     created (a half, GI without CI, is undone);
   4. the entry becomes `created` with the IDs and the MIG device's UUID.
 A `creating` entry found at start-up means a crash inside step 3: whatever sits
 at that placement was created by us (it was free in step 1) and is destroyed.
+
+MIG mode goes back off when the last GPU instance of the GPU is gone: after
+every destroy of ours (unprepare, an undone create, the start-up release of a
+`creating` entry, which covers a kill between the switch and the create). A
+whole GPU of a partitionable GPU is handed out only with MIG mode off: its
+prepare switches the mode off when nothing is on the GPU and fails
+(`MigModeEnabled`) when something is. MIG mode itself needs no ledger entry:
+off is where every path ends, and what is on the GPU says whether it may go off.
 """
 
 from __future__ import annotations
@@ -27,9 +37,15 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from draplugin import crashpoints
-from draplugin.devices.mig import CreatedMig, MigOperationError, MigPartitioner, MigPlacement
+from draplugin.devices.mig import (
+    CreatedMig,
+    MigModeSwitch,
+    MigOperationError,
+    MigPartitioner,
+    MigPlacement,
+)
 from draplugin.devices.model import Device
-from draplugin.devices.schema import KIND_MIG, mig_device_name
+from draplugin.devices.schema import KIND_GPU, KIND_MIG, mig_device_name
 from draplugin.prepare.errors import PlanError
 from draplugin.prepare.ledger import LedgerEntry, SharingLedger
 
@@ -51,14 +67,29 @@ def needs_instance(device: Device) -> bool:
     return device.kind == KIND_MIG and not device.uuid
 
 
+def needs_whole_gpu(device: Device) -> bool:
+    """A whole GPU of a partitionable GPU (it draws from the counters its MIG devices share)."""
+    return device.kind == KIND_GPU and bool(device.consumes_counters) and bool(device.uuid)
+
+
 def placement_of(device: Device) -> MigPlacement:
-    """The placement a partitionable MIG device names (`gpu-0-mig-1g10gb-3`: profile 1g.10gb, start 3)."""
+    """The placement a partitionable MIG device names (`gpu-0-mig-1g10gb-19-3`: profile 1g.10gb,
+    NVML profile ID 19, start 3; fake profiles have no ID: `gpu-0-mig-1g5gb-3`)."""
     profile = device.attributes.get("profile")
-    _, _, tail = device.name.rpartition("-")
+    head, _, tail = device.name.rpartition("-")
     if not isinstance(profile, str) or not tail.isdigit() or device.parent_uuid is None:
         raise MigError("MigError", f"device {device.name} does not name a MIG placement")
     start = int(tail)
-    if mig_device_name(device.index, profile, start) != device.name:
+    maybe_id = head.rpartition("-")[2]
+    profile_id = next(
+        (
+            pid
+            for pid in ((int(maybe_id),) if maybe_id.isdigit() else ()) + (None,)
+            if mig_device_name(device.index, profile, start, pid) == device.name
+        ),
+        -1,
+    )
+    if profile_id == -1:
         raise MigError("MigError", f"device {device.name} does not name a MIG placement")
     slices = sorted(
         int(key.removeprefix(_MEMORY_SLICE_COUNTER))
@@ -66,28 +97,53 @@ def placement_of(device: Device) -> MigPlacement:
         for key in consumption.counters
         if key.startswith(_MEMORY_SLICE_COUNTER) and key.removeprefix(_MEMORY_SLICE_COUNTER).isdigit()
     )
-    return MigPlacement(device.parent_uuid, device.minor, profile, start, tuple(slices))
+    return MigPlacement(device.parent_uuid, device.minor, profile, start, tuple(slices), profile_id)
 
 
 def _entry_placement(entry: LedgerEntry) -> MigPlacement:
     data = entry.data
+    profile_id = data.get("profileId")
     return MigPlacement(
         str(data["parent"]),
         int(data["minor"]),
         str(data["profile"]),
         int(data["start"]),
         tuple(int(s) for s in data.get("slices", [])),
+        profile_id if isinstance(profile_id, int) else None,
     )
 
 
 def _placement_data(placement: MigPlacement) -> dict[str, object]:
-    return {
+    data: dict[str, object] = {
         "parent": placement.parent_uuid,
         "minor": placement.parent_minor,
         "profile": placement.profile,
         "start": placement.start,
         "slices": list(placement.slices),
     }
+    if placement.profile_id is not None:
+        data["profileId"] = placement.profile_id
+    return data
+
+
+def ready_whole_gpus(plan: ClaimPlan, partitioner: MigPartitioner) -> None:
+    """Before a whole GPU of a partitionable GPU is handed out: MIG mode off (CUDA cannot use a
+    GPU in MIG mode). Switched off when nothing is on it; `MigError` (MigModeEnabled) otherwise."""
+    if not isinstance(partitioner, MigModeSwitch):
+        return  # fake GPUs: their MIG state has no mode to switch
+    for parent in dict.fromkeys(d.device.uuid for d in plan.devices if needs_whole_gpu(d.device)):
+        try:
+            partitioner.mig_whole_gpu(parent)
+        except MigOperationError as err:
+            who = f"{plan.claim.namespace}/{plan.claim.name}"
+            raise MigError(err.reason, f"claim {who}: {err}") from None
+
+
+def _release_modes(parents: set[str], partitioner: MigPartitioner) -> None:
+    """MIG mode off on the GPUs whose last GPU instance is gone (the partitioner checks)."""
+    if isinstance(partitioner, MigModeSwitch):
+        for parent in sorted(parents):
+            partitioner.mig_release_mode(parent)
 
 
 def _realized(device: Device, created: CreatedMig) -> Device:
@@ -140,6 +196,7 @@ def _create_all(plan: ClaimPlan, partitioner: MigPartitioner, ledger: SharingLed
         for placement, created, name in reversed(made):
             if _destroy_quietly(placement, created.gpu_instance_id, partitioner):
                 ledger.drop(uid, KIND, name)
+        _release_modes({p.parent_uuid for p, _, _ in made}, partitioner)
         raise
     if not realized:
         return plan
@@ -161,6 +218,7 @@ def _existing(
     if entry.state == "creating" and found is not None:
         # A crash inside create: the instance is ours but may lack its compute instance. Start over.
         partitioner.mig_destroy(placement, found.gpu_instance_id)
+        _release_modes({placement.parent_uuid}, partitioner)
     # Recorded but gone (a GPU reset, a reboot, someone destroyed it): create it again.
     ledger.drop(uid, KIND, name)
     return None
@@ -178,6 +236,7 @@ def _create(
         # entry stays so the next prepare or start-up destroys what is left at the placement.
         if _nothing_at(placement, partitioner):
             ledger.drop(uid, KIND, name)
+            _release_modes({placement.parent_uuid}, partitioner)  # the create may have switched it on
         raise
     crashpoints.reach(crashpoints.AFTER_MIG_CREATE)
     data = {**_placement_data(placement), "gi": created.gpu_instance_id, "ci": created.compute_instance_id}
@@ -214,6 +273,14 @@ def destroy_for_claim(uid: str, partitioner: MigPartitioner, ledger: SharingLedg
 
 
 def _destroy_all(uid: str, partitioner: MigPartitioner, ledger: SharingLedger) -> None:
+    parents: set[str] = set()
+    try:
+        _destroy_entries(uid, partitioner, ledger, parents)
+    finally:
+        _release_modes(parents, partitioner)
+
+
+def _destroy_entries(uid: str, partitioner: MigPartitioner, ledger: SharingLedger, parents: set[str]) -> None:
     for entry in ledger.entries(uid, KIND):
         placement = _entry_placement(entry)
         gi = entry.data.get("gi") if entry.state == "created" else None
@@ -222,6 +289,7 @@ def _destroy_all(uid: str, partitioner: MigPartitioner, ledger: SharingLedger) -
         # A "creating" entry has no ID yet: the placement was free before, so what sits there is ours.
         if partitioner.mig_destroy(placement, gi):
             ledger.drop(uid, KIND, entry.key)
+            parents.add(placement.parent_uuid)
             log.info("MIG device destroyed", extra={"claim_uid": uid, "device": entry.key, "gi": gi})
 
 

@@ -93,6 +93,9 @@ class SharingState:
                     "MigUnavailable", f"{who}: this node's device backend cannot create MIG devices"
                 )
             plan = mig.create_for_claim(plan, self.mig, self.ledger)
+        if self.mig is not None:
+            # A whole GPU of a partitionable GPU: never handed out in MIG mode (switched off here).
+            mig.ready_whole_gpus(plan, self.mig)
         if plan.uses_mps:
             if self.mps is None:
                 raise PlanError(

@@ -172,6 +172,16 @@ class FakeNvml:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
         return list(gpu.mig_mode)
 
+    def nvmlDeviceSetMigMode(self, gpu: FakeGpu, mode: int) -> int:
+        """Hopper and later switch at once; Ampere only sets the pending mode (a reset activates it)."""
+        if gpu.mig_mode is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if gpu.architecture >= pynvml.NVML_DEVICE_ARCH_HOPPER:
+            gpu.mig_mode = (mode, mode)
+            return int(pynvml.NVML_SUCCESS)
+        gpu.mig_mode = (gpu.mig_mode[0], mode)
+        return int(pynvml.NVML_ERROR_RESET_REQUIRED)
+
     def nvmlDeviceGetGpuInstanceProfileInfo(self, gpu: FakeGpu, index: int, version: int = 2) -> Any:
         for p in gpu.profiles:
             if p.index == index:
@@ -219,6 +229,8 @@ class FakeNvml:
         return mig.compute_instance_id
 
     def nvmlDeviceGetGpuInstanceById(self, gpu: FakeGpu, gi: int) -> FakeMig:
+        if gpu.mig_mode is not None and gpu.mig_mode[0] != pynvml.NVML_DEVICE_MIG_ENABLE:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)  # nvml.h: MIG mode is off
         for mig in gpu.migs:
             if mig is not None and mig.gpu_instance_id == gi:
                 return mig
@@ -241,9 +253,13 @@ class FakeNvml:
         raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
 
     def nvmlDeviceCreateGpuInstanceWithPlacement(
-        self, gpu: FakeGpu, profile_id: int, placement: Any
+        self, gpu: FakeGpu, profile_id: int, placement_ref: Any
     ) -> FakeMig:
         self._check("nvmlDeviceCreateGpuInstanceWithPlacement")
+        # The C signature takes `const nvmlGpuInstancePlacement_t *`: only a reference will do.
+        if not hasattr(placement_ref, "_obj"):
+            raise TypeError("nvmlDeviceCreateGpuInstanceWithPlacement wants ctypes.byref(placement)")
+        placement = placement_ref._obj
         if gpu.mig_mode is None or gpu.mig_mode[0] != pynvml.NVML_DEVICE_MIG_ENABLE:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
         profile = next((p for p in gpu.profiles if p.id == profile_id), None)
@@ -328,6 +344,7 @@ class FakeComputeInstanceInfo:
 
     device: FakeMig
     id: int
+    profileId: int = 0xFFFFFFFF  # matches no compute instance profile: the full GPU instance
 
 
 @dataclass

@@ -49,7 +49,7 @@ def test_gpu_without_mig_has_the_nvidia_attribute_names() -> None:
 
 def test_static_mig_publishes_existing_mig_devices_not_the_parent() -> None:
     devices = backend(FakeNvml([h100_with_mig(), a10g()])).discover()
-    assert [d.name for d in devices] == ["gpu-0-mig-3g40gb-0", "gpu-0-mig-1g10gb-6", "gpu-1"]
+    assert [d.name for d in devices] == ["gpu-0-mig-3g40gb-9-0", "gpu-0-mig-1g10gb-19-6", "gpu-1"]
     mig = devices[0]
     assert mig.kind == "mig" and mig.uuid == "MIG-aaaaaaaa-0000-0000-0000-000000000001"
     assert mig.parent_uuid == "GPU-11111111-2222-3333-4444-555555555555"
@@ -81,7 +81,7 @@ def test_partitionable_mode_publishes_profiles_with_counters() -> None:
     devices, sets = b.discover(), b.shared_counters()
     assert [s.name for s in sets] == ["gpu-0-counters"]
     assert len(devices) == 1 + 1 + 2 + 7  # whole GPU, 7g, 2x 3g, 7x 1g
-    three_g = next(d for d in devices if d.name == "gpu-0-mig-3g40gb-4")
+    three_g = next(d for d in devices if d.name == "gpu-0-mig-3g40gb-9-4")
     consumed = three_g.consumes_counters[0].counters
     assert [k for k in consumed if k.startswith("memory-slice")] == [f"memory-slice-{i}" for i in range(4, 8)]
     validate_devices(devices, sets)
@@ -204,8 +204,8 @@ def test_events_taint_the_right_devices() -> None:
     nvml.on_wait_empty = stop.set
     b.monitor_health(tracker, stop, wait_ms=1)
     faults = tracker.faults()
-    assert set(faults) == {"gpu-0-mig-1g10gb-6", "gpu-1"}
-    assert (faults["gpu-0-mig-1g10gb-6"].effect, faults["gpu-0-mig-1g10gb-6"].reason) == (
+    assert set(faults) == {"gpu-0-mig-1g10gb-19-6", "gpu-1"}
+    assert (faults["gpu-0-mig-1g10gb-19-6"].effect, faults["gpu-0-mig-1g10gb-19-6"].reason) == (
         "NoSchedule",
         "xid-92",
     )
@@ -225,8 +225,8 @@ def test_fatal_xid_on_whole_gpu_taints_all_its_mig_devices_no_execute() -> None:
     nvml.on_wait_empty = stop.set
     b.monitor_health(tracker, stop, wait_ms=1)
     assert {n: f.effect for n, f in tracker.faults().items()} == {
-        "gpu-0-mig-3g40gb-0": "NoExecute",
-        "gpu-0-mig-1g10gb-6": "NoExecute",
+        "gpu-0-mig-3g40gb-9-0": "NoExecute",
+        "gpu-0-mig-1g10gb-19-6": "NoExecute",
     }
 
 
@@ -280,10 +280,10 @@ def test_a_gpu_nvml_no_longer_counts_leaves_and_a_mig_change_is_rediscovered() -
     h100, other = h100_with_mig(), a10g()
     nvml = FakeNvml([h100, other])
     b = backend(nvml)
-    assert [d.name for d in b.discover()] == ["gpu-0-mig-3g40gb-0", "gpu-0-mig-1g10gb-6", "gpu-1"]
+    assert [d.name for d in b.discover()] == ["gpu-0-mig-3g40gb-9-0", "gpu-0-mig-1g10gb-19-6", "gpu-1"]
     nvml.gpus.remove(other)
     assert b.refresh() is True
-    assert [d.name for d in b.discover()] == ["gpu-0-mig-3g40gb-0", "gpu-0-mig-1g10gb-6"]
+    assert [d.name for d in b.discover()] == ["gpu-0-mig-3g40gb-9-0", "gpu-0-mig-1g10gb-19-6"]
 
     # A MIG layout change: NVML says so with an event, the monitor wakes re-discovery.
     tracker = HealthTracker(DRIVER)
@@ -296,7 +296,7 @@ def test_a_gpu_nvml_no_longer_counts_leaves_and_a_mig_change_is_rediscovered() -
     b.monitor_health(tracker, stop, wait_ms=1, rediscover=lambda: woken.append(1))
     assert woken == [1] and nvml.registered[h100.uuid] & pynvml.nvmlEventMigConfigChange
     assert b.refresh() is True
-    assert [d.name for d in b.discover()] == ["gpu-0-mig-3g40gb-0"]
+    assert [d.name for d in b.discover()] == ["gpu-0-mig-3g40gb-9-0"]
 
 
 def test_unavailable_gpu_event_taints_and_recovery_action_none_clears() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 from pathlib import Path
 
 import pynvml
@@ -62,8 +63,9 @@ def test_a_placement_taken_outside_the_plugin_is_refused_by_name(tmp_path: Path)
     assert len([m for m in nvml.gpus[0].migs if m is not None]) == 2
 
 
-def test_mig_mode_off_is_its_own_error(tmp_path: Path) -> None:
+def test_mig_mode_off_on_a_gpu_that_needs_a_reset_to_switch_is_its_own_error(tmp_path: Path) -> None:
     gpu = h100_with_mig()
+    gpu.architecture = pynvml.NVML_DEVICE_ARCH_AMPERE  # switching MIG mode takes a GPU reset
     gpu.mig_mode = (pynvml.NVML_DEVICE_MIG_DISABLE, pynvml.NVML_DEVICE_MIG_DISABLE)
     gpu.migs = []
     _, backend = make(tmp_path, gpu)
@@ -104,7 +106,7 @@ def test_a_bare_gpu_instance_is_found_and_destroyed(tmp_path: Path) -> None:
     nvml, backend = make(tmp_path)
     placement = pynvml.c_nvmlGpuInstancePlacement_t()
     placement.start, placement.size = 5, 1
-    nvml.nvmlDeviceCreateGpuInstanceWithPlacement(nvml.gpus[0], 19, placement)
+    nvml.nvmlDeviceCreateGpuInstanceWithPlacement(nvml.gpus[0], 19, ctypes.byref(placement))
     found = backend.mig_find(at("1g.10gb", 5))
     assert found is not None and found.compute_instance_id == -1
     assert backend.mig_destroy(at("1g.10gb", 5), None)
