@@ -577,6 +577,21 @@ def build_root(layout: Layout, dest: Path, **options: Any) -> NvidiaRoot:
     return builder(dest, **options)
 
 
+def write_nvml_double_config(root: NvidiaRoot, path: Path, *, gpus: int = 2, **fields: Any) -> Path:
+    """A config for the double (the file NVML_DOUBLE_CONFIG names) that matches the root: its
+    driver version (nvidia-ctk looks for `libcuda.so.<NVML's version>`), `gpus` H100s (as many
+    as the root has /dev/nvidiaN), and its state file next to the config; `fields` add to it."""
+    config: dict[str, Any] = {
+        "machine": "dgxh100",
+        "gpuCount": gpus,
+        "driverVersion": root.version,
+        "stateFile": str(path.with_name(path.name + ".state")),
+        **fields,
+    }
+    path.write_text(json.dumps(config, indent=2) + "\n")
+    return path
+
+
 # --- running NVIDIA's binaries -------------------------------------------------------------------------
 
 

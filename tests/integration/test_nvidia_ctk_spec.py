@@ -69,8 +69,9 @@ def check_driver_files(edits: nr.EffectiveEdits, root: nr.NvidiaRoot, ctk_dir: P
     assert {"create-symlinks", "enable-cuda-compat", "update-ldcache"} <= set(names)
     for hook in edits.hooks:
         assert hook["path"] == str(ctk_dir / "nvidia-cdi-hook")
-        assert hook["hookName"] == "createContainer"
-    symlinks = next(args for _, args in edits.hook_commands() if args[1] == "create-symlinks")
+        # apply-cuda-memory-limits (nvml mode, per GPU) runs at createRuntime, the others in the container.
+        assert hook["hookName"] in ("createContainer", "createRuntime")
+    symlinks = [a for _, args in edits.hook_commands() if args[1] == "create-symlinks" for a in args]
     assert f"libcuda.so.{root.version}::{lib}/libcuda.so.1" in symlinks
     ldcache = next(args for _, args in edits.hook_commands() if args[1] == "update-ldcache")
     assert ("--folder", lib) in itertools.pairwise(ldcache)
@@ -104,18 +105,26 @@ def test_management_spec_mounts_the_driver_files(
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_nvml_spec_has_a_device_per_gpu(roots: dict[str, nr.NvidiaRoot], ctk_dir: Path, layout: str) -> None:
+def test_nvml_spec_has_a_device_per_gpu(
+    roots: dict[str, nr.NvidiaRoot], ctk_dir: Path, layout: str, tmp_path: Path
+) -> None:
     library, reason = nr.nvml_for_roots()
     if library is None:
         if not nr.nvml_double_available():
             pytest.skip(f"the NVML double is not delivered yet: {reason}")
         pytest.fail(reason, pytrace=False)
     root = roots[layout]
-    spec = nr.generate_nvidia_spec(root, ctk_dir=ctk_dir)
+    config = nr.write_nvml_double_config(root, tmp_path / "nvml.json")
+    spec = nr.generate_nvidia_spec(root, nvml_config=config, ctk_dir=ctk_dir)
     edits = nr.effective_edits(spec)
-    assert {"nvidia.com/gpu=0", "nvidia.com/gpu=all"} <= set(edits)
+    assert {"nvidia.com/gpu=0", "nvidia.com/gpu=1", "nvidia.com/gpu=all"} <= set(edits)
     zero = edits["nvidia.com/gpu=0"]
     check_driver_files(zero, root, ctk_dir)
     assert "/dev/nvidia0" in zero.device_nodes
-    if layout == "flat":
-        assert "/usr/bin/nvidia-smi" in zero.mounts
+    assert "/dev/nvidia1" not in zero.device_nodes
+    assert {"/dev/nvidia0", "/dev/nvidia1"} <= set(edits["nvidia.com/gpu=all"].device_nodes)
+    # Each GPU's device gets CUDA's memory-limit hook, with the GPU's UUID.
+    limits = [args for _, args in zero.hook_commands() if args[1] == "apply-cuda-memory-limits"]
+    assert len(limits) == 1 and "--gpu-id" in limits[0]
+    # As in management mode: Debian's nvidia-smi (an /etc/alternatives link) is left out.
+    assert ("/usr/bin/nvidia-smi" in zero.mounts) == (layout == "flat")

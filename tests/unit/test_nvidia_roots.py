@@ -16,7 +16,7 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
-from draplugin.cdi.driverlayout import DriverRoot, DriverRootError
+from draplugin.cdi.driverlayout import DriverRoot
 from draplugin.cdi.driverroot import discover, version_key
 from draplugin.cdi.elf import EM_X86_64, read_elf
 from draplugin.cdi.rootpath import resolve_in_root
@@ -346,13 +346,16 @@ def test_real_nvidia_smi_runs_from_the_root(roots: dict[str, nr.NvidiaRoot], lay
 
 
 @pytest.mark.parametrize("layout", ["debian", "flat"])
-def test_real_nvidia_smi_lists_the_doubles_gpus(roots: dict[str, nr.NvidiaRoot], layout: str) -> None:
+def test_real_nvidia_smi_lists_the_doubles_gpus(
+    roots: dict[str, nr.NvidiaRoot], layout: str, tmp_path: Path
+) -> None:
     need_double()
     root = roots[layout]
     assert root.nvml_double
+    config = nr.write_nvml_double_config(root, tmp_path / "nvml.json")
     result = subprocess.run(
         [str(root.nvidia_smi), "-L"],
-        env=nr.driver_env(root),
+        env=nr.driver_env(root, config),
         capture_output=True,
         text=True,
         timeout=60,
@@ -360,6 +363,7 @@ def test_real_nvidia_smi_lists_the_doubles_gpus(roots: dict[str, nr.NvidiaRoot],
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.startswith("GPU 0: "), result.stdout
+    assert "GPU 1: " in result.stdout and "GPU 2: " not in result.stdout, result.stdout
 
 
 # --- our discovery on the real layouts ------------------------------------------------------------------
@@ -376,7 +380,8 @@ def test_discovery_finds_the_flat_install(roots: dict[str, nr.NvidiaRoot], name:
         assert found["libcuda"] == (f"{lib}/libcuda.so.{root.version}", "libcuda.so.1")
         assert found["libnvidia-ml"] == (f"{lib}/libnvidia-ml.so.{root.version}", "libnvidia-ml.so.1")
         assert found["libnvidia-nvvm"][1] == "libnvidia-nvvm.so.4"
-        assert set(found) == {
+        # At least the compute and utility libraries (a later discovery may add video ones).
+        assert set(found) >= {
             "libcuda",
             "libnvidia-ml",
             "libnvidia-cfg",
@@ -416,14 +421,6 @@ def test_rootpath_follows_debians_alternatives_inside_the_root(roots: dict[str, 
     assert resolve_in_root(root, "lib/firmware/nvidia/550.163.01") == PurePosixPath(
         "usr/lib/firmware/nvidia/550.163.01"
     )
-
-
-def test_discovery_on_debians_layout_finds_no_libcuda_today(roots: dict[str, nr.NvidiaRoot]) -> None:
-    """The current behaviour, recorded: the versioned files are in nvidia/current (not searched)
-    and the multiarch directory holds only SONAME links (not `lib<name>.so.<version>`)."""
-    with pytest.raises(DriverRootError) as raised:
-        discover(DriverRoot.at(str(roots["debian"].path)), known_version=nr.VERSION)
-    assert raised.value.reason == "DriverLibrariesMissing"
 
 
 @pytest.mark.xfail(
