@@ -168,6 +168,14 @@ RUN_OPTIONS: Final = (
     Option(
         "--rediscover-interval",
         "REDISCOVER_INTERVAL",
+    Option(
+        "--mps-shm-size",
+        "MPS_SHM_SIZE",
+        None,
+        "size of each MPS claim's shared-memory tmpfs (its /dev/shm), a quantity such as 8Gi; default: "
+        "half the node's memory (as NVIDIA's driver); 0: a plain directory on the state dir (a plugin "
+        "that may not mount)",
+    ),
         DEFAULT_REDISCOVER_INTERVAL,
         "how often devices are read again (MIG changes, GPUs lost or back), e.g. 60s; 0: only on NVML events",
     ),
@@ -321,6 +329,8 @@ class Settings:
         if self.backend == "fake":
             if self.fake_config is not None:
                 options["config_file"] = str(self.fake_config)
+    # Bytes of each MPS claim's /dev/shm tmpfs; None: half the node's memory; 0: a plain directory.
+    mps_shm_size: int | None = None
             if self.fake_gpus is not None:
                 options["gpus"] = self.fake_gpus
             if self.fake_model is not None:
@@ -571,6 +581,20 @@ def _deadline(dest: str, raw: str, maximum: float) -> float:
 def validate(values: Mapping[str, str | None]) -> Settings:
     """Turn resolved raw values into `Settings`, or raise `ConfigError` naming the bad setting."""
 
+def _size(dest: str, raw: str | None) -> int | None:
+    if raw is None or raw == "":
+        return None
+    from dracommon.quantity import parse_quantity
+
+    try:
+        value = parse_quantity(raw).value()
+    except ValueError as err:
+        raise ConfigError(f"{_name_of(dest)}: {raw!r} is not a quantity: {err}") from None
+    if value < 0:
+        raise ConfigError(f"{_name_of(dest)}: {raw!r} must not be negative")
+    return int(value)
+
+
     def required(dest: str) -> str:
         raw = values.get(dest)
         if raw is None or raw == "":
@@ -660,3 +684,4 @@ def validate(values: Mapping[str, str | None]) -> Settings:
 
 def load(flags: Mapping[str, str | None], environ: Mapping[str, str] | None = None) -> Settings:
     return validate(resolve(flags, os.environ if environ is None else environ))
+        mps_shm_size=_size("mps_shm_size", values.get("mps_shm_size")),

@@ -149,7 +149,28 @@ def _bus_id(text: str) -> str:
 # --- 1. discovery -----------------------------------------------------------------------------------
 
 
-def compare_discovery(devices: Sequence[Device], smi: Sequence[SmiGpu]) -> list[Row]:
+def nvml_mig_modes(nvml: Any) -> dict[str, bool]:
+    """GPU UUID → MIG mode on, as our NVML reads it (GPUs without MIG support are left out)."""
+    modes: dict[str, bool] = {}
+    for index in range(int(nvml.nvmlDeviceGetCount())):
+        try:
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            uuid = nvml.nvmlDeviceGetUUID(handle)
+            current, _pending = nvml.nvmlDeviceGetMigMode(handle)
+        except nvml.NVMLError:
+            continue
+        uuid = uuid.decode() if isinstance(uuid, bytes) else str(uuid)
+        modes[uuid] = int(current) == nvml.NVML_DEVICE_MIG_ENABLE
+    return modes
+
+
+def compare_discovery(
+    devices: Sequence[Device], smi: Sequence[SmiGpu], mig_modes: Mapping[str, bool] | None = None
+) -> list[Row]:
+    """`mig_modes`: our NVML's MIG mode per GPU UUID (`nvml_mig_modes`). A GPU in MIG mode with no
+    MIG device yet (how partitionable MIG starts, and any MIG GPU before an admin creates one)
+    publishes nothing under static MIG: that is the expected answer, not a missing GPU."""
+    modes = mig_modes or {}
     rows: list[Row] = []
     seen: set[str] = set()
     for gpu in smi:
@@ -158,7 +179,15 @@ def compare_discovery(devices: Sequence[Device], smi: Sequence[SmiGpu]) -> list[
         seen.update(d.name for d in full + migs)
         subject = f"{gpu.uuid} ({gpu.bus_id})"
         published = ", ".join(d.name for d in full + migs) or "nothing"
-        rows.append(_row("published", subject, published, "present", bool(full or migs)))
+        empty_mig = not (full or migs) and modes.get(gpu.uuid) is True
+        if empty_mig:
+            published = "nothing: MIG mode on, no MIG devices yet"
+        rows.append(_row("published", subject, published, "present", bool(full or migs) or empty_mig))
+        if empty_mig:
+            on = "on" if gpu.mig_enabled else "off"
+            rows.append(_row("MIG mode", subject, "on", on))
+            rows.append(_row("MIG devices", subject, "0", str(len(gpu.migs))))
+            continue
         if not (full or migs):
             continue
         sample = (full + migs)[0]
@@ -442,7 +471,7 @@ def check(
     backend = NvmlBackend(NODE, lib_path=lib_path, nvml=nvml)
     devices = backend.discover()
     smi_gpus = parse_smi_xml(smi_xml)
-    rows = compare_discovery(devices, smi_gpus)
+    rows = compare_discovery(devices, smi_gpus, nvml_mig_modes(backend.nvml))
     files = None
     if driver_root is not None:
         files = driverfiles.for_backend(driver_root, backend, report=lambda reason, message: None)
@@ -459,14 +488,17 @@ def check(
     from draplugin import gpucheck_sharing as sharing
     from draplugin.prepare.drivertools import DriverTools
 
-    tools = DriverTools(files)
-    for gpu in sharing.whole_gpus(devices):
-        rows += sharing.mps_rows(gpu, tools)
-        rows += sharing.timeslice_rows(gpu, tools)
-    # The MIG placements come from the discovery a partitionable plugin runs, on a backend of its own.
-    partitioner = NvmlBackend(NODE, lib_path=lib_path, nvml=nvml, partitionable=True, proc_root=proc_root)
-    placements = partitioner.discover() if any(g.mig_enabled for g in smi_gpus) else []
-    rows += sharing.mig_rows(smi_gpus, placements, partitioner, list_gpus or sharing.driver_listing(tools))
+    with tempfile.TemporaryDirectory(prefix="gpu-check-driver-libs-") as views:
+        # The plugin's one environment builder for every driver tool (its library links go here).
+        tools = DriverTools(files, Path(views))
+        for gpu in sharing.whole_gpus(devices):
+            rows += sharing.mps_rows(gpu, tools)
+            rows += sharing.timeslice_rows(gpu, tools)
+        # The MIG placements come from the discovery a partitionable plugin runs, on a backend of its own.
+        partitioner = NvmlBackend(NODE, lib_path=lib_path, nvml=nvml, partitionable=True, proc_root=proc_root)
+        placements = partitioner.discover() if any(g.mig_enabled for g in smi_gpus) else []
+        listing = list_gpus or sharing.driver_listing(tools)
+        rows += sharing.mig_rows(smi_gpus, placements, partitioner, listing)
     return rows
 
 

@@ -15,8 +15,9 @@ GPU now does, and undoes what it did in a `finally` (also after a failure):
 - MIG, per GPU in MIG mode: the smallest profile at a free placement created
   (GPU instance and compute instance), listed by `nvidia-smi -L`, destroyed,
   and no longer listed. A GPU without MIG support or with MIG mode off is a
-  skipped row saying which (gpu-check never changes the MIG mode: that needs a
-  GPU reset).
+  skipped row saying which (gpu-check never changes the MIG mode: on Hopper
+  and later that takes effect at once, on Ampere only after a GPU reset, and
+  either way it is the admin's or the partitionable plugin's to change).
 
 Nothing here imports pydantic (prepare's config model): the check runs with
 the system python3, the repository and nvidia-ml-py only.
@@ -37,7 +38,7 @@ from draplugin.devices.model import Device
 from draplugin.devices.schema import KIND_GPU
 from draplugin.gpucheck import MISMATCH, OK, SKIPPED, Row, SmiGpu, listed_uuids
 from draplugin.prepare import mig, mps, timeslice
-from draplugin.prepare.drivertools import DriverTools, run_tool
+from draplugin.prepare.drivertools import DriverTools
 from draplugin.prepare.errors import PlanError
 from draplugin.prepare.ledger import SharingLedger
 from draplugin.prepare.mps import MpsDaemons, MpsSettings
@@ -96,10 +97,12 @@ def listed_level(output: str) -> int | None:
 def mps_rows(gpu: Device, tools: DriverTools) -> list[Row]:
     subject = subject_of(gpu)
     try:
-        control = tools.path(mps.CONTROL)
+        tools.path(mps.CONTROL)
     except PlanError as err:
         return [_row("MPS start", subject, str(err), "a daemon that answers", False)]
-    daemons = MpsDaemons(lambda: control)  # a process of this check, as a host-run plugin has it
+    # A process of this check, as a host-run plugin has it, with the plugin's environment
+    # (DriverTools.env) and its /dev/shm tmpfs (root only: mounting needs it; else a directory).
+    daemons = MpsDaemons(tools, shm_bytes=None if os.geteuid() == 0 else 0)
     settings = MpsSettings((gpu.uuid,), MPS_THREADS, ((0, MPS_LIMIT_MIB),))
     rows: list[Row] = []
     with _ledger() as (work, ledger):
@@ -154,13 +157,14 @@ def timeslice_rows(
     if not is_root():
         return [Row("time-slice set", subject, "needs root (nvidia-smi compute-policy)", "", SKIPPED)]
     try:
-        smi = tools.path(timeslice.TOOL)
+        tools.path(timeslice.TOOL)
     except PlanError as err:
         return [_row("time-slice set", subject, str(err), _level(TIMESLICE_LEVEL), False)]
 
     def current() -> tuple[int | None, str]:
-        output = run_tool(
-            [str(smi), "compute-policy", "-i", gpu.uuid, "-l"],
+        output = tools.run(
+            timeslice.TOOL,
+            ["compute-policy", "-i", gpu.uuid, "-l"],
             error=PlanError,
             reason="TimeSliceFailed",
             what="nvidia-smi compute-policy -l",
@@ -176,7 +180,7 @@ def timeslice_rows(
         return [_row("time-slice set", subject, f"no level in: {output[:120]}", "a time-slice level", False)]
     if before != timeslice.DEFAULT_LEVEL:
         return [Row("time-slice set", subject, f"runs {_level(before)} already: left alone", "", SKIPPED)]
-    slicer = TimeSlicer(lambda: smi)
+    slicer = TimeSlicer(tools)  # prepare's own code and environment
     rows: list[Row] = []
     with _ledger() as (_, ledger):
         try:
@@ -230,10 +234,11 @@ def mig_rows(
             rows.append(Row("MIG create", subject, "this GPU does not support MIG", "", SKIPPED))
             continue
         if not gpu.mig_enabled:
-            rows.append(
-                Row("MIG create", subject, "MIG mode is off (nvidia-smi -mig 1 and a GPU reset turn it on; "
-                    "gpu-check does not)", "", SKIPPED)
-            )  # fmt: skip
+            off = (
+                f"MIG mode is off (nvidia-smi -i {gpu.uuid} -mig 1 turns it on, at once on Hopper and "
+                "later, after a GPU reset on Ampere; gpu-check leaves it)"
+            )
+            rows.append(Row("MIG create", subject, off, "", SKIPPED))
             continue
         mine = [d for d in placements if d.parent_uuid == gpu.uuid and mig.needs_instance(d)]
         rows += _create_and_destroy(subject, mine, partitioner, list_gpus)
@@ -298,9 +303,8 @@ def driver_listing(tools: DriverTools) -> Callable[[], str]:
     """`nvidia-smi -L` of the driver root, as a listing function for `mig_rows`."""
 
     def listing() -> str:
-        smi = tools.path(timeslice.TOOL)
-        return run_tool(
-            [str(smi), "-L"], error=PlanError, reason="NvidiaSmiFailed", what="nvidia-smi -L",
+        return tools.run(
+            timeslice.TOOL, ["-L"], error=PlanError, reason="NvidiaSmiFailed", what="nvidia-smi -L",
             timeout_s=TOOL_TIMEOUT_S,
         )  # fmt: skip
 

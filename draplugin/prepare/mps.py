@@ -12,6 +12,19 @@ control interface (`set_default_active_thread_percentage`,
 Unprepare sends `quit`, waits for the daemon to exit (forces it after a grace
 period), and removes the directories.
 
+Shared memory: the MPS server and its clients exchange memory segments through
+`/dev/shm`, so the daemon and the claim's containers get one directory as
+theirs, `<state>/mps/<claim uid>/shm`: a tmpfs of `--mps-shm-size` (default
+half the node's memory, as NVIDIA's DRA driver sizes it; `0`: a plain
+directory, for a plugin that may not mount), mounted `nosuid,nodev,noexec`
+with mode 1777 like a `/dev/shm`, so segments live in memory, not on the state
+dir's disk, and a claim cannot fill that disk. The ledger's `starting` entry is
+written before the mount, so a kill -9 at any later step leaves a record that
+unprepare or start-up's orphan sweep acts on: they unmount it (every mount at
+that path, lazily, so a process still holding a segment cannot keep it
+mounted) and remove the directory; a claim directory that no ledger entry
+explains is unmounted the same way before it is removed (`release_shm`).
+
 Lifetime: the daemon belongs to the claim, not to the plugin process. CUDA
 clients hold a connection to their daemon, so a daemon that is restarted is no
 help: it must not stop when the plugin does. Where it runs is a `DaemonRunner`,
@@ -49,18 +62,20 @@ else and the re-prepare starts it again.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
+import re
 import shutil
 import signal
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, cast
 
 from draplugin import crashpoints
-from draplugin.prepare.drivertools import run_tool
+from draplugin.prepare.drivertools import DriverTools, run_tool
 from draplugin.prepare.errors import PlanError
 from draplugin.prepare.ledger import LedgerEntry, SharingLedger
 
@@ -83,6 +98,12 @@ READY_POLL_S = 0.1
 QUIT_TIMEOUT_S = 10.0
 COMMAND_TIMEOUT_S = 10.0
 _MIB = 1 << 20
+# NVIDIA's DRA driver: half of MemTotal, 65536k when /proc/meminfo cannot be read.
+SHM_FALLBACK_BYTES = 65536 * 1024
+# mount(2) and umount2(2) flags (linux/fs.h, sys/mount.h).
+_MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 2, 4, 8
+_MNT_DETACH = 2
+_OCTAL = re.compile(r"\\([0-7]{3})")
 
 
 class MpsError(PlanError):
@@ -139,6 +160,66 @@ def process_start_time(pid: int, proc: Path = Path("/proc")) -> int | None:
     if not fields or fields[0] == "Z":
         return None
     return int(fields[19])
+
+
+def default_shm_bytes(meminfo: Path = Path("/proc/meminfo")) -> int:
+    """Half the node's memory (MemTotal), the default size of a claim's MPS tmpfs, as NVIDIA's driver."""
+    try:
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                number, _, unit = line.split(":", 1)[1].strip().partition(" ")
+                scale = {"": 1, "kB": 1024, "mB": _MIB}.get(unit.strip(), 1024)
+                return int(number) * scale // 2
+    except (OSError, ValueError):
+        pass
+    return SHM_FALLBACK_BYTES
+
+
+def mounts_at(path: Path, mountinfo: Path = Path("/proc/self/mountinfo")) -> int:
+    """How many mounts are stacked at `path` in this process's mount namespace."""
+    where = os.path.realpath(path)
+    try:
+        lines = mountinfo.read_text().splitlines()
+    except OSError:
+        return 0
+    # Field 5 is the mount point, with space, tab, newline and backslash octal-escaped.
+    points = (_OCTAL.sub(lambda m: chr(int(m[1], 8)), line.split(" ")[4]) for line in lines if line)
+    return sum(point == where for point in points)
+
+
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def mount_shm(path: Path, size_bytes: int) -> None:
+    """Mount a tmpfs of `size_bytes` at `path` (an existing directory), like a /dev/shm."""
+    options = f"size={size_bytes},mode=1777".encode()
+    flags = _MS_NOSUID | _MS_NODEV | _MS_NOEXEC
+    where = os.path.realpath(path).encode()
+    if _libc().mount(b"shm", where, b"tmpfs", flags, options) != 0:
+        errno = ctypes.get_errno()
+        raise MpsError(
+            "MpsShmFailed",
+            f"cannot mount a tmpfs of {size_bytes} bytes at {path} for the MPS daemon's /dev/shm: "
+            f"{os.strerror(errno)} (the plugin needs CAP_SYS_ADMIN, and in a pod its state dir mounted "
+            "with mountPropagation: Bidirectional; --mps-shm-size=0 keeps a plain directory)",
+        )
+
+
+def release_shm(path: Path) -> None:
+    """Unmount every mount at `path` (detached: a process still holding a segment cannot keep it
+    mounted), then remove the directory. Safe to repeat; MpsError if a mount stays."""
+    for _ in range(16):  # a mount stacked on a mount (a retried start): each goes
+        if not mounts_at(path):
+            break
+        if _libc().umount2(os.path.realpath(path).encode(), _MNT_DETACH) != 0:
+            errno = ctypes.get_errno()
+            raise MpsError(
+                "MpsShmFailed", f"cannot unmount the MPS shared memory at {path}: {os.strerror(errno)}"
+            )
+    if mounts_at(path):
+        raise MpsError("MpsShmFailed", f"the MPS shared memory at {path} is still mounted")
+    shutil.rmtree(path, ignore_errors=True)
 
 
 class DaemonRunner(Protocol):
@@ -198,7 +279,7 @@ class ProcessRunner:
             reason="MpsStartFailed",
             what=f"starting {control} -d",
             timeout_s=COMMAND_TIMEOUT_S,
-            env=env,
+            env=env,  # DriverTools.env, built by MpsDaemons
             new_session=True,  # the claim's daemon outlives this plugin process
         )
         return {}  # who it is: its PID file, read by `identity` (or by `find` after a crash)
@@ -250,14 +331,23 @@ def _pid(pipe: Path) -> int:
 
 
 class MpsDaemons:
-    """Start, find and stop per-claim MPS control daemons. `control` gives the binary's path (driver root);
-    `runner` where the daemons run (default: processes of this plugin, `ProcessRunner`)."""
+    """Start, find and stop per-claim MPS control daemons. `tools` runs the driver root's
+    `nvidia-cuda-mps-control` (and gives the environment the daemon runs with, wherever it runs);
+    `runner` where the daemons run (default: processes of this plugin, `ProcessRunner`);
+    `shm_bytes` the size of each claim's shared-memory tmpfs (None: `default_shm_bytes`, 0: a
+    plain directory)."""
 
     def __init__(
-        self, control: Callable[[], Path], *, proc: Path = Path("/proc"), runner: DaemonRunner | None = None
+        self,
+        tools: DriverTools,
+        *,
+        proc: Path = Path("/proc"),
+        runner: DaemonRunner | None = None,
+        shm_bytes: int | None = None,
     ) -> None:
-        self._control = control
+        self._tools = tools
         self._runner: DaemonRunner = runner if runner is not None else ProcessRunner(proc)
+        self._shm_bytes = default_shm_bytes() if shm_bytes is None else shm_bytes
 
     @property
     def runner(self) -> DaemonRunner:
@@ -287,25 +377,31 @@ class MpsDaemons:
 
     def _start(self, uid: str, settings: MpsSettings, directory: Path, ledger: SharingLedger) -> None:
         pipe, logs = directory / "pipe", directory / "log"
+        control = self._tools.path(CONTROL)
+        mps_env = self._mps_env(pipe, logs, settings.devices)
+        env = self._tools.env(CONTROL, mps_env)
         pipe.mkdir(parents=True, exist_ok=True)
         logs.mkdir(parents=True, exist_ok=True)
-        # The MPS server and its clients also talk through POSIX shared memory: the daemon Pod and
-        # the claim's containers get this one directory as /dev/shm (NVIDIA's driver does the same).
+        # The MPS server and its clients also talk through POSIX shared memory: the daemon and the
+        # claim's containers get this one directory as /dev/shm (NVIDIA's driver does the same).
         shm = directory / SHM_DIR
         shm.mkdir(exist_ok=True)
-        shm.chmod(0o1777)  # like /dev/shm: any user of the workload may create segments, not remove others'
-        control = self._control()
-        env = self._env(pipe, logs, settings.devices)
         where = {"pipe": str(pipe), "log": str(logs)}
+        # Recorded before the mount: a kill -9 from here on leaves an entry whose stop unmounts it.
         ledger.put(LedgerEntry(uid, KIND, KEY, "starting", where))
+        release_shm(shm)  # a mount no record explained (a lost ledger): never stack a second one
+        shm.mkdir(exist_ok=True)
+        if self._shm_bytes:
+            mount_shm(shm, self._shm_bytes)
+        shm.chmod(0o1777)  # like /dev/shm: any user of the workload may create segments, not remove others'
         launched = self._runner.launch(uid, control, env, pipe)
         if launched:
             ledger.put(LedgerEntry(uid, KIND, KEY, "starting", {**where, **launched}))
         crashpoints.reach(crashpoints.AFTER_MPS_START)
-        self._wait_ready(control, env, launched)
+        self._wait_ready(mps_env, launched)
         identity = self._runner.identity(pipe, launched)
         for command in self._commands(settings):
-            self.command(control, env, command)
+            self.command(mps_env, command)
         ledger.put(
             LedgerEntry(uid, KIND, KEY, "running", {**where, **identity, "settings": settings.to_json()})
         )
@@ -325,15 +421,17 @@ class MpsDaemons:
         )
         return commands
 
-    def command(self, control: Path, env: Mapping[str, str], command: str) -> str:
-        """One control command (`echo <command> | nvidia-cuda-mps-control`); its answer, or MpsError."""
-        return run_tool(
-            [str(control)],
+    def command(self, mps_env: Mapping[str, str], command: str) -> str:
+        """One control command (`echo <command> | nvidia-cuda-mps-control`) with the MPS variables
+        `mps_env` (pipe directory); its answer, or MpsError."""
+        return self._tools.run(
+            CONTROL,
+            [],
             error=MpsError,
             reason="MpsControlFailed",
             what=f"MPS control command {command!r}",
             timeout_s=COMMAND_TIMEOUT_S,
-            env=env,
+            env=mps_env,
             stdin=command + "\n",
         )
 
@@ -343,9 +441,9 @@ class MpsDaemons:
         if entry is None:
             raise MpsError("MpsNotRunning", f"claim uid {uid} has no MPS control daemon")
         pipe, logs = Path(str(entry.data["pipe"])), Path(str(entry.data["log"]))
-        return self.command(self._control(), self._env(pipe, logs, ()), command)
+        return self.command(self._mps_env(pipe, logs, ()), command)
 
-    def _wait_ready(self, control: Path, env: Mapping[str, str], launched: Mapping[str, object]) -> None:
+    def _wait_ready(self, mps_env: Mapping[str, str], launched: Mapping[str, object]) -> None:
         timeout = self._runner.ready_timeout_s
         deadline = time.monotonic() + timeout
         last = ""
@@ -354,7 +452,7 @@ class MpsDaemons:
             if why is not None:
                 raise MpsError("MpsStartFailed", f"the MPS control daemon did not start: {why}")
             try:
-                self.command(control, env, READY_COMMAND)
+                self.command(mps_env, READY_COMMAND)
                 return
             except MpsError as err:
                 last = str(err)
@@ -371,7 +469,7 @@ class MpsDaemons:
         found = self._runner.find(uid, entry.state, entry.data, pipe)
         if found is not None:
             try:
-                self.command(self._control(), self._env(pipe, logs, ()), "quit")
+                self.command(self._mps_env(pipe, logs, ()), "quit")
             except (MpsError, PlanError) as err:
                 log.warning(
                     "MPS quit failed, killing the daemon", extra={"claim_uid": uid, "error": str(err)}
@@ -379,7 +477,7 @@ class MpsDaemons:
             self._runner.end(uid, found)
         # A daemon that died leaves its pipes, PID file and shared memory; a new one must not find them.
         shutil.rmtree(pipe, ignore_errors=True)
-        shutil.rmtree(pipe.parent / SHM_DIR, ignore_errors=True)
+        release_shm(pipe.parent / SHM_DIR)  # the entry stays if a mount does: unprepare is retried
         ledger.drop(uid, KIND, KEY)
         log.info("MPS control daemon stopped", extra={"claim_uid": uid, "ran": found is not None})
 
@@ -387,9 +485,10 @@ class MpsDaemons:
         """Claims whose daemon the runner sees outside the ledger (start-up stops those not prepared)."""
         return self._runner.claim_uids()
 
-    def _env(self, pipe: Path, logs: Path, devices: Sequence[str]) -> dict[str, str]:
+    @staticmethod
+    def _mps_env(pipe: Path, logs: Path, devices: Sequence[str]) -> dict[str, str]:
+        """The MPS variables; `DriverTools.env` adds what finds the driver's binaries and libraries."""
         env = {
-            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
             "CUDA_MPS_PIPE_DIRECTORY": str(pipe),
             "CUDA_MPS_LOG_DIRECTORY": str(logs),
         }

@@ -13,10 +13,18 @@ plugin at prepare in the plugin's namespace:
   with the driver root's `nvidia-cuda-mps-control -f` as its command, in the
   foreground, so the container lives exactly as long as the daemon;
 - it mounts the claim's directory (`<state>/mps/<uid>`, pipe and log) at the
-  same host path the plugin uses, and the driver root where the plugin sees
-  it, so the binary path and the pipe directory are the same in both, and
-  the plugin's control commands (readiness, limits, `quit`) reach the daemon
-  through the named pipes on the host exactly as in the process mode;
+  same host path the plugin uses, its `shm` (the claim's tmpfs) as
+  `/dev/shm`, the driver root where the plugin sees it, and the plugin's
+  library views (`draplugin.prepare.drivertools.library_view`, links to the
+  driver's libraries, read only) at their path, so the binary path, the pipe
+  directory and the environment are the same in both: the container runs
+  with exactly the environment `DriverTools.env` builds for the process mode
+  (PATH with the root's binary directories, where the control daemon finds
+  `nvidia-cuda-mps-server`; LD_LIBRARY_PATH the view, where the server finds
+  libcuda and nothing else of the root, since our image's loader must not pick
+  up the root's C library), and the plugin's control commands (readiness,
+  limits, `quit`) reach the daemon through the named pipes on the host exactly
+  as in the process mode;
 - labels: `app.kubernetes.io/component=mps-control-daemon` and
   `<driver>/claim-uid=<uid>`; its name is `mps-<claim uid>`, so a plugin
   killed between the create and the ledger record still knows what to delete.
@@ -36,7 +44,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, cast
@@ -84,6 +92,9 @@ class PodSettings:
     # The driver root on the host and where this process (and so the Pod) sees it; None: not mounted.
     driver_root: str | None = None
     driver_root_mount: Path | None = None
+    # Where the plugin keeps its library views (DriverTools.views, in the state dir): the daemon's
+    # LD_LIBRARY_PATH is one of them. None: not mounted.
+    library_views: Path | None = None
     # Real GPUs: the daemon opens the claim's device nodes (the plugin's DaemonSet is privileged too).
     privileged: bool = False
     priority_class: str | None = "system-node-critical"
@@ -103,13 +114,10 @@ class PodRunner:
         api: KubeApi,
         settings: PodSettings,
         *,
-        library_path: Callable[[], str] | None = None,
         quit_timeout_s: float = QUIT_TIMEOUT_S,
     ) -> None:
         self._api = api
         self._settings = settings
-        # The driver's library directories, for the daemon's LD_LIBRARY_PATH (the MPS server loads libcuda).
-        self._library_path = library_path
         self._quit_timeout_s = quit_timeout_s
         self._node_uid: str | None = None
 
@@ -195,11 +203,9 @@ class PodRunner:
     def pod(self, uid: str, control: Path, env: Mapping[str, str], claim_dir: Path) -> dict[str, Any]:
         """The daemon Pod of a claim (module docstring)."""
         s = self._settings
+        # DriverTools.env, as the process mode has it: valid here because the Pod mounts the driver
+        # root and the library views where this process sees them.
         environment = dict(env)
-        # The daemon starts nvidia-cuda-mps-server from its own directory's tools, found on PATH.
-        environment["PATH"] = f"{control.parent}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-        if self._library_path is not None:
-            environment["LD_LIBRARY_PATH"] = self._library_path()
         mounts: list[dict[str, Any]] = [
             {"name": "claim", "mountPath": str(claim_dir)},
             # The server and its clients share memory segments: the same directory the claim's
@@ -219,6 +225,11 @@ class PodRunner:
                 mount["mountPropagation"] = "HostToContainer"
             mounts.append(mount)
             volumes.append({"name": "driver-root", "hostPath": {"path": s.driver_root, "type": "Directory"}})
+        if s.library_views is not None:
+            mounts.append({"name": "driver-libs", "mountPath": str(s.library_views), "readOnly": True})
+            volumes.append(
+                {"name": "driver-libs", "hostPath": {"path": str(s.library_views), "type": "Directory"}}
+            )
         if s.privileged:
             security: dict[str, Any] = {"privileged": True}
         else:

@@ -145,6 +145,7 @@ class SharingState:
             mig.destroy_for_claim(claim_uid, self._require(self.mig, "MIG devices", claim_uid), self.ledger)
         directory = self.mps_dir(claim_uid)
         if directory.exists():
+            mps.release_shm(directory / mps.SHM_DIR)  # a tmpfs no ledger entry explained: never rmtree it
             shutil.rmtree(directory)
             log.info("sharing state released", extra={"claim_uid": claim_uid, "strategy": "MPS"})
 

@@ -18,12 +18,11 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping
-from pathlib import Path
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from draplugin import crashpoints
-from draplugin.prepare.drivertools import run_tool
+from draplugin.prepare.drivertools import DriverTools
 from draplugin.prepare.errors import PlanError
 from draplugin.prepare.ledger import LedgerEntry, SharingLedger
 
@@ -57,10 +56,11 @@ def wanted_levels(plan: ClaimPlan) -> dict[str, tuple[str, int]]:
 
 
 class TimeSlicer:
-    """Applies and resets GPU time-slices through `nvidia-smi` (`tool` gives its path)."""
+    """Applies and resets GPU time-slices through the driver root's `nvidia-smi`, run by `tools` (with
+    the environment that finds its NVML from inside the plugin's pod)."""
 
-    def __init__(self, tool: Callable[[], Path]) -> None:
-        self._tool = tool
+    def __init__(self, tools: DriverTools) -> None:
+        self._tools = tools
         # Claims are prepared in parallel threads: the look at other holders and the set that
         # follows must not interleave with another claim's, or two intervals could both pass.
         self._lock = threading.Lock()
@@ -116,12 +116,12 @@ class TimeSlicer:
             ledger.drop(uid, KIND, entry.key)
 
     def _set(self, gpu: str, level: int, who: str) -> None:
-        tool = self._tool()
-        command = [str(tool), "compute-policy", "-i", gpu, "--set-timeslice", str(level)]
-        run_tool(
-            command,
+        args = ["compute-policy", "-i", gpu, "--set-timeslice", str(level)]
+        self._tools.run(
+            TOOL,
+            args,
             error=TimeSliceError,
             reason="TimeSliceFailed",
-            what=f"claim {who}: {' '.join(command)}",
+            what=f"claim {who}: {self._tools.path(TOOL)} {' '.join(args)}",
             timeout_s=COMMAND_TIMEOUT_S,
         )

@@ -31,7 +31,6 @@ from draplugin.events import KubeEvents
 from draplugin.kubelet.dra import DEFAULT_MAX_CONCURRENT_CLAIMS
 from draplugin.kubelet.serialize import held_now, lock_path
 from draplugin.metrics import ClaimMetrics
-from draplugin.prepare import mps, timeslice
 from draplugin.prepare.api import REQUEST_TIMEOUT_S, KubeClaimReader
 from draplugin.prepare.claimstatus import ClaimStatusWriter, enabled_for
 from draplugin.prepare.driver import GpuDriver
@@ -44,6 +43,8 @@ from draplugin.prepare.timeslice import TimeSlicer
 log = logging.getLogger(__name__)
 
 CHECKPOINT_FILE = "checkpoint.json"
+# Under the state dir: links to the driver's libraries, the LD_LIBRARY_PATH of its tools.
+LIBRARY_VIEWS = "driver-libs"
 # Status writes are few and never urgent: a handful of workers keeps up, and leaves the API server
 # (and our CPU) to the prepares' GETs.
 STATUS_WORKERS = 4
@@ -118,23 +119,25 @@ def _mps_runner(settings: Settings, api: KubeApi, tools: DriverTools) -> DaemonR
         driver_root_mount=settings.driver_root_mount,
         privileged=settings.backend == "nvml",  # real GPUs: the daemon opens their device nodes
     )
-    return PodRunner(api, pods, library_path=tools.library_path)
+        library_views=tools.views,
+    return PodRunner(api, pods)
 
 
 def _sharing(
     settings: Settings, backend: DeviceBackend, files: driverfiles.DriverFiles | None, api: KubeApi
 ) -> SharingState:
-    """MIG from the backend; MPS daemons and time-slices through the driver root's own tools."""
-    tools = DriverTools(files) if files is not None else None
+    """MIG from the backend; MPS daemons and time-slices through the driver root's own tools, each
+    run with the one environment `DriverTools.env` builds (its library views in the state dir)."""
+    tools = DriverTools(files, settings.state_dir / LIBRARY_VIEWS) if files is not None else None
     return SharingState(
         settings.state_dir,
         mig_partitioner=_mig_partitioner(settings, backend),
         mps_daemons=(
-            MpsDaemons(lambda: tools.path(mps.CONTROL), runner=_mps_runner(settings, api, tools))
+            MpsDaemons(tools, runner=_mps_runner(settings, api, tools), shm_bytes=settings.mps_shm_size)
             if tools is not None
             else None
         ),
-        time_slicer=TimeSlicer(lambda: tools.path(timeslice.TOOL)) if tools is not None else None,
+        time_slicer=TimeSlicer(tools) if tools is not None else None,
     )
 
 

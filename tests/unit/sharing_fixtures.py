@@ -13,12 +13,19 @@ import pytest
 
 from draplugin.cdi.driverfiles import DriverFiles
 from draplugin.cdi.driverlayout import DriverRoot
-from draplugin.prepare import mps, timeslice
+from draplugin.prepare import mps
 from draplugin.prepare.drivertools import DriverTools
 from draplugin.prepare.mps import MpsDaemons
 from draplugin.prepare.sharing import SharingState
 from draplugin.prepare.timeslice import TimeSlicer
 from tests.driverroot_layout import TOOL_STATE, command_log, debian_layout
+
+SHM_BYTES = 16 << 20
+
+
+def shm_bytes() -> int:
+    """Each claim's MPS tmpfs where this test may mount one (root), else a plain directory."""
+    return SHM_BYTES if os.geteuid() == 0 else 0
 
 
 @dataclass
@@ -29,11 +36,11 @@ class ToolNode:
     driver_root: Path
 
     def sharing(self) -> SharingState:
-        tools = DriverTools(DriverFiles(DriverRoot.at(str(self.driver_root))))
+        tools = DriverTools(DriverFiles(DriverRoot.at(str(self.driver_root))), self.state / "driver-libs")
         return SharingState(
             self.state,
-            mps_daemons=MpsDaemons(lambda: tools.path(mps.CONTROL)),
-            time_slicer=TimeSlicer(lambda: tools.path(timeslice.TOOL)),
+            mps_daemons=MpsDaemons(tools, shm_bytes=shm_bytes()),
+            time_slicer=TimeSlicer(tools),
         )
 
     def commands(self) -> list[str]:
@@ -69,3 +76,5 @@ def tool_node(tmp_path: Path) -> Iterator[ToolNode]:
     yield node
     for pid in node.daemon_pids():  # a failing test must not leave daemons running
         os.kill(pid, signal.SIGKILL)
+    for shm in node.state.glob("mps/*/shm"):  # nor a claim's tmpfs mounted
+        mps.release_shm(shm)

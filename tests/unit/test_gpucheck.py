@@ -129,7 +129,7 @@ def test_matching_discovery_passes_and_container_is_skipped_without_runc(tmp_pat
     } <= checks
     # One spec per published device (two MIG devices of the H100, the A10G), each with the driver files.
     specs = by_check(rows, "CDI spec")
-    assert [r.subject for r in specs] == ["gpu-0-mig-3g40gb-0", "gpu-0-mig-1g10gb-6", "gpu-1"]
+    assert [r.subject for r in specs] == ["gpu-0-mig-3g40gb-9-0", "gpu-0-mig-1g10gb-19-6", "gpu-1"]
     assert all(r.status == gpucheck.OK for r in specs)
     containers = by_check(rows, "container nvidia-smi -L")
     assert [(r.status, r.ours) for r in containers] == [(gpucheck.SKIPPED, "no runc on PATH")] * 3
@@ -262,3 +262,23 @@ def test_minimal_rootfs_holds_the_loader_and_c_library(tmp_path: Path) -> None:
 def test_cannot_run_without_nvidia_smi(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     assert gpucheck.main(["--nvidia-smi", str(tmp_path / "no-nvidia-smi")]) == 2
     assert "gpu-check: cannot run" in capsys.readouterr().err
+
+
+def no_mig_devices_yet() -> tuple[str, FakeNvml]:
+    """The H100 with MIG mode on and no MIG device: how partitionable MIG starts."""
+    h100 = h100_with_mig()
+    h100.migs = []
+    start = SMI_XML.index("<mig_devices>")
+    end = SMI_XML.index("</mig_devices>") + len("</mig_devices>")
+    return SMI_XML[:start] + "<mig_devices>None</mig_devices>" + SMI_XML[end:], FakeNvml([h100, a10g()])
+
+
+def test_mig_mode_on_without_mig_devices_is_no_mismatch(tmp_path: Path) -> None:
+    xml, nvml = no_mig_devices_yet()
+    rows = rows_for(tmp_path, xml, nvml=nvml)
+    h100 = "GPU-11111111-2222-3333-4444-555555555555 (0000:18:00.0)"
+    mine = {r.check: r for r in rows if r.subject == h100}
+    assert [r for r in rows if r.status == gpucheck.MISMATCH] == []
+    assert mine["published"].status == gpucheck.OK and "no MIG devices yet" in mine["published"].ours
+    assert (mine["MIG mode"].ours, mine["MIG mode"].theirs) == ("on", "on")
+    assert (mine["MIG devices"].ours, mine["MIG devices"].theirs) == ("0", "0")

@@ -112,7 +112,7 @@ def test_a_daemon_that_ignores_the_limits_is_a_mismatch_and_is_still_stopped(tmp
         'grep -v "^set_" | "$(dirname "$0")/mps-control.real"\n'
     )
     control.chmod(0o755)
-    rows = gpucheck_sharing.mps_rows(gpu_1(), DriverTools(DriverFiles(DriverRoot.at(str(root)))))
+    rows = gpucheck_sharing.mps_rows(gpu_1(), tools_of(root))
     assert statuses(rows, "MPS start", "MPS thread %", "MPS pinned memory", "MPS stop") == [
         ("MPS start", gpucheck.OK),
         ("MPS thread %", gpucheck.MISMATCH),
@@ -128,7 +128,7 @@ def test_a_daemon_that_does_not_start_is_a_mismatch_with_the_tools_words(tmp_pat
     (root / "usr/bin" / mps.CONTROL).write_text(
         "#!/bin/sh\necho 'MPS is not supported on this GPU' >&2\nexit 1\n"
     )
-    rows = gpucheck_sharing.mps_rows(gpu_1(), DriverTools(DriverFiles(DriverRoot.at(str(root)))))
+    rows = gpucheck_sharing.mps_rows(gpu_1(), tools_of(root))
     (start,) = by_check(rows, "MPS start")
     assert (
         start.status == gpucheck.MISMATCH and "MpsStartFailed" in start.ours and "not supported" in start.ours
@@ -142,7 +142,7 @@ def test_a_time_slice_that_does_not_take_is_a_mismatch_and_is_reset(tmp_path: Pa
     smi = root / "usr/bin/nvidia-smi"
     # --set-timeslice answers success but keeps the GPU at the default.
     smi.write_text(smi.read_text().replace('echo "$level" > "$STATE/timeslice-$gpu"', "true"))
-    rows = gpucheck_sharing.timeslice_rows(gpu_1(), DriverTools(DriverFiles(DriverRoot.at(str(root)))))
+    rows = gpucheck_sharing.timeslice_rows(gpu_1(), tools_of(root))
     assert statuses(rows, "time-slice set", "time-slice reset") == [
         ("time-slice set", gpucheck.MISMATCH),
         ("time-slice reset", gpucheck.OK),
@@ -156,14 +156,14 @@ def test_a_gpu_that_runs_another_time_slice_is_left_alone(tmp_path: Path) -> Non
     state = root / TOOL_STATE
     state.mkdir(parents=True, exist_ok=True)
     (state / f"timeslice-{A10G}").write_text("3\n")
-    rows = gpucheck_sharing.timeslice_rows(gpu_1(), DriverTools(DriverFiles(DriverRoot.at(str(root)))))
+    rows = gpucheck_sharing.timeslice_rows(gpu_1(), tools_of(root))
     assert [(r.status, r.ours) for r in rows] == [(gpucheck.SKIPPED, "runs Long (3) already: left alone")]
     assert (state / f"timeslice-{A10G}").read_text().strip() == "3"
     assert not [line for line in command_log(root) if "--set-timeslice" in line]
 
 
 def test_time_slice_needs_root(tmp_path: Path) -> None:
-    tools = DriverTools(DriverFiles(native_root(tmp_path)))
+    tools = tools_of(native_root(tmp_path).mounted)
     (row,) = gpucheck_sharing.timeslice_rows(gpu_1(), tools, is_root=lambda: False)
     assert (row.status, row.ours) == (gpucheck.SKIPPED, "needs root (nvidia-smi compute-policy)")
 
@@ -224,6 +224,22 @@ def test_sizes_and_levels_as_the_tools_print_them() -> None:
     assert gpucheck_sharing.listed_level("No compute policies") is None
 
 
+def tools_of(root: Path) -> DriverTools:
+    """The driver root's tools as gpu-check builds them (library links next to the root)."""
+    return DriverTools(DriverFiles(DriverRoot.at(str(root))), root.parent / "driver-libs")
+
+
 def gpu_1() -> Device:
     (gpu,) = [d for d in NvmlBackend("n", nvml=FakeNvml([a10g()])).discover() if d.uuid == A10G]
     return gpu
+
+
+def test_mig_mode_off_says_hopper_needs_no_reset() -> None:
+    off = SMI_XML.replace("<current_mig>Enabled</current_mig>", "<current_mig>Disabled</current_mig>")
+    nvml = FakeNvml([h100_with_mig(), a10g()])
+    (gpu, _) = gpucheck.parse_smi_xml(off)
+    (row,) = gpucheck_sharing.mig_rows(
+        [gpu], [], NvmlBackend("n", nvml=nvml, partitionable=True), fake_listing(nvml)
+    )
+    # Turning MIG mode on needs a GPU reset on Ampere only; Hopper and later take it at once.
+    assert "nvidia-smi -i" in row.ours and "Ampere" in row.ours and "Hopper" in row.ours

@@ -66,11 +66,11 @@ def test_prepare_starts_a_configured_daemon_for_the_claim(tool_node: ToolNode) -
     (entry,) = sharing.ledger.entries("uid-a", mps.KIND)
     assert entry.state == "running" and entry.data["pid"] in tool_node.daemon_pids()
     # The daemon answers with what it was set to.
-    control, env = tool_node.driver_root / "usr/bin" / mps.CONTROL, {"CUDA_MPS_PIPE_DIRECTORY": str(pipe)}
-    assert (
-        mps.MpsDaemons(lambda: control).command(control, env, "get_default_active_thread_percentage")
-        == "50.0"
+    assert sharing.mps is not None
+    answer = sharing.mps.command(
+        {"CUDA_MPS_PIPE_DIRECTORY": str(pipe)}, "get_default_active_thread_percentage"
     )
+    assert answer == "50.0"
     # The containers get the pipe directory and the variables pointing at it.
     edits = render_spec(plan, sharing.host_dir_for(plan)).to_json()["devices"][0]["containerEdits"]
     assert edits["mounts"][0]["hostPath"] == str(pipe.parent)
@@ -168,3 +168,78 @@ def test_process_start_time_tells_a_reused_pid_apart(tmp_path: Path) -> None:
     assert mps.process_start_time(42, tmp_path) == 777
     assert mps.process_start_time(43, tmp_path) is None
     assert mps.process_start_time(os.getpid()) is not None
+
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
+
+
+@needs_root
+def test_the_claims_shm_is_a_sized_tmpfs_gone_at_unprepare(tool_node: ToolNode) -> None:
+    sharing = tool_node.sharing()
+    sharing.apply(mps_plan())
+    shm = sharing.mps_dir("uid-a") / mps.SHM_DIR
+    (line,) = [m for m in Path("/proc/self/mountinfo").read_text().splitlines() if f" {shm} " in m]
+    assert " - tmpfs shm " in line and f"size={sharing_fixtures.SHM_BYTES // 1024}k" in line
+    assert "nosuid" in line and "nodev" in line and "noexec" in line
+    assert shm.stat().st_mode & 0o7777 == 0o1777
+    sharing.release("uid-a")
+    assert mps.mounts_at(shm) == 0 and not sharing.mps_dir("uid-a").exists()
+
+
+@needs_root
+@pytest.mark.parametrize("step", ["after the mount", "after the start"])
+def test_kill_at_any_step_leaves_no_mount_once_start_up_has_run(
+    tool_node: ToolNode, monkeypatch: pytest.MonkeyPatch, step: str
+) -> None:
+    mount = mps.mount_shm
+
+    def mount_then_die(path: Path, size: int) -> None:
+        mount(path, size)
+        raise Killed(step)
+
+    def reach(at: str) -> None:
+        if at == crashpoints.AFTER_MPS_START:
+            raise Killed(at)
+
+    if step == "after the mount":
+        monkeypatch.setattr(mps, "mount_shm", mount_then_die)
+    else:
+        monkeypatch.setattr(crashpoints, "reach", reach)
+    with pytest.raises(Killed):
+        tool_node.sharing().apply(mps_plan())
+    monkeypatch.undo()
+    shm = tool_node.state / "mps/uid-a" / mps.SHM_DIR
+    assert mps.mounts_at(shm) == 1  # killed: the tmpfs is there, the ledger says "starting"
+    restarted = tool_node.sharing()
+    assert restarted.release_orphans(prepared=set()) == ["uid-a"]
+    assert mps.mounts_at(shm) == 0 and not shm.parent.exists() and tool_node.daemon_pids() == []
+
+
+@needs_root
+def test_a_mount_no_ledger_entry_explains_is_removed_at_start_up(tool_node: ToolNode) -> None:
+    sharing = tool_node.sharing()
+    sharing.apply(mps_plan())
+    shm = sharing.mps_dir("uid-a") / mps.SHM_DIR
+    # The record is lost (the daemon and its tmpfs are not).
+    (tool_node.state / "sharing-ledger.json").unlink()
+    restarted = tool_node.sharing()
+    assert restarted.release_orphans(prepared=set()) == ["uid-a"]
+    assert mps.mounts_at(shm) == 0 and not shm.parent.exists()
+    for pid in tool_node.daemon_pids():
+        kill_daemon(pid)
+
+
+def test_mps_shm_size_setting() -> None:
+    from draplugin import config
+
+    assert config.load({"node_name": "n"}, {}).mps_shm_size is None
+    assert config.load({"node_name": "n"}, {"MPS_SHM_SIZE": "8Gi"}).mps_shm_size == 8 << 30
+    assert config.load({"node_name": "n", "mps_shm_size": "0"}, {}).mps_shm_size == 0
+    with pytest.raises(config.ConfigError, match=r"--mps-shm-size \(MPS_SHM_SIZE\)"):
+        config.load({"node_name": "n", "mps_shm_size": "lots"}, {})
+
+
+def test_default_shm_size_is_half_the_node_memory(tmp_path: Path) -> None:
+    (tmp_path / "meminfo").write_text("MemTotal:       16384000 kB\nMemFree: 1 kB\n")
+    assert mps.default_shm_bytes(tmp_path / "meminfo") == 16384000 * 1024 // 2
+    assert mps.default_shm_bytes(tmp_path / "none") == mps.SHM_FALLBACK_BYTES

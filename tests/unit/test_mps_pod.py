@@ -34,6 +34,7 @@ from draplugin.prepare.mpspod import PodRunner, PodSettings
 from draplugin.prepare.plan import PlanError
 from draplugin.prepare.sharing import SharingState
 from tests.driverroot_layout import debian_layout
+from tests.unit.sharing_fixtures import shm_bytes
 from tests.unit.test_mps import Killed, mps_plan
 
 # Module-level: inside PodApi, `list` is its method.
@@ -48,8 +49,10 @@ PODS = f"/api/v1/namespaces/{NAMESPACE}/pods"
 class PodApi:
     """The four pod verbs (and the Node GET) of KubeApi, with each Pod's container run as a process."""
 
-    def __init__(self, fail_image: str | None = None) -> None:
+    def __init__(self, fail_image: str | None = None, log_dir: Path | None = None) -> None:
         self.pods: dict[str, dict[str, Any]] = {}
+        # Where each container's output goes (what `kubectl logs` shows); None: this test's output.
+        self.log_dir = log_dir
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self.created: list[dict[str, Any]] = []
         self.fail_image = fail_image
@@ -90,7 +93,14 @@ class PodApi:
         container = body["spec"]["containers"][0]
         if container["image"] != self.fail_image:
             env = {e["name"]: e["value"] for e in container["env"]}
-            self.processes[name] = subprocess.Popen(container["command"], env=env, start_new_session=True)
+            out = open(self.log_dir / f"{name}.log", "ab") if self.log_dir is not None else None  # noqa: SIM115
+            try:
+                self.processes[name] = subprocess.Popen(
+                    container["command"], env=env, start_new_session=True, stdout=out, stderr=out
+                )
+            finally:
+                if out is not None:
+                    out.close()
         return pod
 
     def delete(self, path: str, options: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -139,18 +149,17 @@ class PodNode:
         self.api = api
 
     def sharing(self, image: str = "draplugin:test") -> SharingState:
-        tools = DriverTools(DriverFiles(DriverRoot.at(str(self.driver_root))))
+        tools = DriverTools(DriverFiles(DriverRoot.at(str(self.driver_root))), self.state / "driver-libs")
         settings = PodSettings(
             namespace=NAMESPACE,
             node_name=NODE,
             driver_name=DRIVER,
             image=image,
             driver_root=str(self.driver_root),
+            library_views=tools.views,
         )
-        runner = PodRunner(self.api, settings, library_path=tools.library_path, quit_timeout_s=5)  # type: ignore[arg-type]
-        return SharingState(
-            self.state, mps_daemons=MpsDaemons(lambda: tools.path(mps.CONTROL), runner=runner)
-        )
+        runner = PodRunner(self.api, settings, quit_timeout_s=5)  # type: ignore[arg-type]
+        return SharingState(self.state, mps_daemons=MpsDaemons(tools, runner=runner, shm_bytes=shm_bytes()))
 
     def ask(self, sharing: SharingState, command: str, uid: str = "uid-a") -> str:
         assert sharing.mps is not None
@@ -165,8 +174,12 @@ def api() -> Iterator[PodApi]:
 
 
 @pytest.fixture
-def node(tmp_path: Path, api: PodApi) -> PodNode:
-    return PodNode(tmp_path, api)
+def node(tmp_path: Path, api: PodApi) -> Iterator[PodNode]:
+    node = PodNode(tmp_path, api)
+    yield node
+    api.close()
+    for shm in node.state.glob("mps/*/shm"):  # nor a claim's tmpfs mounted
+        mps.release_shm(shm)
 
 
 def test_prepare_creates_a_daemon_pod_on_this_node_that_answers_with_the_limits(node: PodNode) -> None:
@@ -190,9 +203,20 @@ def test_prepare_creates_a_daemon_pod_on_this_node_that_answers_with_the_limits(
     assert container["command"] == [str(control), "-f"]  # in the foreground: the container is the daemon
     env = {e["name"]: e["value"] for e in container["env"]}
     assert env["CUDA_MPS_PIPE_DIRECTORY"] == str(claim_dir / "pipe")
-    assert env["CUDA_VISIBLE_DEVICES"] and str(node.driver_root) in env["LD_LIBRARY_PATH"]
+    # The environment DriverTools.env builds for the process mode: the root's binaries on PATH, the
+    # library view (links to the driver's libraries only) as LD_LIBRARY_PATH, mounted read only.
+    assert env["CUDA_VISIBLE_DEVICES"]
+    assert env["PATH"].split(":")[0] == str(control.parent)
+    views = node.state / "driver-libs"
+    assert Path(env["LD_LIBRARY_PATH"]).parent == views
+    assert (Path(env["LD_LIBRARY_PATH"]) / "libcuda.so.1").resolve().is_relative_to(node.driver_root)
     mounts = {m["mountPath"]: m.get("readOnly", False) for m in container["volumeMounts"]}
-    assert mounts == {str(claim_dir): False, str(node.driver_root): True, "/dev/shm": False}
+    assert mounts == {
+        str(claim_dir): False,
+        str(node.driver_root): True,
+        "/dev/shm": False,
+        str(views): True,
+    }
     # The daemon's /dev/shm is the claim's shm directory, the one its containers get too.
     (shm,) = [m for m in container["volumeMounts"] if m["mountPath"] == "/dev/shm"]
     assert (shm["name"], shm["subPath"]) == ("claim", "shm")
@@ -281,6 +305,8 @@ def test_start_up_deletes_daemon_pods_of_claims_the_checkpoint_does_not_hold(nod
     sharing = node.sharing()
     sharing.apply(mps_plan("uid-a"))
     sharing.apply(mps_plan("uid-b"))
+    for shm in node.state.glob("mps/*/shm"):  # its tmpfs mounts stay with the old path
+        mps.release_shm(shm)
     shutil.rmtree(node.state)  # the state dir lost (a new host path, say): only the Pods say
     restarted = node.sharing()
     assert restarted.release_orphans(prepared={"uid-a"}) == ["uid-b"]
