@@ -1,0 +1,377 @@
+"""The NVML test double (tests/cluster/nvmldouble) from Python tests.
+
+The double is a real ``libnvidia-ml.so.1`` with NVML's C ABI over NVIDIA's go-nvml mock
+machines. Anything that loads NVML can load it: the real ``pynvml``, NVIDIA's ``nvidia-smi``, Go
+programs using go-nvml (nvidia-ctk). Its configuration is a JSON file named by
+``NVML_DOUBLE_CONFIG``; MIG mode and instances live in a state file shared by every process.
+
+    double = NvmlDouble.create(tmp_path, machine="dgxh100", gpus=2)
+    subprocess.run([...], env={**os.environ, **double.env()})
+    with double.pynvml() as nvml:
+        handle = nvml.nvmlDeviceGetHandleByIndex(0)
+
+``DRA_NVML_DOUBLE_DIR`` names a directory holding a built library; otherwise
+``tests/cluster/build_nvml_double.sh`` builds it (a cache check when warm).
+``DRA_NVIDIA_DEBS_DIR`` names a directory with NVIDIA's Debian packages unpacked (``nvidia-smi``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import dataclasses
+import functools
+import json
+import os
+import subprocess
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+BUILD_SCRIPT = REPO / "tests" / "cluster" / "build_nvml_double.sh"
+LIBRARY_NAME = "libnvidia-ml.so.1"
+MACHINES = ("dgxa100", "dgxh100", "dgxh200", "dgxb200")
+# Where nvidia-smi may be found: the permanent fetch (DRA_NVIDIA_DEBS_DIR), else a private unpack.
+NVIDIA_SMI_PATHS = ("usr/lib/nvidia/current/nvidia-smi", "usr/bin/nvidia-smi", "nvidia-smi")
+FALLBACK_DEBS_DIRS = ("/tmp/nvdebs/root",)
+
+# NVML's GPU instance profile IDs (nvml.h NVML_GPU_INSTANCE_PROFILE_*), for MigDevice.gi_profile_id.
+GI_PROFILE_1_SLICE = 0
+GI_PROFILE_2_SLICE = 1
+GI_PROFILE_3_SLICE = 2
+GI_PROFILE_4_SLICE = 3
+GI_PROFILE_7_SLICE = 4
+
+
+class NvmlDoubleUnavailable(RuntimeError):
+    """The double could not be found or built; the message says what is missing."""
+
+
+@functools.cache
+def library_dir() -> Path:
+    """The directory holding the built double (``libnvidia-ml.so.1``, ``gonvmlcheck``)."""
+    given = os.environ.get("DRA_NVML_DOUBLE_DIR")
+    if given and (Path(given) / LIBRARY_NAME).is_file():
+        return Path(given)
+    try:
+        done = subprocess.run(
+            ["bash", str(BUILD_SCRIPT)], capture_output=True, text=True, timeout=1800, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as err:
+        raise NvmlDoubleUnavailable(f"{BUILD_SCRIPT}: {err}") from err
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        raise NvmlDoubleUnavailable(
+            f"{BUILD_SCRIPT} failed ({done.returncode}): {done.stderr.strip()[-2000:]}"
+        )
+    out = Path(lines[-1])
+    if not (out / LIBRARY_NAME).is_file():
+        raise NvmlDoubleUnavailable(f"{BUILD_SCRIPT} printed {out}, which holds no {LIBRARY_NAME}")
+    return out
+
+
+def lib_path() -> Path:
+    return library_dir() / LIBRARY_NAME
+
+
+def gonvmlcheck_path() -> Path:
+    return library_dir() / "gonvmlcheck"
+
+
+def nvidia_smi() -> Path | None:
+    """NVIDIA's real nvidia-smi, when its package is unpacked somewhere known; else None."""
+    roots = [os.environ["DRA_NVIDIA_DEBS_DIR"]] if os.environ.get("DRA_NVIDIA_DEBS_DIR") else []
+    roots += FALLBACK_DEBS_DIRS
+    for root in roots:
+        for rel in NVIDIA_SMI_PATHS:
+            found = list(Path(root).glob(f"**/{rel}")) if Path(root).is_dir() else []
+            for candidate in [Path(root) / rel, *found]:
+                if candidate.is_file() and os.access(candidate, os.X_OK):
+                    return candidate
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class ComputeInstance:
+    ci_profile_id: int
+    start: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"ciProfileId": self.ci_profile_id}
+        if self.start is not None:
+            out["start"] = self.start
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class MigDevice:
+    """A GPU instance present at start (static MIG); without compute instances, one spanning it."""
+
+    gi_profile_id: int
+    start: int
+    compute_instances: tuple[ComputeInstance, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"giProfileId": self.gi_profile_id, "start": self.start}
+        if self.compute_instances:
+            out["computeInstances"] = [ci.to_json() for ci in self.compute_instances]
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Process:
+    pid: int
+    used_memory: int = 0
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
+    mps: bool = False
+    sm_util: int = 0
+    mem_util: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"pid": self.pid, "usedMemory": self.used_memory, "mps": self.mps}
+        if self.gpu_instance_id is not None:
+            out["gpuInstanceId"] = self.gpu_instance_id
+        if self.compute_instance_id is not None:
+            out["computeInstanceId"] = self.compute_instance_id
+        if self.sm_util or self.mem_util:
+            out["smUtil"], out["memUtil"] = self.sm_util, self.mem_util
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Gpu:
+    """Overrides for the GPU at ``index`` (its position in the configured machine)."""
+
+    index: int
+    mig_mode: int | None = None
+    mig_mode_pending: int | None = None
+    lost: bool = False
+    unified_memory: bool = False
+    brand: int | None = None
+    uuid: str | None = None
+    minor: int | None = None
+    pci_bus_id: str | None = None
+    mig_devices: tuple[MigDevice, ...] = ()
+    processes: tuple[Process, ...] = ()
+    gpu_utilization: int = 0
+    memory_utilization: int = 0
+    power_milliwatts: int | None = None
+    temperature_celsius: int | None = None
+    ecc_corrected: int = 0
+    ecc_uncorrected: int = 0
+    throttle_reasons: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"index": self.index}
+        optional = {
+            "migMode": self.mig_mode,
+            "migModePending": self.mig_mode_pending,
+            "brand": self.brand,
+            "uuid": self.uuid,
+            "minor": self.minor,
+            "pciBusId": self.pci_bus_id,
+            "powerMilliwatts": self.power_milliwatts,
+            "temperatureCelsius": self.temperature_celsius,
+        }
+        out.update({k: v for k, v in optional.items() if v is not None})
+        flags = {
+            "lost": self.lost,
+            "unifiedMemory": self.unified_memory,
+            "gpuUtilization": self.gpu_utilization,
+            "memoryUtilization": self.memory_utilization,
+            "eccCorrected": self.ecc_corrected,
+            "eccUncorrected": self.ecc_uncorrected,
+            "throttleReasons": self.throttle_reasons,
+        }
+        out.update({k: v for k, v in flags.items() if v})
+        if self.mig_devices:
+            out["migDevices"] = [m.to_json() for m in self.mig_devices]
+        if self.processes:
+            out["processes"] = [p.to_json() for p in self.processes]
+        return out
+
+
+@dataclasses.dataclass
+class NvmlDouble:
+    """One configured machine: its config file, state file, events file and optional /proc root."""
+
+    config_path: Path
+    machine: str | None = "dgxh100"
+    gpus: int | None = None
+    models: Sequence[str] = ()
+    name: str | None = None
+    driver_version: str | None = None
+    cuda_driver_version: int | None = None
+    nvml_version: str | None = None
+    overrides: list[Gpu] = dataclasses.field(default_factory=list)
+    proc_root: Path | None = None
+    dev_root: Path | None = None
+    events_path: Path | None = None
+
+    @classmethod
+    def create(
+        cls,
+        directory: Path,
+        machine: str | None = "dgxh100",
+        gpus: int | None = None,
+        *,
+        overrides: Sequence[Gpu] = (),
+        with_proc: bool = True,
+        **fields: Any,
+    ) -> NvmlDouble:
+        directory.mkdir(parents=True, exist_ok=True)
+        double = cls(
+            config_path=directory / "nvml-double.json",
+            machine=None if fields.get("models") else machine,
+            gpus=gpus,
+            overrides=list(overrides),
+            proc_root=directory / "proc" if with_proc else None,
+            events_path=directory / "nvml-events.jsonl",
+            **fields,
+        )
+        double.write()
+        return double
+
+    # --- configuration ---------------------------------------------------------------------------
+
+    @property
+    def state_path(self) -> Path:
+        return Path(str(self.config_path) + ".state")
+
+    @property
+    def lib_path(self) -> Path:
+        return lib_path()
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.machine is not None:
+            out["machine"] = self.machine
+        if self.models:
+            out["models"] = list(self.models)
+        optional: dict[str, Any] = {
+            "name": self.name,
+            "gpuCount": self.gpus,
+            "driverVersion": self.driver_version,
+            "cudaDriverVersion": self.cuda_driver_version,
+            "nvmlVersion": self.nvml_version,
+            "procRoot": str(self.proc_root) if self.proc_root else None,
+            "devRoot": str(self.dev_root) if self.dev_root else None,
+            "eventsFile": str(self.events_path) if self.events_path else None,
+        }
+        out.update({k: v for k, v in optional.items() if v is not None})
+        out["stateFile"] = str(self.state_path)
+        if self.overrides:
+            out["gpus"] = [g.to_json() for g in sorted(self.overrides, key=lambda g: g.index)]
+        return out
+
+    def write(self) -> None:
+        """Write the configuration; a running process re-reads it when its mtime changes."""
+        tmp = self.config_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.to_json(), indent=2) + "\n", encoding="utf-8")
+        before = self.config_path.stat().st_mtime_ns if self.config_path.exists() else 0
+        tmp.replace(self.config_path)
+        # The double notices a change by mtime and size: make sure the mtime moves.
+        if self.config_path.stat().st_mtime_ns == before:
+            os.utime(self.config_path, ns=(before + 1_000_000, before + 1_000_000))
+
+    def override(self, index: int, **changes: Any) -> None:
+        """Change one GPU's overrides (e.g. ``lost=True``) and rewrite the configuration."""
+        old = next((g for g in self.overrides if g.index == index), Gpu(index=index))
+        self.overrides = [g for g in self.overrides if g.index != index]
+        self.overrides.append(dataclasses.replace(old, **changes))
+        self.write()
+
+    def mark_lost(self, index: int, lost: bool = True) -> None:
+        self.override(index, lost=lost)
+
+    def append_event(
+        self,
+        gpu: int,
+        kind: str,
+        data: int = 0,
+        gpu_instance_id: int | None = None,
+        compute_instance_id: int | None = None,
+    ) -> None:
+        """Append one event (kind: xid, doubleBitEcc, migConfigChange, gpuUnavailable, recovery)."""
+        if self.events_path is None:
+            raise ValueError("this double has no events file")
+        event: dict[str, Any] = {"gpu": gpu, "type": kind, "data": data}
+        if gpu_instance_id is not None:
+            event["gpuInstanceId"] = gpu_instance_id
+        if compute_instance_id is not None:
+            event["computeInstanceId"] = compute_instance_id
+        with self.events_path.open("a", encoding="utf-8") as out:
+            out.write(json.dumps(event) + "\n")
+
+    def state(self) -> dict[str, Any]:
+        """The shared state (MIG mode, instances, compute mode) by GPU UUID; {} before any init."""
+        try:
+            text = self.state_path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return {}
+        loaded: dict[str, Any] = json.loads(text) if text.strip() else {}
+        gpus: dict[str, Any] = loaded.get("gpus", {})
+        return gpus
+
+    def env(self) -> dict[str, str]:
+        """What a subprocess needs to load the double as libnvidia-ml.so.1."""
+        directory = str(library_dir())
+        search = os.environ.get("LD_LIBRARY_PATH", "")
+        return {
+            "NVML_DOUBLE_CONFIG": str(self.config_path),
+            "LD_LIBRARY_PATH": f"{directory}:{search}" if search else directory,
+        }
+
+    @contextlib.contextmanager
+    def pynvml(self) -> Iterator[ModuleType]:
+        """The real pynvml, loaded against the double and initialised with this configuration."""
+        with load_pynvml(self.config_path) as nvml:
+            yield nvml
+
+
+@contextlib.contextmanager
+def load_pynvml(config_path: Path | None = None) -> Iterator[ModuleType]:
+    """pynvml keeps one module-global library: point it at the double, init, and shut down after."""
+    import pynvml
+
+    previous_env = os.environ.get("NVML_DOUBLE_CONFIG")
+    if config_path is not None:
+        os.environ["NVML_DOUBLE_CONFIG"] = str(config_path)
+    previous_lib = pynvml.nvmlLib
+    pynvml.nvmlLib = ctypes.CDLL(str(lib_path()))
+    pynvml._nvmlGetFunctionPointer_cache.clear()
+    try:
+        pynvml.nvmlInit()
+        try:
+            yield pynvml
+        finally:
+            pynvml.nvmlShutdown()
+    finally:
+        pynvml.nvmlLib = previous_lib
+        pynvml._nvmlGetFunctionPointer_cache.clear()
+        if previous_env is None:
+            os.environ.pop("NVML_DOUBLE_CONFIG", None)
+        else:
+            os.environ["NVML_DOUBLE_CONFIG"] = previous_env
+
+
+def nvml_double_factory(tmp_path: Path) -> Callable[..., NvmlDouble]:
+    """For a fixture: ``nvml_double(machine="dgxh100", gpus=2, overrides=[...])`` in tmp_path.
+
+    Skips the test (with the reason) when the double cannot be built here.
+    """
+    import pytest
+
+    try:
+        library_dir()
+    except NvmlDoubleUnavailable as err:
+        pytest.skip(f"NVML double unavailable: {err}")
+    counter = iter(range(1_000_000))
+
+    def make(machine: str | None = "dgxh100", gpus: int | None = None, **fields: Any) -> NvmlDouble:
+        return NvmlDouble.create(tmp_path / f"nvml-double-{next(counter)}", machine, gpus, **fields)
+
+    return make
