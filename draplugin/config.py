@@ -20,6 +20,7 @@ from dracommon.drivername import DEFAULT_DRIVER_NAME, DriverNameError, check_dri
 from dracommon.duration import parse_duration
 from dracommon.kubeversion import KubernetesVersion, VersionError, parse_kubernetes_version
 from dracommon.logs import LOG_FORMATS, LOG_LEVELS
+from draplugin.cdi.driverlayout import CAPABILITIES, DEFAULT_CAPABILITIES
 from draplugin.devices.deviceplugin_guard import DEFAULT_DEVICE_PLUGIN_DIR, CoexistencePolicy
 from draplugin.devices.health import (
     DEFAULT_APPLICATION_XIDS,
@@ -145,6 +146,13 @@ RUN_OPTIONS: Final = (
         "where this process sees --driver-root (the chart mounts it at /driver-root); default: the same path",
     ),
     Option(
+        "--driver-capabilities",
+        "DRIVER_CAPABILITIES",
+        "compute,utility,video",
+        "which of the driver root's files CUDA containers get, as NVIDIA_DRIVER_CAPABILITIES names them: "
+        "a comma-separated list of compute, utility, video, graphics (EGL, GLX, Vulkan), or all",
+    ),
+    Option(
         "--mps-daemon",
         "MPS_DAEMON",
         "process",
@@ -160,6 +168,14 @@ RUN_OPTIONS: Final = (
         "--mps-daemon=pod: the daemon Pods' imagePullPolicy (Always, IfNotPresent, Never)",
     ),
     Option(
+        "--mps-shm-size",
+        "MPS_SHM_SIZE",
+        None,
+        "size of each MPS claim's shared-memory tmpfs (its /dev/shm), a quantity such as 8Gi; default: "
+        "half the node's memory (as NVIDIA's driver); 0: a plain directory on the state dir (a plugin "
+        "that may not mount)",
+    ),
+    Option(
         "--pod-namespace",
         "POD_NAMESPACE",
         None,
@@ -168,14 +184,6 @@ RUN_OPTIONS: Final = (
     Option(
         "--rediscover-interval",
         "REDISCOVER_INTERVAL",
-    Option(
-        "--mps-shm-size",
-        "MPS_SHM_SIZE",
-        None,
-        "size of each MPS claim's shared-memory tmpfs (its /dev/shm), a quantity such as 8Gi; default: "
-        "half the node's memory (as NVIDIA's driver); 0: a plain directory on the state dir (a plugin "
-        "that may not mount)",
-    ),
         DEFAULT_REDISCOVER_INTERVAL,
         "how often devices are read again (MIG changes, GPUs lost or back), e.g. 60s; 0: only on NVML events",
     ),
@@ -305,6 +313,8 @@ class Settings:
     # The driver root on the host (paths in CDI specs) and where we read it; None: no driver files.
     driver_root: str | None = None
     driver_root_mount: Path | None = None
+    # Which of the driver's files containers get (draplugin.cdi.driverlayout.CAPABILITIES).
+    driver_capabilities: frozenset[str] = DEFAULT_CAPABILITIES
     # 0: no periodic re-discovery (NVML events still trigger one).
     rediscover_interval_s: float = 60.0
     prepare_api_deadline_s: float = 40.0
@@ -318,6 +328,8 @@ class Settings:
     mps_daemon: str = "process"
     mps_daemon_image: str | None = None
     mps_daemon_image_pull_policy: str = "IfNotPresent"
+    # Bytes of each MPS claim's /dev/shm tmpfs; None: half the node's memory; 0: a plain directory.
+    mps_shm_size: int | None = None
     pod_namespace: str | None = None
     # What to publish while an NVIDIA device plugin serves the node (devices.deviceplugin_guard).
     device_plugin_coexistence: CoexistencePolicy = field(default_factory=CoexistencePolicy)
@@ -329,8 +341,6 @@ class Settings:
         if self.backend == "fake":
             if self.fake_config is not None:
                 options["config_file"] = str(self.fake_config)
-    # Bytes of each MPS claim's /dev/shm tmpfs; None: half the node's memory; 0: a plain directory.
-    mps_shm_size: int | None = None
             if self.fake_gpus is not None:
                 options["gpus"] = self.fake_gpus
             if self.fake_model is not None:
@@ -484,6 +494,22 @@ def _backend_settings(values: Mapping[str, str | None], backend: str) -> _Backen
     )
 
 
+def driver_capabilities_setting(raw: str | None) -> frozenset[str]:
+    """`compute,utility,video` (the default), `all`, or a list of CAPABILITIES; never empty."""
+    if raw is None or not raw.strip():
+        return DEFAULT_CAPABILITIES
+    names = [name.strip() for name in raw.split(",") if name.strip()]
+    if "all" in names:
+        return frozenset(CAPABILITIES)
+    unknown = [name for name in names if name not in CAPABILITIES]
+    if unknown:
+        raise ConfigError(
+            f"{_name_of('driver_capabilities')}: {', '.join(map(repr, unknown))} not known "
+            f"(known: {', '.join(CAPABILITIES)}, all)"
+        )
+    return frozenset(names)
+
+
 def driver_root_setting(values: Mapping[str, str | None], backend: str) -> tuple[str | None, Path | None]:
     """Real GPUs need the driver's files in containers (default `/`); fake ones only when asked."""
     raw = values.get("driver_root") or ("/" if backend == "nvml" else None)
@@ -554,6 +580,20 @@ def mps_daemon_setting(values: Mapping[str, str | None]) -> tuple[str, str | Non
     return mode, image, policy, namespace
 
 
+def _size(dest: str, raw: str | None) -> int | None:
+    if raw is None or raw == "":
+        return None
+    from dracommon.quantity import parse_quantity
+
+    try:
+        value = parse_quantity(raw).value()
+    except ValueError as err:
+        raise ConfigError(f"{_name_of(dest)}: {raw!r} is not a quantity: {err}") from None
+    if value < 0:
+        raise ConfigError(f"{_name_of(dest)}: {raw!r} must not be negative")
+    return int(value)
+
+
 def _interval(dest: str, raw: str) -> float:
     try:
         return parse_duration(raw)
@@ -580,20 +620,6 @@ def _deadline(dest: str, raw: str, maximum: float) -> float:
 
 def validate(values: Mapping[str, str | None]) -> Settings:
     """Turn resolved raw values into `Settings`, or raise `ConfigError` naming the bad setting."""
-
-def _size(dest: str, raw: str | None) -> int | None:
-    if raw is None or raw == "":
-        return None
-    from dracommon.quantity import parse_quantity
-
-    try:
-        value = parse_quantity(raw).value()
-    except ValueError as err:
-        raise ConfigError(f"{_name_of(dest)}: {raw!r} is not a quantity: {err}") from None
-    if value < 0:
-        raise ConfigError(f"{_name_of(dest)}: {raw!r} must not be negative")
-    return int(value)
-
 
     def required(dest: str) -> str:
         raw = values.get(dest)
@@ -654,6 +680,7 @@ def _size(dest: str, raw: str | None) -> int | None:
         ),
         driver_root=driver_root,
         driver_root_mount=driver_root_mount,
+        driver_capabilities=driver_capabilities_setting(values.get("driver_capabilities")),
         rediscover_interval_s=_interval(
             "rediscover_interval", values.get("rediscover_interval") or DEFAULT_REDISCOVER_INTERVAL
         ),
@@ -669,6 +696,7 @@ def _size(dest: str, raw: str | None) -> int | None:
         mps_daemon=mps_mode,
         mps_daemon_image=mps_image,
         mps_daemon_image_pull_policy=mps_pull_policy,
+        mps_shm_size=_size("mps_shm_size", values.get("mps_shm_size")),
         pod_namespace=pod_namespace,
         device_plugin_coexistence=coexistence_setting(values),
         device_plugin_dir=_absolute_dir(
@@ -684,4 +712,3 @@ def _size(dest: str, raw: str | None) -> int | None:
 
 def load(flags: Mapping[str, str | None], environ: Mapping[str, str] | None = None) -> Settings:
     return validate(resolve(flags, os.environ if environ is None else environ))
-        mps_shm_size=_size("mps_shm_size", values.get("mps_shm_size")),

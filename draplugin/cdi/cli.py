@@ -58,6 +58,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--driver-root-mount",
         help="where this process sees --driver-root [env DRIVER_ROOT_MOUNT; default: the same path]",
     )
+    parser.add_argument(
+        "--driver-capabilities",
+        help="which driver files containers get: compute, utility, video, graphics, all "
+        "[env DRIVER_CAPABILITIES; default compute,utility,video]",
+    )
     add_backend_arguments(parser)
 
 
@@ -79,15 +84,23 @@ def render(args: argparse.Namespace, backend: DeviceBackend, environ: dict[str, 
         )
     try:
         values = config.resolve(
-            {"driver_root": args.driver_root, "driver_root_mount": args.driver_root_mount}, environ
+            {
+                "driver_root": args.driver_root,
+                "driver_root_mount": args.driver_root_mount,
+                "driver_capabilities": args.driver_capabilities,
+            },
+            environ,
         )
         host_root, mount = config.driver_root_setting(values, args.backend)
+        capabilities = config.driver_capabilities_setting(values.get("driver_capabilities"))
     except config.ConfigError as err:
         raise _Refused(EXIT_USAGE, str(err)) from None
     files = None
     if host_root is not None:
         root = DriverRoot.at(host_root, str(mount) if mount else None)
-        files = driverfiles.for_backend(root, backend, report=lambda reason, message: None)
+        files = driverfiles.for_backend(
+            root, backend, report=lambda reason, message: None, capabilities=capabilities
+        )
     try:
         spec = preview_spec(devices, names, driver=driver, node=args.node_name, driver_files=files)
     except PlanError as err:

@@ -14,6 +14,16 @@ from typing import ClassVar
 
 from draplugin.cdi.elf import EM_AARCH64, EM_X86_64
 
+# Driver capabilities, as NVIDIA's NVIDIA_DRIVER_CAPABILITIES names them: which of the driver's
+# files a container gets. `graphics` is opt-in (`--driver-capabilities`): its libraries and ICD
+# files are dead weight, and a larger surface, for the CUDA containers most nodes run.
+COMPUTE, UTILITY, VIDEO, GRAPHICS = "compute", "utility", "video", "graphics"
+CAPABILITIES = (COMPUTE, UTILITY, VIDEO, GRAPHICS)
+DEFAULT_CAPABILITIES = frozenset((COMPUTE, UTILITY, VIDEO))
+
+# Libraries named `<name>.so.<driver version>`, by capability: libnvidia-container's lists
+# (`src/nvc_info.c`), with OptiX (`libnvidia-rtcore`, `libnvoptix`) under compute, as NVIDIA's
+# generated CDI spec (every `*.so.<version>` of the driver) gives it to CUDA containers.
 UTILITY_LIBRARIES = ("libnvidia-ml", "libnvidia-cfg", "libnvidia-nscq")
 COMPUTE_LIBRARIES = (
     "libcuda",
@@ -28,12 +38,41 @@ COMPUTE_LIBRARIES = (
     "libnvidia-pkcs11-openssl3",
     "libnvidia-nvvm",
     "libnvidia-tileiras",
+    "libnvidia-rtcore",
+    "libnvoptix",
 )
-# Required ones first, so their problems are reported before the optional ones'.
+VIDEO_LIBRARIES = ("libvdpau_nvidia", "libnvidia-encode", "libnvidia-opticalflow", "libnvcuvid")
+GRAPHICS_LIBRARIES = (
+    "libnvidia-eglcore",
+    "libnvidia-glcore",
+    "libnvidia-tls",
+    "libnvidia-glsi",
+    "libnvidia-fbc",
+    "libnvidia-ifr",
+    "libGLX_nvidia",
+    "libEGL_nvidia",
+    "libGLESv2_nvidia",
+    "libGLESv1_CM_nvidia",
+    "libnvidia-glvkspirv",
+    "libnvidia-cbl",
+)
+LIBRARIES_BY_CAPABILITY = {
+    UTILITY: UTILITY_LIBRARIES,
+    COMPUTE: COMPUTE_LIBRARIES,
+    VIDEO: VIDEO_LIBRARIES,
+    GRAPHICS: GRAPHICS_LIBRARIES,
+}
+# Libraries loaded from a subdirectory of the library directory: libvdpau opens its drivers as
+# `<libdir>/vdpau/libvdpau_<name>.so.1`, so they are mounted there in the container.
+CONTAINER_SUBDIRS = {"libvdpau_nvidia": "vdpau"}
+# Libraries whose file name carries their own version, not the driver's: found by exact name.
+# `libnvidia-nvvm70.so.4` is the NVVM of CUDA 11.x's JIT, kept by the driver for old applications.
+FIXED_NAME_LIBRARIES = {COMPUTE: ("libnvidia-nvvm70.so.4",)}
+# Every versioned name, required ones first, so their problems are reported before the optional ones'.
 LIBRARIES = (
     "libcuda",
     "libnvidia-ml",
-    *(n for n in UTILITY_LIBRARIES + COMPUTE_LIBRARIES if n not in ("libcuda", "libnvidia-ml")),
+    *(n for names in LIBRARIES_BY_CAPABILITY.values() for n in names if n not in ("libcuda", "libnvidia-ml")),
 )
 # Without these a CUDA container is broken: the spec is refused rather than written without them.
 REQUIRED_LIBRARIES = ("libcuda", "libnvidia-ml")
@@ -44,11 +83,43 @@ BINARIES = (
     "nvidia-cuda-mps-control",
     "nvidia-cuda-mps-server",
 )
-BINARY_DIRS = ("usr/bin", "bin", "usr/sbin", "sbin")
+# Debian keeps nvidia-smi and nvidia-debugdump in usr/lib/nvidia/current, reached from usr/bin through
+# /etc/alternatives; a root whose links are missing (or not followed) still has them there.
+BINARY_DIRS = ("usr/bin", "bin", "usr/sbin", "sbin", "usr/lib/nvidia/current")
 HOOK_BINARIES = ("nvidia-cdi-hook", "nvidia-ctk")
 HOOK_DIRS = ("usr/bin", "usr/local/bin", "bin")
 FIRMWARE_DIRS = ("lib/firmware/nvidia", "usr/lib/firmware/nvidia")
 PERSISTENCED_SOCKETS = ("run/nvidia-persistenced/socket", "var/run/nvidia-persistenced/socket")
+# NVSwitch systems: CUDA asks the fabric manager about the fabric's state through it.
+FABRICMANAGER_SOCKETS = ("run/nvidia-fabricmanager/socket", "var/run/nvidia-fabricmanager/socket")
+# Files mounted at the path they have in the root (the first of each group found), by capability:
+# the toolkit's graphics configs (`internal/discover/graphics.go`) and the OpenCL ICD.
+CONFIG_FILES: dict[str, tuple[tuple[str, ...], ...]] = {
+    COMPUTE: (
+        # The OpenCL ICD loader finds the driver's OpenCL library through it.
+        ("etc/OpenCL/vendors/nvidia.icd",),
+        # OptiX's shader cache seed; libnvoptix looks for it here.
+        ("usr/share/nvidia/nvoptix.bin", "etc/nvidia/nvoptix.bin"),
+    ),
+    GRAPHICS: (
+        ("usr/share/glvnd/egl_vendor.d/10_nvidia.json", "etc/glvnd/egl_vendor.d/10_nvidia.json"),
+        ("usr/share/vulkan/icd.d/nvidia_icd.json", "etc/vulkan/icd.d/nvidia_icd.json"),
+        ("usr/share/vulkan/icd.d/nvidia_icd.x86_64.json",),
+        ("usr/share/vulkan/icd.d/nvidia_icd.aarch64.json",),
+        (
+            "usr/share/vulkan/implicit_layer.d/nvidia_layers.json",
+            "etc/vulkan/implicit_layer.d/nvidia_layers.json",
+        ),
+        (
+            "usr/share/egl/egl_external_platform.d/15_nvidia_gbm.json",
+            "etc/egl/egl_external_platform.d/15_nvidia_gbm.json",
+        ),
+        (
+            "usr/share/egl/egl_external_platform.d/10_nvidia_wayland.json",
+            "etc/egl/egl_external_platform.d/10_nvidia_wayland.json",
+        ),
+    ),
+}
 VERSION_FILE = PurePosixPath("proc/driver/nvidia/version")
 # Node-wide nodes every CUDA process opens. The per-GPU `/dev/nvidiaN` and a MIG
 # device's own `nvidia-caps` access nodes come with each device: handing every
@@ -112,14 +183,22 @@ class Arch:
     multiarch: str  # Debian's multiarch tuple: the library directory containers search
 
     def library_dirs(self) -> tuple[str, ...]:
-        """Where installs keep 64-bit libraries, most specific first (`usr/lib` is 32-bit on RHEL)."""
+        """Where installs keep 64-bit libraries, most specific first (`usr/lib` is 32-bit on RHEL):
+        the NVIDIA Container Toolkit's locator list (`pkg/lookup/library.go`) and three more."""
         return (
             f"usr/lib/{self.multiarch}",
             "usr/lib64",
             "usr/lib",
+            f"usr/lib/{self.multiarch}/nvidia/current",  # Debian's packages, behind /etc/alternatives
             f"lib/{self.multiarch}",
             "lib64",
             "lib",
+            f"lib/{self.multiarch}/nvidia/current",
+            f"usr/lib/{self.multiarch}/vdpau",  # libvdpau's driver directory (the .run installer's)
+            "usr/lib64/vdpau",
+            "usr/lib64/nvidia",  # RPM Fusion's and negativo17's packages
+            "usr/lib/nvidia/tesla",  # Bottlerocket's
+            "",  # the root itself: a flat driver directory (GKE's installer)
         )
 
 
@@ -192,6 +271,13 @@ class DriverInstall:
     device_nodes: tuple[tuple[str, str], ...]
     hook: PurePosixPath | None  # nvidia-cdi-hook / nvidia-ctk under the root, when present
     findings: tuple[Finding, ...] = ()
+    fabricmanager_socket: DriverFile | None = None
+    # Configuration files (the OpenCL ICD, Vulkan/EGL ICD JSONs), mounted at their path in the root.
+    configs: tuple[DriverFile, ...] = ()
+    # Where the runtime finds the GPUs' device nodes on the host: the root's `dev` when it has one
+    # (the GPU Operator's driver container; NVIDIA's `--dev-root`), else the host's `/dev`.
+    host_dev_dir: str = "/dev"
+    capabilities: frozenset[str] = DEFAULT_CAPABILITIES
 
     def library(self, name: str) -> Library | None:
         return next((lib for lib in self.libraries if lib.name == name), None)

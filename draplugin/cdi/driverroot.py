@@ -45,11 +45,16 @@ from pathlib import Path, PurePosixPath
 from draplugin.cdi.driverlayout import (
     BINARIES,
     BINARY_DIRS,
+    CONFIG_FILES,
     CONTROL_NODES,
+    DEFAULT_CAPABILITIES,
+    FABRICMANAGER_SOCKETS,
     FIRMWARE_DIRS,
+    FIXED_NAME_LIBRARIES,
     HOOK_BINARIES,
     HOOK_DIRS,
     LIBRARIES,
+    LIBRARIES_BY_CAPABILITY,
     PERSISTENCED_SOCKETS,
     REQUIRED_LIBRARIES,
     UVM_NODES,
@@ -68,6 +73,7 @@ from draplugin.cdi.driverlayout import (
     host_arch,
 )
 from draplugin.cdi.elf import ElfError, read_elf
+from draplugin.cdi.libdirs import library_dirs
 from draplugin.cdi.rootpath import find_in_root
 
 _LIBRARY_FILE = re.compile(r"^(?P<name>lib[A-Za-z0-9_+-]+)\.so\.(?P<version>\d+(?:\.\d+){1,2})$")
@@ -100,27 +106,25 @@ class _Candidate:
     path: PurePosixPath
 
 
-def _scan_libraries(root: Path, arch: Arch, findings: list[Finding]) -> list[_Candidate]:
-    """`lib<name>.so.<version>` files of our libraries in the library directories, in search order."""
+def _scan_libraries(
+    root: Path, arch: Arch, findings: list[Finding]
+) -> tuple[list[_Candidate], list[PurePosixPath]]:
+    """`lib<name>.so.<version>` files of our libraries in the library directories, in search order,
+    and the directories searched (real paths inside the root)."""
     candidates: list[_Candidate] = []
-    seen_dirs: set[PurePosixPath] = set()
-    for directory in arch.library_dirs():
-        found = find_in_root(root, PurePosixPath(directory), "dir", findings)
-        if found is None or found.real in seen_dirs:
-            continue  # merged /usr: `lib` is often a link to `usr/lib`; search each directory once
-        seen_dirs.add(found.real)
+    searched: list[PurePosixPath] = []
+    for found in library_dirs(root, arch, LIBRARIES, findings):
+        searched.append(found.real)
         try:
             names = sorted(os.listdir(root / found.real))
         except OSError as err:
-            findings.append(Finding("DriverLibraryDirUnreadable", f"cannot list {root / directory}: {err}"))
+            findings.append(Finding("DriverLibraryDirUnreadable", f"cannot list {root / found.real}: {err}"))
             continue
         for file_name in names:
             match = _LIBRARY_FILE.match(file_name)
             if match and match["name"] in LIBRARIES:
-                candidates.append(
-                    _Candidate(match["name"], match["version"], PurePosixPath(directory, file_name))
-                )
-    return candidates
+                candidates.append(_Candidate(match["name"], match["version"], found.real / file_name))
+    return candidates, searched
 
 
 def _choose_version(
@@ -170,8 +174,13 @@ def discover(
     known_version: str | None = None,
     arch: Arch | None = None,
     proc_root: Path | None = None,
+    capabilities: frozenset[str] = DEFAULT_CAPABILITIES,
 ) -> DriverInstall:
-    """The install under `root`; `known_version` is NVML's answer when the caller has one."""
+    """The install under `root`; `known_version` is NVML's answer when the caller has one.
+
+    `capabilities` choose the optional files (video, graphics); the required libraries and the
+    utility binaries are looked for whatever they are.
+    """
     arch = arch or host_arch()
     mounted = root.mounted
     if not mounted.is_dir():
@@ -185,13 +194,19 @@ def discover(
     version_note = "no NVML answer"
     if known_version is None:
         known_version, source, version_note = _read_version_file(proc_root or mounted / "proc", findings)
-    candidates = _scan_libraries(mounted, arch, findings)
-    looked = ", ".join(arch.library_dirs())
+    candidates, searched = _scan_libraries(mounted, arch, findings)
+    looked = (
+        ", ".join(d or "(the root itself)" for d in arch.library_dirs())
+        + " and the directories of the root's etc/ld.so.cache and etc/ld.so.conf"
+    )
     version, source = _choose_version(root, candidates, known_version, source, version_note, looked)
     key = version_key(version)
+    wanted = {n for c in capabilities for n in LIBRARIES_BY_CAPABILITY.get(c, ())}
     libraries: list[Library] = []
     for name in LIBRARIES:
         required = name in REQUIRED_LIBRARIES
+        if not required and name not in wanted:
+            continue
         library = _library(
             mounted,
             arch,
@@ -207,6 +222,12 @@ def discover(
                 f"{name}.so.{version} ({arch.name}) not found under the driver root {mounted}; looked in "
                 f"{looked}. A CUDA container cannot run without it"
             )
+    for capability in sorted(capabilities):
+        for file_name in FIXED_NAME_LIBRARIES.get(capability, ()):
+            library = _fixed_name_library(mounted, arch, file_name, searched, findings)
+            if library is not None:
+                libraries.append(library)
+    host_dev_dir, device_nodes = _device_nodes(root, findings)
     return DriverInstall(
         root=root,
         arch=arch,
@@ -218,10 +239,34 @@ def discover(
         persistenced_socket=_first(
             mounted, [PurePosixPath(p) for p in PERSISTENCED_SOCKETS], "nondir", findings
         ),
-        device_nodes=_device_nodes(root, findings),
+        device_nodes=device_nodes,
         hook=next((f.found for f in _first_files(mounted, HOOK_BINARIES, HOOK_DIRS, findings)), None),
         findings=tuple(findings),
+        fabricmanager_socket=_first(
+            mounted, [PurePosixPath(p) for p in FABRICMANAGER_SOCKETS], "nondir", findings
+        ),
+        configs=tuple(
+            found
+            for capability in sorted(capabilities)
+            for group in CONFIG_FILES.get(capability, ())
+            if (found := _first(mounted, [PurePosixPath(p) for p in group], "file", findings)) is not None
+        ),
+        host_dev_dir=host_dev_dir,
+        capabilities=frozenset(capabilities),
     )
+
+
+def _fixed_name_library(
+    root: Path, arch: Arch, file_name: str, searched: Sequence[PurePosixPath], findings: list[Finding]
+) -> Library | None:
+    """A library whose file name is its SONAME (`libnvidia-nvvm70.so.4`), first in the searched dirs."""
+    name = file_name.partition(".so")[0]
+    candidates = [_Candidate(name, "", directory / file_name) for directory in searched]
+    library = _library(root, arch, name, candidates, findings, False)
+    if library is None:
+        return None
+    # Mounted under its own name, which is also its SONAME: the file found may be a link to it.
+    return Library(name, DriverFile(PurePosixPath(file_name), library.file.real), library.soname)
 
 
 def _read_version_file(proc: Path, findings: list[Finding]) -> tuple[str | None, str, str]:
@@ -281,8 +326,9 @@ def _first_files(
             yield found
 
 
-def _device_nodes(root: DriverRoot, findings: list[Finding]) -> tuple[tuple[str, str], ...]:
-    """The control nodes that exist, under the root's `dev` when it has one, else this node's `/dev`.
+def _device_nodes(root: DriverRoot, findings: list[Finding]) -> tuple[str, tuple[tuple[str, str], ...]]:
+    """The host's dev directory for the GPUs' nodes and the control nodes that exist there: the
+    root's `dev` when it has one, else this node's `/dev`.
 
     The GPU Operator's driver root has its own `/dev`; a host root's `dev` is the host's.
     Only character devices count: a runtime refuses a spec whose node is anything else.
@@ -310,7 +356,7 @@ def _device_nodes(root: DriverRoot, findings: list[Finding]) -> tuple[tuple[str,
                 f"/dev/nvidiactl missing under {host}: is the NVIDIA kernel module loaded?",
             )
         )
-    return nodes
+    return str(host), nodes
 
 
 def _is_char_device(path: Path) -> bool:

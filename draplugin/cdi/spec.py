@@ -53,16 +53,35 @@ class CdiError(ValueError):
     """A spec or name that a CDI consumer would reject."""
 
 
+_NODE_TYPES = ("c", "b", "u", "p")
+
+
 @dataclass(frozen=True, slots=True)
 class DeviceNode:
+    """A device node. With `type` and `major`/`minor` the runtime makes the node from the numbers
+    and never looks at the host path: the only way to hand out a node that exists in no host
+    `/dev` (a MIG access node made inside the plugin's container)."""
+
     path: str
     host_path: str | None = None
     permissions: str | None = None
+    type: str | None = None
+    major: int | None = None
+    minor: int | None = None
+    file_mode: int | None = None  # permission bits of the node made in the container
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"path": self.path}
         if self.host_path is not None:
             out["hostPath"] = self.host_path
+        if self.type is not None:
+            out["type"] = self.type
+        if self.major is not None:
+            out["major"] = self.major
+        if self.minor is not None:
+            out["minor"] = self.minor
+        if self.file_mode is not None:
+            out["fileMode"] = self.file_mode
         if self.permissions is not None:
             out["permissions"] = self.permissions
         return out
@@ -127,6 +146,17 @@ class ContainerEdits:
                 raise CdiError(
                     f"{where}: device node permissions {node.permissions!r} must be a subset of 'rwm'"
                 )
+            if node.type is not None and node.type not in _NODE_TYPES:
+                raise CdiError(
+                    f"{where}: device node type {node.type!r} is not one of {', '.join(_NODE_TYPES)}"
+                )
+            if (node.major is None) != (node.minor is None) or (node.major is not None and node.type is None):
+                # A runtime given half of the numbers, or numbers without a type, stats the host path.
+                raise CdiError(
+                    f"{where}: device node {node.path}: major and minor need each other and a type"
+                )
+            if node.file_mode is not None and not 0 <= node.file_mode <= 0o7777:
+                raise CdiError(f"{where}: device node {node.path}: fileMode {node.file_mode:o} is not a mode")
         for mount in self.mounts:
             if not mount.container_path.startswith("/"):
                 raise CdiError(f"{where}: mount containerPath {mount.container_path!r} must be absolute")

@@ -26,6 +26,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
+from draplugin.cdi.driverlayout import DriverRootError, host_arch
+from draplugin.cdi.libdirs import find_library_file
 from draplugin.devices.health import GPU_LOST_REASON, HealthTracker
 from draplugin.devices.mig import (
     MIG_ERROR,
@@ -40,6 +42,7 @@ from draplugin.devices.model import CounterSet, Device
 from draplugin.devices.schema import (
     MAX_NUMA_NODES,
     NVIDIA_CONTROL_NODES,
+    DeviceNodeSpec,
     GpuInfo,
     MigInstance,
     MigProfile,
@@ -126,8 +129,12 @@ class NvmlUnavailableError(RuntimeError):
 def find_library(lib_path: str | None) -> str | None:
     """The library file to load, or None to let the dynamic loader search.
 
-    `lib_path` may name the library file or a driver root directory. A
-    directory named like the library (a broken host mount) is reported, not loaded.
+    `lib_path` may name the library file or a driver root directory. In a root,
+    every link is resolved inside it (Debian's `libnvidia-ml.so.1` points at an
+    absolute `/etc/alternatives/...`, which is the root's, not ours) and the
+    directories searched are driver discovery's (`draplugin.cdi.libdirs`: the
+    usual ones, `nvidia/current`, and the root's ld.so.cache and ld.so.conf).
+    A directory named like the library (a broken host mount) is reported, not loaded.
     """
     if lib_path is None:
         return None
@@ -141,13 +148,16 @@ def find_library(lib_path: str | None) -> str | None:
             f"NVML library path {lib_path} is a directory, not the library file; "
             "the host path mounted into the container is probably missing on the host"
         )
-    looked = [path / sub / LIBRARY_NAME for sub in DRIVER_ROOT_LIBRARY_DIRS]
-    for candidate in looked:
-        if candidate.is_file():
-            return str(candidate)
+    try:
+        found, looked = find_library_file(path, LIBRARY_NAME, host_arch())
+    except DriverRootError as err:  # a link loop, or a link out of the root, on the way
+        raise NvmlUnavailableError(
+            f"NVML library {LIBRARY_NAME} under driver root {lib_path}: {err}"
+        ) from None
+    if found is not None:
+        return str(path / found.real)
     raise NvmlUnavailableError(
-        f"NVML library {LIBRARY_NAME} not found under driver root {lib_path}; looked in: "
-        + ", ".join(str(c.parent) for c in looked)
+        f"NVML library {LIBRARY_NAME} not found under driver root {lib_path}; looked in: " + ", ".join(looked)
     )
 
 
@@ -619,20 +629,47 @@ class NvmlBackend:
         return None
 
     def _mig_caps(self, minor: int, gi: int, ci: int) -> tuple[str, ...]:
-        """The nvidia-caps device nodes that grant access to one MIG device, from /proc."""
-        base = (
-            Path(self._proc_root) / "driver" / "nvidia" / "capabilities" / f"gpu{minor}" / "mig" / f"gi{gi}"
-        )
+        """The nvidia-caps device nodes that grant access to one MIG device, from /proc.
+
+        Each is a `DeviceNodeSpec` with the `nvidia-caps` major of `<proc>/devices` and the
+        minor (`DeviceFileMinor`) and mode (`DeviceFileMode`, decimal) of its `access` file, as
+        NVIDIA's DRA driver writes them: the node of a MIG device this plugin made exists in its
+        own container's `/dev` only, so the runtime must make it from the numbers. Without the
+        major (no such line) it is the bare path, and the runtime stats the host's node.
+        """
+        proc = Path(self._proc_root)
+        base = proc / "driver" / "nvidia" / "capabilities" / f"gpu{minor}" / "mig" / f"gi{gi}"
+        major = None
+        with contextlib.suppress(OSError):
+            character = False
+            for line in (proc / "devices").read_text(encoding="ascii", errors="replace").splitlines():
+                if line.endswith(":"):
+                    character = line.startswith("Character")  # "Character devices:", "Block devices:"
+                    continue
+                number, _, driver = line.strip().partition(" ")
+                if character and driver.strip() == "nvidia-caps" and number.isdigit():
+                    major = int(number)
         nodes: list[str] = []
         for access in (base / "access", base / f"ci{ci}" / "access"):
             try:
                 text = access.read_text(encoding="ascii")
             except OSError:
                 continue
+            fields: dict[str, int] = {}
             for line in text.splitlines():
                 key, _, value = line.partition(":")
-                if key.strip() == "DeviceFileMinor" and value.strip().isdigit():
-                    nodes.append(f"/dev/nvidia-caps/nvidia-cap{int(value)}")
+                if value.strip().isdigit():
+                    fields[key.strip()] = int(value)
+            cap_minor = fields.get("DeviceFileMinor")
+            if cap_minor is None:
+                continue
+            path = f"/dev/nvidia-caps/nvidia-cap{cap_minor}"
+            mode = fields.get("DeviceFileMode")
+            nodes.append(
+                path
+                if major is None
+                else DeviceNodeSpec(path, major, cap_minor, None if mode is None else mode & 0o7777)
+            )
         return tuple(nodes)
 
     # --- dynamic MIG (draplugin.devices.mig.MigPartitioner, MigModeSwitch) --------------------------

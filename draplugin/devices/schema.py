@@ -38,8 +38,38 @@ NUMA_NODE = f"{STANDARD_DOMAIN}/numaNode"
 # Upstream's bound (deviceattribute.maxNUMANodes: Linux's MAX_NUMNODES at its largest).
 MAX_NUMA_NODES = 1024
 
-# Control nodes every CUDA container needs next to its /dev/nvidiaN.
+# Control nodes every CUDA container needs next to its /dev/nvidiaN. They are node-wide: the CDI
+# spec writes them once, for the whole claim (`draplugin.prepare.plan`), never per device.
 NVIDIA_CONTROL_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
+
+
+class DeviceNodeSpec(str):
+    """A device node's path in the container that also knows its character device numbers.
+
+    A `str` (the path), so every place that only needs the path (the fake
+    backend's node files, `Device.device_nodes`, comparisons) keeps working; the
+    CDI spec writes `type: c`, `major`, `minor` and `fileMode` from it, so the
+    runtime makes the node without a host file to stat. That is what a MIG
+    access node made in the plugin's own container needs (it exists in no
+    host `/dev`). Equality is the path's: one node, one path.
+    """
+
+    major: int
+    minor: int
+    file_mode: int | None
+
+    def __new__(cls, path: str, major: int, minor: int, file_mode: int | None = None) -> DeviceNodeSpec:
+        node = super().__new__(cls, path)
+        node.major, node.minor, node.file_mode = major, minor, file_mode
+        return node
+
+    def __repr__(self) -> str:
+        mode = f", file_mode=0o{self.file_mode:o}" if self.file_mode is not None else ""
+        return f"DeviceNodeSpec({str(self)!r}, major={self.major}, minor={self.minor}{mode})"
+
+    def __reduce__(self) -> tuple[type[DeviceNodeSpec], tuple[str, int, int, int | None]]:
+        return (DeviceNodeSpec, (str(self), self.major, self.minor, self.file_mode))
+
 
 # Counter names are DNS labels, hence not the camelCase capacity names.
 _COUNTER_FOR_CAPACITY = {

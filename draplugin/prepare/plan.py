@@ -23,8 +23,10 @@ from typing import Any
 
 from dracommon.drivername import config_api_version
 from draplugin.cdi import spec as cdi
+from draplugin.cdi.driverfiles import DriverEdits
 from draplugin.checkpoint import ClaimRecord, DeviceRecord
 from draplugin.devices.model import Device
+from draplugin.devices.schema import NVIDIA_CONTROL_NODES, DeviceNodeSpec
 from draplugin.kubelet.interface import ClaimRef, PreparedDevice
 from draplugin.prepare.claimconfig import (
     ConfigError,
@@ -392,6 +394,8 @@ def render_spec(
     `driver_edits` (the driver's libraries, binaries and node-wide device nodes,
     `draplugin.cdi.driverfiles`) are the spec's own edits, which CDI applies
     once for any of its devices: every device of a claim needs the same files.
+    Each device carries only its own nodes (`/dev/nvidiaN`, its MIG access
+    nodes), at the driver root's `dev` on the host when it has one.
 
     Environment keys are per device (`DRAPLUGIN_DEVICE_GPU_0_UUID`): the
     kubelet gives a container the union of several CDI devices, and CDI
@@ -402,6 +406,8 @@ def render_spec(
     mps_env = _mps_env(plan)
     seen: set[str] = set()
     devices: list[cdi.CdiDevice] = []
+    control: list[cdi.DeviceNode] = []
+    dev_dir = driver_edits.host_dev_dir if isinstance(driver_edits, DriverEdits) else "/dev"
     for planned in plan.devices:
         if planned.cdi_name in seen:
             continue  # the same device under two share IDs: one CDI device serves both
@@ -442,19 +448,46 @@ def render_spec(
                     ),
                 )
         nodes = tuple(
-            cdi.DeviceNode(path=node, host_path=_host_path(device, node)) for node in device.device_nodes
+            _device_node(node, _host_path(device, node, dev_dir))
+            for node in device.device_nodes
+            if node not in NVIDIA_CONTROL_NODES
         )
+        control += [
+            _device_node(node, _host_path(device, node, dev_dir))
+            for node in device.device_nodes
+            if node in NVIDIA_CONTROL_NODES
+        ]
         devices.append(cdi.CdiDevice(planned.cdi_name, cdi.ContainerEdits(tuple(env), nodes, mounts)))
     shared = driver_edits or cdi.ContainerEdits()
-    edits = cdi.ContainerEdits((NVIDIA_VISIBLE_DEVICES_ENV, *shared.env), shared.device_nodes, shared.mounts)
+    # The control nodes are node-wide: written once, at spec level. A device-level copy would be
+    # applied after the spec's (and win) with the wrong host path. The driver root's, when it is
+    # known, are the ones that exist; else (a fake backend without one) the devices' own.
+    spec_nodes = shared.device_nodes if driver_edits is not None else tuple(dict.fromkeys(control))
+    edits = cdi.ContainerEdits((NVIDIA_VISIBLE_DEVICES_ENV, *shared.env), spec_nodes, shared.mounts)
     return cdi.Spec(kind=kind, devices=tuple(devices), edits=edits)
 
 
-def _host_path(device: Device, node: str) -> str | None:
-    """Where the runtime finds the node on the host, when not at the container path."""
-    if device.host_dev_dir is None:
-        return None
-    return f"{device.host_dev_dir.rstrip('/')}/{node.removeprefix('/dev/')}"
+def _host_path(device: Device, node: str, dev_dir: str) -> str | None:
+    """Where the runtime finds the node on the host, when not at the container path: the backend's
+    own nodes (fake GPUs), else the driver root's `dev` (NVIDIA's `--dev-root`), else the same path."""
+    host_dir = (device.host_dev_dir or dev_dir).rstrip("/")
+    host = f"{host_dir}/{node.removeprefix('/dev/')}"
+    return None if host == node else host
+
+
+def _device_node(node: str, host_path: str | None) -> cdi.DeviceNode:
+    if isinstance(node, DeviceNodeSpec):
+        # Made by the runtime from its numbers: it may exist in no host /dev (a MIG device made
+        # inside the plugin's container), so nothing may need to stat the host path.
+        return cdi.DeviceNode(
+            path=str(node),
+            host_path=host_path,
+            type="c",
+            major=node.major,
+            minor=node.minor,
+            file_mode=node.file_mode,
+        )
+    return cdi.DeviceNode(path=node, host_path=host_path)
 
 
 def _model(device: Device) -> str:

@@ -85,7 +85,9 @@ def _driver_files(
         events.node_event(reason, message)
 
     mount = str(settings.driver_root_mount) if settings.driver_root_mount else None
-    files = driverfiles.for_backend(DriverRoot.at(settings.driver_root, mount), backend, report)
+    files = driverfiles.for_backend(
+        DriverRoot.at(settings.driver_root, mount), backend, report, settings.driver_capabilities
+    )
     # Reported by `report`; each prepare tries again and fails its claim with the same message.
     with contextlib.suppress(DriverRootError):
         files.install()
@@ -117,9 +119,9 @@ def _mps_runner(settings: Settings, api: KubeApi, tools: DriverTools) -> DaemonR
         pull_policy=settings.mps_daemon_image_pull_policy,
         driver_root=settings.driver_root,
         driver_root_mount=settings.driver_root_mount,
+        library_views=tools.views,
         privileged=settings.backend == "nvml",  # real GPUs: the daemon opens their device nodes
     )
-        library_views=tools.views,
     return PodRunner(api, pods)
 
 

@@ -373,7 +373,12 @@ def test_spec_does_not_depend_on_the_hook_binary(tmp_path: Path) -> None:
         return [(m.container_path, m.host_path.removeprefix(prefix)) for m in container_edits(install).mounts]
 
     assert relative(plain) == relative(hooked)
-    assert container_edits(hooked).env == ()
+    # No hook, so nothing else either: the only variable is Triton's libcuda directory.
+    assert (
+        container_edits(hooked).env
+        == container_edits(plain).env
+        == ("TRITON_LIBCUDA_PATH=/usr/lib/x86_64-linux-gnu",)
+    )
 
 
 def test_nothing_outside_the_root_in_any_layout(tmp_path: Path) -> None:

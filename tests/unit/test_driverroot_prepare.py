@@ -164,7 +164,7 @@ async def test_prepare_gives_every_device_of_the_claim_the_driver_files(tmp_path
     spec = spec_of(tmp_path, "uid-1")
     shared = spec["containerEdits"]
     assert isinstance(shared, dict)
-    assert shared["env"] == ["NVIDIA_VISIBLE_DEVICES=void"]
+    assert shared["env"] == ["NVIDIA_VISIBLE_DEVICES=void", "TRITON_LIBCUDA_PATH=/usr/lib/x86_64-linux-gnu"]
     by_path = {m["containerPath"]: m["hostPath"] for m in shared["mounts"]}
     assert by_path[f"{LIB_DIR}/libcuda.so.1"] == str(root / "usr/lib/x86_64-linux-gnu/libcuda.so.580.95.05")
     assert by_path["/usr/bin/nvidia-smi"] == str(root / "usr/bin/nvidia-smi")
@@ -205,4 +205,4 @@ def test_render_spec_puts_driver_edits_in_the_spec_edits(tmp_path: Path) -> None
     plan = plan_claim(ClaimRef("ns", "uid-4", "claim"), ref_doc, driver=DRIVER, pool=NODE, devices=DEVICES)
     spec = render_spec(plan, None, driver_edits=edits)
     assert spec.edits.mounts == edits.mounts and spec.edits.device_nodes == edits.device_nodes
-    assert spec.edits.env == ("NVIDIA_VISIBLE_DEVICES=void",)
+    assert spec.edits.env == ("NVIDIA_VISIBLE_DEVICES=void", "TRITON_LIBCUDA_PATH=/usr/lib/x86_64-linux-gnu")

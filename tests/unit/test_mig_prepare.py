@@ -54,7 +54,8 @@ def plan_for(uid: str, devices: dict[str, Device], *names: str) -> ClaimPlan:
 
 def node_paths(plan: ClaimPlan) -> set[str]:
     spec = render_spec(plan).to_json()
-    return {n["path"] for d in spec["devices"] for n in d["containerEdits"].get("deviceNodes", [])}
+    edits = [spec.get("containerEdits", {})] + [d["containerEdits"] for d in spec["devices"]]
+    return {n["path"] for e in edits for n in e.get("deviceNodes", [])}
 
 
 def external(tmp_path: Path, parent: str, profile: str, start: int, slices: list[int], **extra: Any) -> None:

@@ -423,12 +423,6 @@ def test_rootpath_follows_debians_alternatives_inside_the_root(roots: dict[str, 
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="product defect: discovery only looks for lib<name>.so.<version> files directly in the "
-    "library directories; Debian keeps them in usr/lib/x86_64-linux-gnu/nvidia/current and puts only "
-    "SONAME links (absolute, through /etc/alternatives) on the default path, so NoDriverLibraries",
-)
 @pytest.mark.parametrize("name", ["debian", f"debian-{TWO_PART}"])
 def test_discovery_finds_the_debian_install(roots: dict[str, nr.NvidiaRoot], name: str) -> None:
     root = roots[name]
