@@ -52,6 +52,11 @@ def add_backend_arguments(parser: argparse.ArgumentParser) -> None:
     )
     nvml = parser.add_argument_group("nvml backend")
     nvml.add_argument("--nvml-lib-path", help="libnvidia-ml.so.1 file or NVIDIA driver root directory")
+    nvml.add_argument(
+        "--sysfs-root",
+        default="/sys",
+        help="where sysfs is mounted: pcieRoot and numaNode come from its PCI devices (default /sys)",
+    )
     fake = parser.add_argument_group("fake backend")
     fake.add_argument("--fake-config", help="YAML file describing fake GPUs")
     fake.add_argument("--fake-gpus", type=int, default=1, help="number of fake GPUs (without --fake-config)")
@@ -70,6 +75,7 @@ def backend_from_args(args: argparse.Namespace) -> DeviceBackend:
         options["dev_root"] = args.fake_dev_root
     else:
         options["lib_path"] = args.nvml_lib_path
+        options["sysfs_root"] = args.sysfs_root
     return load_backend(args.backend, args.node_name, **options)
 
 
