@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 KUBE_BUILD := tests/cluster/build.sh
 
-.PHONY: venv kube kube-tools lint unit test test-compat differential demo cluster bench bench-compare proto clean-venv gpu-check
+.PHONY: venv kube kube-tools nvidia-tools lint unit test test-compat differential demo cluster bench bench-compare proto clean-venv gpu-check
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -29,6 +29,19 @@ kube-tools:
 	tests/cluster/build_helm.sh >/dev/null
 	tests/cluster/build_image.sh >/dev/null
 
+# NVIDIA's software that the GPU half is tested against, without a GPU, each cached and
+# rebuilt only when its inputs change: the C-ABI NVML double over go-nvml's mock machines
+# (build_nvml_double.sh), Debian's non-free NVIDIA 550.163.01 packages unpacked
+# (fetch_nvidia_debs.sh, never installed) and nvidia-ctk v1.20.2 (build_nvidia_ctk.sh).
+# The tests find each by the directory its script prints.
+NVIDIA_ENV = DRA_NVML_DOUBLE_DIR="$$(tests/cluster/build_nvml_double.sh)" \
+  DRA_NVIDIA_DEBS_DIR="$$(tests/cluster/fetch_nvidia_debs.sh)" \
+  DRA_NVIDIA_CTK_DIR="$$(tests/cluster/build_nvidia_ctk.sh)"
+nvidia-tools:
+	tests/cluster/build_nvml_double.sh >/dev/null
+	tests/cluster/fetch_nvidia_debs.sh >/dev/null
+	tests/cluster/build_nvidia_ctk.sh >/dev/null
+
 proto: venv
 	$(PY) -m tools.protogen
 
@@ -37,22 +50,22 @@ lint: venv
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy
 
-unit: venv
-	$(PY) -m pytest tests/unit
+unit: venv nvidia-tools
+	$(NVIDIA_ENV) $(PY) -m pytest tests/unit
 
 # The test command: lint, type check, then every test (unit, integration
 # against the real control plane, end-to-end with a real kubelet).
-test: venv kube
+test: venv kube nvidia-tools
 	$(MAKE) --no-print-directory lint
-	DRA_KUBE_BIN_DIR="$$($(KUBE_BUILD))" $(PY) -m pytest
+	$(NVIDIA_ENV) DRA_KUBE_BIN_DIR="$$($(KUBE_BUILD))" $(PY) -m pytest
 
 # The integration and end-to-end tests against the supported floor, a second
 # Kubernetes build (~/.cache/draplugin-kube/<COMPAT_K8S_VERSION>) beside the
 # shared tools; .ci/run runs it after `make test`. COMPAT_MARKERS narrows it.
 COMPAT_K8S_VERSION ?= v1.34.4
 COMPAT_MARKERS ?= cluster or kubelet
-test-compat: venv kube-tools
-	DRA_KUBE_BIN_DIR="$$(K8S_VERSION=$(COMPAT_K8S_VERSION) tests/cluster/build_compat.sh)" \
+test-compat: venv kube-tools nvidia-tools
+	$(NVIDIA_ENV) DRA_KUBE_BIN_DIR="$$(K8S_VERSION=$(COMPAT_K8S_VERSION) tests/cluster/build_compat.sh)" \
 	  $(PY) -m pytest tests/integration tests/e2e -m "$(COMPAT_MARKERS)"
 
 # simulate against the real kube-scheduler on DIFFERENTIAL_SCENARIOS random scenarios per

@@ -12,7 +12,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,6 +44,9 @@ class PluginProcess:
     delete_slices_on_shutdown: bool = False
     # 0: no Prometheus endpoint; a port: /metrics on it (for `dra-controller top --endpoint`).
     metrics_port: int = 0
+    # The device backend's flags; the default is fake GPUs from `fake_config`. A test of the
+    # NVML path passes `("--backend", "nvml", "--nvml-lib-path", <driver root>)`.
+    backend_args: tuple[str, ...] = ("--backend", "fake")
     process: subprocess.Popen[bytes] | None = None
     starts: int = 0
 
@@ -72,13 +75,14 @@ class PluginProcess:
         env = dict(os.environ)
         env.pop("DRAPLUGIN_CRASH_AT", None)
         env.update(self.extra_env)
-        env[FAKE_CONFIG_ENV] = str(self.fake_config)
+        if "fake" in self.backend_args:
+            env[FAKE_CONFIG_ENV] = str(self.fake_config)
         env[BOOT_ID_FILE_ENV] = str(self.boot_id_file)
         if crash_at:
             env["DRAPLUGIN_CRASH_AT"] = crash_at
         command = [
             sys.executable, "-m", "draplugin.cli", "run",
-            "--backend", "fake",
+            *self.backend_args,
             "--driver-name", self.driver_name,
             "--node-name", self.node_name,
             "--kubelet-root-dir", str(self.kubelet_root_dir),
@@ -169,19 +173,27 @@ def node_slices(api_client: Any, node_name: str, driver: str) -> list[dict[str, 
     return items
 
 
-def wait_published(plugin: PluginProcess, api_client: Any, timeout_s: float = 60.0) -> list[dict[str, Any]]:
-    """Wait until the plugin's own ResourceSlices list exactly the devices of its fake inventory.
+def wait_published(
+    plugin: PluginProcess,
+    api_client: Any,
+    timeout_s: float = 60.0,
+    expected_devices: Sequence[str] | None = None,
+) -> list[dict[str, Any]]:
+    """Wait until the plugin's own ResourceSlices list exactly the devices of its inventory.
 
-    The expected names come from the same inventory file the plugin reads;
-    nothing is published from here. Slices left by an earlier run with other
-    devices do not count: the plugin replaces them.
+    The expected names come from the same fake inventory file the plugin reads
+    (or, for another backend, from the caller); nothing is published from here.
+    Slices left by an earlier run with other devices do not count: the plugin
+    replaces them.
     """
     from devcluster.wait import wait_for
     from draplugin.devices import load_backend
 
-    expected = sorted(
-        d.name for d in load_backend("fake", plugin.node_name, config_file=str(plugin.fake_config)).discover()
-    )
+    if expected_devices is not None:
+        expected = sorted(expected_devices)
+    else:
+        backend = load_backend("fake", plugin.node_name, config_file=str(plugin.fake_config))
+        expected = sorted(d.name for d in backend.discover())
 
     def published() -> list[dict[str, Any]] | None:
         if not plugin.running:

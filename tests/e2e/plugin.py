@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -24,6 +24,8 @@ def running_plugin(
     extra_env: Mapping[str, str] | None = None,
     fake_config: Path = FAKE_GPUS,
     metrics_port: int = 0,
+    backend_args: tuple[str, ...] = ("--backend", "fake"),
+    expected_devices: Sequence[str] | None = None,
 ) -> Iterator[PluginProcess]:
     """`draplugin run` for the kubelet node, registered and with its slices published.
 
@@ -40,11 +42,12 @@ def running_plugin(
         delete_slices_on_shutdown=delete_slices_on_shutdown,
         extra_env=dict(extra_env or {}),
         metrics_port=metrics_port,
+        backend_args=backend_args,
     )
     try:
         process.start()
         process.wait_registered()
-        wait_published(process, api.api_client)
+        wait_published(process, api.api_client, expected_devices=expected_devices)
         yield process
     finally:
         process.stop()
