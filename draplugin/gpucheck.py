@@ -19,6 +19,15 @@
      compute-policy`); a MIG device created and destroyed on a GPU in MIG mode
      (skipped, saying why, without MIG or with MIG mode off). Each undoes what
      it did, also when it fails.
+  5. While that MIG device exists (`draplugin.gpucheck_mig`): its CDI
+     `nvidia-caps` nodes against `/proc` and the host's `/dev/nvidia-caps`, a
+     runc container on its spec listing it with `nvidia-smi -L`, and the UUID
+     prepare read from the compute instance against `nvidia-smi -L`'s.
+  6. As in the plugin's pod and its workloads (`draplugin.gpucheck_pod`):
+     `nvidia-smi compute-policy -l` with `DriverTools.env` in a container with
+     no NVIDIA library and the driver root elsewhere than `/`, against the
+     admin's; an MPS client in another PID namespace served by the claim's
+     daemon.
 
 Prints one table. Exit status 0 when every check passed (or was skipped, with
 its reason in the table), 1 on any mismatch, 2 when it cannot run at all
@@ -29,7 +38,7 @@ run in `tests/unit/test_gpucheck.py` against a fake NVML and a fake document.
     python -m draplugin.gpucheck [--driver-root /] [--runc runc] [--nvidia-smi nvidia-smi]
 
 Size: one file on purpose: the whole GPU check is one entry point to read before running it on a GPU
-(the sharing checks, which drive prepare's modules, are in draplugin/gpucheck_sharing.py).
+(the sharing checks, which drive prepare's modules, are in draplugin/gpucheck_sharing.py, _mig.py, _pod.py).
 """
 
 from __future__ import annotations
@@ -283,10 +292,15 @@ def oci_config(
     devices: list[dict[str, Any]] = []
     allow: list[dict[str, Any]] = [{"allow": False, "access": "rwm"}]
     for node in edits["deviceNodes"]:
-        info = stat_node(node.get("hostPath") or node["path"])
-        if not stat.S_ISCHR(info.st_mode):
-            raise ValueError(f"{node.get('hostPath') or node['path']} is not a character device")
-        major, minor = os.major(info.st_rdev), os.minor(info.st_rdev)
+        if node.get("type") == "c" and node.get("major") is not None:
+            # As the CDI library does: a node with its numbers is made from them, no host file read
+            # (a MIG access node the plugin made in its own container is in no host /dev).
+            major, minor = int(node["major"]), int(node["minor"])
+        else:
+            info = stat_node(node.get("hostPath") or node["path"])
+            if not stat.S_ISCHR(info.st_mode):
+                raise ValueError(f"{node.get('hostPath') or node['path']} is not a character device")
+            major, minor = os.major(info.st_rdev), os.minor(info.st_rdev)
         devices.append(
             {
                 "path": node["path"],
@@ -325,7 +339,11 @@ def oci_config(
             "terminal": False,
             "user": {"uid": 0, "gid": 0},
             "args": list(args),
-            "env": ["PATH=/usr/bin:/bin", *edits["env"]],
+            # The edits' own PATH (a driver tool's environment) replaces the default one.
+            "env": [
+                *([] if any(e.startswith("PATH=") for e in edits["env"]) else ["PATH=/usr/bin:/bin"]),
+                *edits["env"],
+            ],
             "cwd": "/",
             "noNewPrivileges": True,
         },
@@ -379,7 +397,17 @@ def listed_uuids(output: str) -> list[str]:
     return _LISTED_UUID.findall(output)
 
 
-def run_container(runc: str, spec: Spec, device: Device, nvidia_smi: Path) -> Row:
+def run_bundle(runc: str, bundle: Path, config: Mapping[str, Any]) -> subprocess.CompletedProcess[str]:
+    """Run the OCI bundle at `bundle` (its `rootfs` made already) with `config`, to completion;
+    raises `subprocess.TimeoutExpired` after `CONTAINER_TIMEOUT_S`."""
+    (bundle / "config.json").write_text(json.dumps(config))
+    argv = [runc, "--root", str(bundle / "state"), "run", "--bundle", str(bundle), f"gpu-check-{os.getpid()}"]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=CONTAINER_TIMEOUT_S, check=False)
+
+
+def run_container(
+    runc: str, spec: Spec, device: Device, nvidia_smi: Path, *, check: str = "container nvidia-smi -L"
+) -> Row:
     from draplugin.cdi.preview import PREVIEW_CLAIM  # loaded by render_specs already
 
     subject = device.name
@@ -391,27 +419,15 @@ def run_container(runc: str, spec: Spec, device: Device, nvidia_smi: Path) -> Ro
             edits = container_edits(spec.to_json(), claim_device_name(PREVIEW_CLAIM.uid, device.name))
             config = oci_config(edits, ["/usr/bin/nvidia-smi", "-L"])
         except (OSError, ValueError) as err:
-            return Row("container nvidia-smi -L", subject, f"no bundle: {err}", " ".join(expected), MISMATCH)
-        (bundle / "config.json").write_text(json.dumps(config))
-        argv = [
-            runc,
-            "--root",
-            str(bundle / "state"),
-            "run",
-            "--bundle",
-            str(bundle),
-            f"gpu-check-{os.getpid()}",
-        ]
+            return Row(check, subject, f"no bundle: {err}", " ".join(expected), MISMATCH)
         try:
-            done = subprocess.run(
-                argv, capture_output=True, text=True, timeout=CONTAINER_TIMEOUT_S, check=False
-            )
+            done = run_bundle(runc, bundle, config)
         except subprocess.TimeoutExpired:
-            return Row("container nvidia-smi -L", subject, "timed out", " ".join(expected), MISMATCH)
+            return Row(check, subject, "timed out", " ".join(expected), MISMATCH)
     listed = listed_uuids(done.stdout)
     ours = " ".join(listed) or f"exit {done.returncode}: {(done.stderr or done.stdout).strip()[:200]}"
     return _row(
-        "container nvidia-smi -L",
+        check,
         subject,
         ours,
         " ".join(expected),
@@ -463,9 +479,14 @@ def check(
     lib_path: str | None = None,
     list_gpus: Callable[[], str] | None = None,
     proc_root: str = "/proc",
+    host_smi: Callable[[Sequence[str]], subprocess.CompletedProcess[str]] | None = None,
+    dev_root: str = "/dev",
+    mps_client: bool = True,
 ) -> list[Row]:
     """Every row of the check; `nvml`, `smi_xml`, `list_gpus` (what `nvidia-smi -L` prints, default:
-    the driver root's) and `proc_root` (MIG caps files) are injectable for the tests without a GPU."""
+    the driver root's), `proc_root` (MIG caps files), `host_smi` (the admin's `nvidia-smi` with
+    arguments; None skips the compute-policy row) and `dev_root` are injectable for the tests without
+    a GPU; `mps_client` False leaves out the MPS client row (it needs a real libcuda)."""
     from draplugin.devices.nvml import NvmlBackend
 
     backend = NvmlBackend(NODE, lib_path=lib_path, nvml=nvml)
@@ -483,9 +504,11 @@ def check(
         smi = next((b for b in files.install().binaries if b.found.name == "nvidia-smi"), None)
         nvidia_smi = driver_root.local(smi.real) if smi is not None else None
     rows += container_rows(runc, specs, devices, nvidia_smi)
-    if files is None:
+    if files is None or driver_root is None:
         return [*rows, Row("sharing", "all GPUs", "no driver root: no MPS or nvidia-smi to run", "", SKIPPED)]
+    from draplugin import gpucheck_pod as pod
     from draplugin import gpucheck_sharing as sharing
+    from draplugin.gpucheck_mig import MigInspector
     from draplugin.prepare.drivertools import DriverTools
 
     with tempfile.TemporaryDirectory(prefix="gpu-check-driver-libs-") as views:
@@ -494,11 +517,18 @@ def check(
         for gpu in sharing.whole_gpus(devices):
             rows += sharing.mps_rows(gpu, tools)
             rows += sharing.timeslice_rows(gpu, tools)
+            if mps_client:
+                rows += pod.mps_client_rows(gpu, tools)
+        if host_smi is None:
+            rows.append(Row(pod.POLICY_CHECK, "all GPUs", "no host nvidia-smi to compare with", "", SKIPPED))
+        else:
+            rows.append(pod.compute_policy_row(driver_root, runc, host_smi, dev_root=dev_root))
         # The MIG placements come from the discovery a partitionable plugin runs, on a backend of its own.
         partitioner = NvmlBackend(NODE, lib_path=lib_path, nvml=nvml, partitionable=True, proc_root=proc_root)
         placements = partitioner.discover() if any(g.mig_enabled for g in smi_gpus) else []
         listing = list_gpus or sharing.driver_listing(tools)
-        rows += sharing.mig_rows(smi_gpus, placements, partitioner, listing)
+        inspect = MigInspector(files, listing, runc, nvidia_smi, proc_root=proc_root, dev_root=dev_root)
+        rows += sharing.mig_rows(smi_gpus, placements, partitioner, listing, inspect)
     return rows
 
 
@@ -526,6 +556,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 subprocess.run(
                     [args.nvidia_smi, "-L"], capture_output=True, text=True, timeout=120, check=True
                 ).stdout
+            ),
+            # The admin's nvidia-smi in this process's environment: what the plugin's must match.
+            host_smi=lambda more: subprocess.run(
+                [args.nvidia_smi, *more], capture_output=True, text=True, timeout=120, check=False
             ),
         )
     except (OSError, subprocess.SubprocessError, NvmlUnavailableError, ET.ParseError) as err:

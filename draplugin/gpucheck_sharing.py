@@ -37,6 +37,7 @@ from draplugin.devices.mig import MigOperationError, MigPartitioner
 from draplugin.devices.model import Device
 from draplugin.devices.schema import KIND_GPU
 from draplugin.gpucheck import MISMATCH, OK, SKIPPED, Row, SmiGpu, listed_uuids
+from draplugin.gpucheck_mig import CreatedDevice
 from draplugin.prepare import mig, mps, timeslice
 from draplugin.prepare.drivertools import DriverTools
 from draplugin.prepare.errors import PlanError
@@ -224,9 +225,11 @@ def mig_rows(
     placements: Sequence[Device],
     partitioner: MigPartitioner,
     list_gpus: Callable[[], str],
+    inspect: Callable[[CreatedDevice], list[Row]] | None = None,
 ) -> list[Row]:
     """`placements`: the partitionable MIG devices NVML publishes (`partitionable=True` discovery);
-    `list_gpus`: what `nvidia-smi -L` prints now."""
+    `list_gpus`: what `nvidia-smi -L` prints now; `inspect`: more rows on each MIG device created,
+    run before it is destroyed (`draplugin.gpucheck_mig.MigInspector`)."""
     rows: list[Row] = []
     for gpu in smi_gpus:
         subject = f"{gpu.uuid} ({gpu.bus_id})"
@@ -241,12 +244,16 @@ def mig_rows(
             rows.append(Row("MIG create", subject, off, "", SKIPPED))
             continue
         mine = [d for d in placements if d.parent_uuid == gpu.uuid and mig.needs_instance(d)]
-        rows += _create_and_destroy(subject, mine, partitioner, list_gpus)
+        rows += _create_and_destroy(subject, mine, partitioner, list_gpus, inspect)
     return rows
 
 
 def _create_and_destroy(
-    subject: str, placements: Sequence[Device], partitioner: MigPartitioner, list_gpus: Callable[[], str]
+    subject: str,
+    placements: Sequence[Device],
+    partitioner: MigPartitioner,
+    list_gpus: Callable[[], str],
+    inspect: Callable[[CreatedDevice], list[Row]] | None,
 ) -> list[Row]:
     # The smallest profile first; the first placement nothing else holds.
     ordered = sorted(placements, key=lambda d: (int(d.capacity.get("multiprocessors", "0") or 0), d.name))
@@ -265,6 +272,7 @@ def _create_and_destroy(
     rows: list[Row] = []
     with _ledger() as (_, ledger):
         try:
+            before = list_gpus() if inspect is not None else ""
             created = mig.create_device(CLAIM_UID, free, partitioner, ledger)
             listed = listed_uuids(list_gpus())
             rows.append(
@@ -276,6 +284,12 @@ def _create_and_destroy(
                     created.uuid in listed,
                 )
             )
+            entry = ledger.get(CLAIM_UID, mig.KIND, free.name)
+            if inspect is not None and entry is not None:
+                ids = entry.data
+                rows += inspect(
+                    CreatedDevice(created, free.minor, int(str(ids["gi"])), int(str(ids["ci"])), before)
+                )
         except (PlanError, OSError, subprocess.SubprocessError) as err:
             rows.append(_row("MIG create", f"{subject} {free.name}", _error(err), "a MIG device", False))
         finally:

@@ -91,11 +91,18 @@ def rows_for(
         runc=runc,
         list_gpus=fake_listing(nvml),
         proc_root=mig_caps_root(tmp_path),
+        mps_client=False,  # a CUDA client needs a real libcuda: tests/unit/test_gpucheck_pod.py
     )
 
 
 def by_check(rows: list[gpucheck.Row], check: str) -> list[gpucheck.Row]:
     return [row for row in rows if row.check == check]
+
+
+def mismatches(rows: list[gpucheck.Row]) -> list[gpucheck.Row]:
+    """The mismatches but the MIG caps node rows: the fake /proc has no `devices`, this machine no
+    such nodes (those rows have their tests in tests/unit/test_gpucheck_mig.py)."""
+    return [r for r in rows if r.status == gpucheck.MISMATCH and r.check != "MIG caps node"]
 
 
 def test_parse_nvidia_smi_document() -> None:
@@ -115,7 +122,8 @@ def test_parse_nvidia_smi_document() -> None:
 
 def test_matching_discovery_passes_and_container_is_skipped_without_runc(tmp_path: Path) -> None:
     rows = rows_for(tmp_path)
-    assert [r for r in rows if r.status == gpucheck.MISMATCH] == []
+    assert mismatches(rows) == []
+    assert {r.theirs.rpartition(", ")[2] for r in by_check(rows, "MIG caps node")} == {"host has none"}
     checks = {r.check for r in rows}
     assert {
         "published",
@@ -278,7 +286,7 @@ def test_mig_mode_on_without_mig_devices_is_no_mismatch(tmp_path: Path) -> None:
     rows = rows_for(tmp_path, xml, nvml=nvml)
     h100 = "GPU-11111111-2222-3333-4444-555555555555 (0000:18:00.0)"
     mine = {r.check: r for r in rows if r.subject == h100}
-    assert [r for r in rows if r.status == gpucheck.MISMATCH] == []
+    assert mismatches(rows) == []
     assert mine["published"].status == gpucheck.OK and "no MIG devices yet" in mine["published"].ours
     assert (mine["MIG mode"].ours, mine["MIG mode"].theirs) == ("on", "on")
     assert (mine["MIG devices"].ours, mine["MIG devices"].theirs) == ("0", "0")

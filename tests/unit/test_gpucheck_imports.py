@@ -145,7 +145,8 @@ def listing():
     return "\\n".join(f"(UUID: {m.uuid})" for g in nvml.gpus for m in g.migs if m is not None)
 
 rows = gpucheck.check(nvml=nvml, smi_xml=Path("smi.xml").read_text(), driver_root=driver, runc=None,
-                      list_gpus=listing, proc_root=str(Path("proc").resolve()))
+                      list_gpus=listing, proc_root=str(Path("proc").resolve()),
+                          mps_client=False)
 kinds = ("MPS", "time-slice", "MIG create", "MIG destroy")
 sharing = [[r.check, r.status] for r in rows if r.check.startswith(kinds)]
 print(json.dumps({"sharing": sharing, "refused": sorted(set(refused))}))
