@@ -39,6 +39,7 @@ import re
 import shutil
 import stat
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -577,6 +578,30 @@ def build_root(layout: Layout, dest: Path, **options: Any) -> NvidiaRoot:
     return builder(dest, **options)
 
 
+# Exit statuses of the real nvidia-smi: NVML not found (a tool environment that misses the driver's
+# libraries); `-i <UUID>` that NVML does not list ("No devices were found"); `compute-policy` on the
+# double, which reaches NVML's undocumented export table only and fails with "Uninitialized"
+# (tests/cluster/nvmldouble/README.md).
+SMI_NO_NVML = 12
+SMI_NOT_FOUND = 6
+SMI_POLICY_ON_DOUBLE = 255
+
+
+def tool_root(dest: Path, layout: Layout = "debian", **options: Any) -> NvidiaRoot:
+    """A root of `layout` with the double as its NVML, for tests that run NVIDIA's binaries
+    (`nvidia-smi`, the MPS control daemon and server, `libcuda`); `options` as in `build_root`.
+
+    A test that calls it fails, naming the build script to run, when the files cannot be had:
+    a missing cache or double is never a silent skip."""
+    import pytest
+
+    try:
+        return build_root(layout, dest, nvml=nvml_double_library(), **options)
+    except NvidiaFilesUnavailable as err:
+        scripts = f"{FETCH_SCRIPT.relative_to(REPO)}, {NVML_DOUBLE_SCRIPT.relative_to(REPO)}"
+        pytest.fail(f"NVIDIA's files for a driver root are missing (run {scripts}): {err}", pytrace=False)
+
+
 def write_nvml_double_config(root: NvidiaRoot, path: Path, *, gpus: int = 2, **fields: Any) -> Path:
     """A config for the double (the file NVML_DOUBLE_CONFIG names) that matches the root: its
     driver version (nvidia-ctk looks for `libcuda.so.<NVML's version>`), `gpus` H100s (as many
@@ -706,3 +731,69 @@ def effective_edits(spec: Mapping[str, Any]) -> dict[str, EffectiveEdits]:
         edits.apply(device.get("containerEdits") or {})
         result[f"{kind}={device['name']}"] = edits
     return result
+
+
+# --- the plugin's own spec for a root --------------------------------------------------------------------
+
+# Renders with the product's code only: NVML discovery (the double, loaded from the root), the
+# driver files of the root, and prepare's planning and rendering (as `draplugin cdi-spec`, which
+# has no --proc-root: MIG access nodes are read from the double's procRoot here).
+_PLUGIN_SPEC_SCRIPT = """
+import sys
+from dracommon.drivername import DEFAULT_DRIVER_NAME
+from draplugin.cdi import driverfiles
+from draplugin.cdi.driverlayout import DriverRoot
+from draplugin.cdi.preview import preview_spec
+from draplugin.devices.nvml import NvmlBackend
+
+root, proc, node, *names = sys.argv[1:]
+backend = NvmlBackend(node, lib_path=root, proc_root=proc)
+devices = {device.name: device for device in backend.discover()}
+files = driverfiles.for_backend(DriverRoot.at(root), backend, report=lambda reason, message: None)
+names = names or list(devices)
+spec = preview_spec(devices, names, driver=DEFAULT_DRIVER_NAME, node=node, driver_files=files)
+sys.stdout.write(spec.render().decode())
+"""
+
+
+def plugin_spec(
+    root: NvidiaRoot,
+    nvml_config: Path,
+    *,
+    proc_root: Path | None = None,
+    devices: Sequence[str] = (),
+    node: str = "node-1",
+    timeout: float = 120,
+) -> dict[str, Any]:
+    """Our CDI spec for a claim holding `devices` (default: every device NVML shows) on the root.
+
+    A process of its own: the double (a Go library) reads NVML_DOUBLE_CONFIG from the
+    environment the process started with. NVML is the root's file (the double), as
+    `--nvml-lib-path <root>` loads it; `proc_root` is where MIG access files are read.
+    """
+    argv = [sys.executable, "-c", _PLUGIN_SPEC_SCRIPT, str(root.path), str(proc_root or "/proc"), node]
+    env = {**os.environ, "NVML_DOUBLE_CONFIG": str(nvml_config), "PYTHONPATH": str(REPO)}
+    result = subprocess.run(
+        [*argv, *devices], capture_output=True, text=True, timeout=timeout, check=False, cwd=REPO, env=env
+    )
+    if result.returncode != 0:
+        raise AssertionError(
+            f"rendering our spec failed (exit {result.returncode}):\n{result.stderr[-4000:]}"
+        )
+    spec: dict[str, Any] = json.loads(result.stdout)
+    return spec
+
+
+def add_ipc_files(root: NvidiaRoot) -> tuple[PurePosixPath, ...]:
+    """The sockets of a node running persistenced and the fabric manager, where NVIDIA's generator
+    looks for them (`internal/discover/ipc.go`: `run`, `var/run`); empty files stand in, as
+    nothing connects to them here."""
+    made = (
+        PurePosixPath("run/nvidia-persistenced/socket"),
+        PurePosixPath("run/nvidia-fabricmanager/socket"),
+    )
+    for relative in made:
+        path = root.path / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"")
+    return made

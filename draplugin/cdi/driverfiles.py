@@ -54,8 +54,17 @@ CONTAINER_BIN_DIR = PurePosixPath("/usr/bin")
 RHEL_LIB_DIR = PurePosixPath("/usr/lib64")
 PERSISTENCED_SOCKET = PurePosixPath("/run/nvidia-persistenced/socket")
 FABRICMANAGER_SOCKET = PurePosixPath("/run/nvidia-fabricmanager/socket")
-# Dev names besides the SONAME, for run-time compilers that link against the library.
-EXTRA_NAMES = {"libcuda": ("libcuda.so",)}
+# Dev names besides the SONAME, for compilers that link against the library in the container: run-time
+# compilers `-lcuda` (Triton), builds of NVML tools `-lnvidia-ml`, of the Video Codec and Optical Flow
+# SDKs' programs `-lnvcuvid -lnvidia-encode -lnvidia-opticalflow`. The driver's packages ship exactly
+# these `.so` links for the default capabilities, and NVIDIA's generated spec mirrors them.
+EXTRA_NAMES = {
+    "libcuda": ("libcuda.so",),
+    "libnvidia-ml": ("libnvidia-ml.so",),
+    "libnvcuvid": ("libnvcuvid.so",),
+    "libnvidia-encode": ("libnvidia-encode.so",),
+    "libnvidia-opticalflow": ("libnvidia-opticalflow.so",),
+}
 # Triton's `libcuda_dirs()` returns this directory before it runs `/sbin/ldconfig -p`.
 TRITON_LIBCUDA_ENV = "TRITON_LIBCUDA_PATH"
 

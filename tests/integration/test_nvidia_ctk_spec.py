@@ -2,19 +2,29 @@
 
 `nvidia-ctk cdi generate` (NVIDIA Container Toolkit, built by
 tests/cluster/build_nvidia_ctk.sh at the pinned release) runs on the Debian and
-the flat root of tests/nvidia_roots.py. Here only its spec is generated and
-checked for sanity; comparing it with ours uses `generate_nvidia_spec` and
-`effective_edits` from tests/nvidia_roots.py.
+the flat root of tests/nvidia_roots.py. First its spec is checked for sanity;
+then ours (the plugin's own NVML discovery on the NVML double, driver files and
+`render_spec`) is compared with it GPU by GPU, on the effective container edits
+(`effective_edits`): whatever NVIDIA's spec lets a compute container open must
+be openable in ours too, or be listed in docs/cdi.md's "Left out" table, whose
+rows must all still apply; every hook NVIDIA emits must have a row in its hook
+table.
 
 "management" mode needs no NVML (it lists the root's device nodes); "nvml" mode
-(one device per GPU) needs the NVML double in the root, and is skipped until
-tests/cluster/build_nvml_double.sh exists.
+(one device per GPU) needs the NVML double in the root.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import itertools
+import os
+import posixpath
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -128,3 +138,229 @@ def test_nvml_spec_has_a_device_per_gpu(
     assert len(limits) == 1 and "--gpu-id" in limits[0]
     # As in management mode: Debian's nvidia-smi (an /etc/alternatives link) is left out.
     assert ("/usr/bin/nvidia-smi" in zero.mounts) == (layout == "flat")
+
+
+# --- ours against NVIDIA's: what a compute container can open -------------------------------------------
+
+DOC = nr.REPO / "docs/cdi.md"
+LEFT_OUT_HEADING = "## Left out"
+HOOKS_HEADING = "## NVIDIA's hooks"
+# The loader's own directories in a Debian-family image (its glibc searches the multiarch
+# directories without a cache entry); our spec mounts the libraries there.
+LOADER_DIRS = (f"/usr/lib/{nr.MULTIARCH}", f"/lib/{nr.MULTIARCH}")
+OUR_KIND = "gpu.draplugin.dev/gpu"
+OUR_CLAIM = "00000000-0000-0000-0000-000000000000"  # the made-up claim of `draplugin cdi-spec`
+GPUS = 2
+MAX_LINKS = 40  # as Linux (ELOOP)
+
+
+@dataclass
+class ContainerView:
+    """What a container of one CDI device can open, from its effective edits: the mounts, the
+    links `create-symlinks` makes (in the container, relative to the link), and the directories
+    `update-ldcache` adds to the container's ld.so.cache."""
+
+    mounts: dict[str, str]
+    links: dict[str, str]
+    ld_folders: tuple[str, ...]
+
+    @classmethod
+    def of(cls, edits: nr.EffectiveEdits) -> ContainerView:
+        links: dict[str, str] = {}
+        folders: list[str] = []
+        for _, args in edits.hook_commands():
+            pairs = list(itertools.pairwise(args))
+            if args[1:2] == ("create-symlinks",):
+                for flag, value in pairs:
+                    if flag == "--link":
+                        target, _, link = value.partition("::")
+                        links[link] = target
+            elif args[1:2] == ("update-ldcache",):
+                folders += [value for flag, value in pairs if flag == "--folder"]
+        mounts = {path: str(m["hostPath"]) for path, m in edits.mounts.items()}
+        return cls(mounts, links, tuple(folders))
+
+    def paths(self) -> set[str]:
+        return set(self.mounts) | set(self.links)
+
+    def host_file(self, path: str) -> str | None:
+        """The host file a container opens at `path` (links followed, then the longest mount), or None."""
+        for _ in range(MAX_LINKS):
+            target = self.links.get(path)
+            if target is None:
+                break
+            path = posixpath.normpath(posixpath.join(posixpath.dirname(path), target))
+        for mounted in sorted(self.mounts, key=len, reverse=True):
+            if path == mounted or path.startswith(mounted + "/"):
+                host = self.mounts[mounted] + path[len(mounted) :]
+                return host if os.path.lexists(host) else None
+        return None
+
+    def loader_finds(self, name: str) -> str | None:
+        """The host file `dlopen(name)` loads: the image's loader directories, then the cache's."""
+        for directory in (*LOADER_DIRS, *self.ld_folders):
+            found = self.host_file(f"{directory}/{name}")
+            if found is not None:
+                return found
+        return None
+
+
+def same_file(a: str | None, b: str | None) -> bool:
+    if a is None or b is None:
+        return False
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def is_library(path: str) -> bool:
+    name = posixpath.basename(path)
+    return name.startswith("lib") and ".so" in name
+
+
+def device_number(node: Mapping[str, Any]) -> tuple[int, int] | None:
+    """The device a node entry gives: its numbers when the spec writes them, else its host node's."""
+    if node.get("type") and node.get("major"):
+        return int(node["major"]), int(node.get("minor") or 0)
+    try:
+        rdev = os.stat(str(node.get("hostPath") or node["path"])).st_rdev
+    except OSError:
+        return None
+    return os.major(rdev), os.minor(rdev)
+
+
+def gaps(nvidia: nr.EffectiveEdits, ours: nr.EffectiveEdits) -> dict[str, str]:
+    """Each container path NVIDIA's device gives that ours does not, with what NVIDIA has there.
+
+    A path counts as given when ours opens the same host file there; a library in a directory
+    NVIDIA's update-ldcache adds (Debian's `.../nvidia/current`) also counts when the loader
+    finds the same file under that name in ours (in the image's own library directory)."""
+    theirs, mine = ContainerView.of(nvidia), ContainerView.of(ours)
+    missing: dict[str, str] = {}
+    for path in sorted(theirs.paths()):
+        host = theirs.host_file(path)
+        if host is None:
+            continue  # a link to nothing: nothing to open there
+        if same_file(mine.host_file(path), host):
+            continue
+        by_loader = posixpath.dirname(path) in theirs.ld_folders and is_library(path)
+        if by_loader and same_file(mine.loader_finds(posixpath.basename(path)), host):
+            continue
+        missing[path] = host
+    for path, node in nvidia.device_nodes.items():
+        ours_node = ours.device_nodes.get(path)
+        if ours_node is None or device_number(ours_node) != device_number(node):
+            missing[path] = str(node.get("hostPath") or path)
+    return missing
+
+
+def doc_table(heading: str) -> list[tuple[list[str], str]]:
+    """The rows of the first table under `heading` in docs/cdi.md: (the first cell's `code`
+    spans, the rest of the row)."""
+    text = DOC.read_text()
+    start = text.index(heading)
+    rows: list[tuple[list[str], str]] = []
+    in_table = False
+    for line in text[start:].splitlines()[1:]:
+        if line.startswith("## "):
+            break
+        if not line.startswith("|"):
+            if in_table:
+                break
+            continue
+        in_table = True
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if set(cells[0]) <= {"-", " ", ":"}:
+            continue
+        rows.append((re.findall(r"`([^`]+)`", cells[0]), " | ".join(cells[1:])))
+    return rows[1:]  # the header
+
+
+@dataclass
+class Compared:
+    root: nr.NvidiaRoot
+    nvidia: dict[str, nr.EffectiveEdits]  # by GPU index
+    ours: dict[str, nr.EffectiveEdits]
+    gaps: dict[str, str]  # over every GPU
+
+
+@pytest.fixture(scope="module")
+def compared(ctk_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Compared]:
+    library, reason = nr.nvml_for_roots()
+    if library is None:
+        pytest.fail(reason, pytrace=False)
+    base = tmp_path_factory.mktemp("compare")
+    out: dict[str, Compared] = {}
+    for layout in LAYOUTS:
+        root = nr.build_root(layout, base / layout, nvml=library, gpus=GPUS)
+        nr.add_ipc_files(root)
+        config = nr.write_nvml_double_config(root, base / f"{layout}-nvml.json", gpus=GPUS)
+        theirs = nr.effective_edits(nr.generate_nvidia_spec(root, nvml_config=config, ctk_dir=ctk_dir))
+        mine = nr.effective_edits(nr.plugin_spec(root, config))
+        nvidia = {str(i): theirs[f"nvidia.com/gpu={i}"] for i in range(GPUS)}
+        ours = {str(i): mine[f"{OUR_KIND}={OUR_CLAIM}-gpu-{i}"] for i in range(GPUS)}
+        found: dict[str, str] = {}
+        for index in nvidia:
+            found.update(gaps(nvidia[index], ours[index]))
+        out[layout] = Compared(root, nvidia, ours, found)
+    return out
+
+
+def listed(path: str, rows: list[tuple[list[str], str]]) -> bool:
+    return any(fnmatch.fnmatchcase(path, pattern) for patterns, _ in rows for pattern in patterns)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_everything_nvidia_gives_a_compute_container_is_ours_or_listed(
+    compared: dict[str, Compared], layout: str
+) -> None:
+    rows = doc_table(LEFT_OUT_HEADING)
+    prefix = str(compared[layout].root.path)
+    unlisted = {
+        path: host.removeprefix(prefix)
+        for path, host in compared[layout].gaps.items()
+        if not listed(path, rows)
+    }
+    assert not unlisted, f"NVIDIA's spec gives these, ours does not, docs/cdi.md does not say why: {unlisted}"
+
+
+def test_every_left_out_row_still_applies(compared: dict[str, Compared]) -> None:
+    every_gap = {path for c in compared.values() for path in c.gaps}
+    stale = [
+        pattern
+        for patterns, _ in doc_table(LEFT_OUT_HEADING)
+        for pattern in patterns
+        if not any(fnmatch.fnmatchcase(path, pattern) for path in every_gap)
+    ]
+    assert not stale, f"docs/cdi.md lists as left out what ours now gives (or NVIDIA no longer does): {stale}"
+
+
+def test_every_hook_nvidia_emits_has_a_row(compared: dict[str, Compared]) -> None:
+    emitted = {
+        args[1]
+        for c in compared.values()
+        for edits in c.nvidia.values()
+        for _, args in edits.hook_commands()
+        if len(args) > 1
+    }
+    assert {"create-symlinks", "update-ldcache", "apply-cuda-memory-limits"} <= emitted
+    documented = {name for names, _ in doc_table(HOOKS_HEADING) for name in names[:1]}
+    assert emitted <= documented, f"hooks without a row in docs/cdi.md: {sorted(emitted - documented)}"
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_the_comparison_sees_libraries_by_path_and_by_loader(
+    compared: dict[str, Compared], layout: str
+) -> None:
+    """The comparison itself: libcuda is given in both layouts (in Debian's only by the loader),
+    and something NVIDIA gives that ours really does not is found."""
+    nvidia = ContainerView.of(compared[layout].nvidia["0"])
+    ours = ContainerView.of(compared[layout].ours["0"])
+    debian = layout == "debian"
+    lib = f"/{nr.DEBIAN_LIB_DIR}" if debian else f"/{nr.LIB_DIR}"
+    assert f"{lib}/libcuda.so.1" in nvidia.links
+    assert same_file(ours.loader_finds("libcuda.so.1"), nvidia.host_file(f"{lib}/libcuda.so.1"))
+    assert (f"{lib}/libcuda.so.1" in ours.paths()) == (not debian)
+    assert f"{lib}/libcuda.so.1" not in compared[layout].gaps
+    assert "/dev/nvidia-modeset" in compared[layout].gaps
