@@ -190,6 +190,11 @@ def driver_from_settings(settings: Settings, backend: DeviceBackend | None = Non
     api = KubeApi(api_client, timeout_s=REQUEST_TIMEOUT_S)
     boot_id = read_boot_id(Path(os.environ.get(BOOT_ID_FILE_ENV) or DEFAULT_BOOT_ID_PATH))
     events = KubeEvents(api, settings.driver_name, settings.node_name)
+    # Discovery problems an admin must fix (an NVML GPU in MIG mode without MIG devices) go to
+    # the Node as Events; a backend without such problems has nothing to attach.
+    attach_events = getattr(backend, "attach_events", None)
+    if callable(attach_events):
+        attach_events(events)
     files = _driver_files(settings, backend, events)
     claims = claim_reader(api)
     # The status writer's own workers and connection pool (same server and credentials): a
