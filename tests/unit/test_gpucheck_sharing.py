@@ -27,6 +27,9 @@ from tests.driverroot_layout import TOOL_STATE, command_log
 from tests.unit.fakenvml import FakeNvml, a10g, h100_with_mig
 from tests.unit.test_gpucheck import SMI_XML, by_check, fake_listing, mig_caps_root, native_root, rows_for
 
+# Stand-ins stay here: these rows are checked against the exact commands the stand-ins record, and
+# the real nvidia-smi's compute-policy cannot run on the NVML double (its export table). The real
+# binaries: tests/unit/test_drivertools.py, test_gpucheck_pod.py, test_gpucheck_mig.py.
 A10G = "GPU-99999999-0000-0000-0000-000000000000"
 H100 = "GPU-11111111-2222-3333-4444-555555555555"
 

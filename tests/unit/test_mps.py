@@ -25,6 +25,8 @@ from tests.unit.test_prepare_plan import DEVICES, DRIVER, NODE, claim_doc, confi
 LIMITS = {"defaultActiveThreadPercentage": 50, "defaultPinnedDeviceMemoryLimit": "10Gi"}
 
 
+# Stand-in daemon: these tests assert the exact control commands recorded (and kill it at will);
+# the real daemon and server: tests/unit/test_drivertools.py.
 tool_node = sharing_fixtures.tool_node  # the fixture: a state dir next to a stand-in driver root
 
 

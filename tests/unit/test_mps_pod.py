@@ -145,6 +145,7 @@ class PodNode:
 
     def __init__(self, tmp_path: Path, api: PodApi) -> None:
         self.state = tmp_path / "state"
+        # Stand-in tools: the tests assert the recorded commands; the real daemon Pod: test_drivertools.py.
         self.driver_root = debian_layout().build(tmp_path / "driver-root")
         self.api = api
 

@@ -23,6 +23,9 @@ from tests.unit.test_prepare_plan import DEVICES, DRIVER, NODE, claim_doc, confi
 GPU0 = DEVICES["gpu-0"].uuid
 
 
+# Stand-in nvidia-smi: the real one's compute-policy goes through NVML's undocumented export table,
+# which the NVML double cannot serve ("Uninitialized"; tests/cluster/nvmldouble/README.md), and these
+# tests assert the exact commands recorded. The real binary: tests/unit/test_drivertools.py.
 tool_node = sharing_fixtures.tool_node  # the fixture: a state dir next to a stand-in driver root
 
 
