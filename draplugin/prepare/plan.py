@@ -469,7 +469,11 @@ def render_spec(
 
 def _host_path(device: Device, node: str, dev_dir: str) -> str | None:
     """Where the runtime finds the node on the host, when not at the container path: the backend's
-    own nodes (fake GPUs), else the driver root's `dev` (NVIDIA's `--dev-root`), else the same path."""
+    own nodes (fake GPUs), else the driver root's `dev` (NVIDIA's `--dev-root`) for NVIDIA's nodes,
+    else the same path. A node that is not NVIDIA's (fake GPUs without a device directory use
+    `/dev/null`) is the host's own: the driver root does not have it."""
+    if device.host_dev_dir is None and not node.startswith("/dev/nvidia"):
+        return None
     host_dir = (device.host_dev_dir or dev_dir).rstrip("/")
     host = f"{host_dir}/{node.removeprefix('/dev/')}"
     return None if host == node else host
