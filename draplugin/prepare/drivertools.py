@@ -80,8 +80,11 @@ def tool_environment(
     Nothing of this process's environment is passed on: the tool sees exactly this (the plugin's
     own LD_* or PYTHON* settings are no business of the driver's)."""
     dirs = [str(tool.parent)]
+    # The real files' directories: in Debian's layout `usr/bin/nvidia-smi` links to an absolute
+    # /etc/alternatives path, which this process would resolve against its own root, not the
+    # driver root's (the MPS control daemon starts the server by name through PATH).
     for binary in install.binaries:
-        directory = str(install.root.local(binary.found).parent)
+        directory = str(install.root.local(binary.real).parent)
         if directory not in dirs:
             dirs.append(directory)
     env = {"PATH": ":".join([*dirs, SYSTEM_PATH]), "LD_LIBRARY_PATH": str(libraries)}
@@ -108,7 +111,8 @@ class DriverTools:
         install = self._install(name)
         for binary in install.binaries:
             if binary.found.name == name:
-                return install.root.local(binary.found)
+                # The file itself, its links resolved inside the root (see tool_environment).
+                return install.root.local(binary.real)
         raise PlanError(
             "DriverToolMissing",
             f"{name} is not in the NVIDIA driver root {install.root.host} (looked in its usr/bin, bin, "

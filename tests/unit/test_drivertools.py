@@ -32,16 +32,9 @@ from tests.unit.test_timeslice import sliced
 SERVER_WAIT_S = 20.0
 
 
-# Debian's usr/bin/nvidia-smi is a link to /etc/alternatives/nvidia-smi, which DriverTools.path runs
-# as it is, so the kernel resolves it on the plugin's own file system, not in the driver root.
-DEBIAN_SMI_LINK = pytest.mark.xfail(
-    strict=True,
-    reason="draplugin/prepare/drivertools.py DriverTools.path returns the binary's link (binary.found), "
-    "not its file inside the root (binary.real): Debian's nvidia-smi link leads out of the root",
-)
-
-
-@pytest.fixture(params=["flat", pytest.param("debian", marks=DEBIAN_SMI_LINK)])
+# Both layouts: Debian's usr/bin/nvidia-smi is a link to /etc/alternatives/nvidia-smi, which must
+# be resolved inside the driver root, not on the plugin's own file system.
+@pytest.fixture(params=["flat", "debian"])
 def smi_layout(request: pytest.FixtureRequest) -> nr.Layout:
     layout: nr.Layout = request.param
     return layout
