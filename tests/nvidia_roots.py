@@ -127,15 +127,16 @@ def nvml_double_available() -> bool:
     return NVML_DOUBLE_SCRIPT.is_file()
 
 
-@cache
 def nvml_double_library() -> Path:
-    """The C-ABI NVML double's `libnvidia-ml.so.1` (`build_nvml_double.sh` prints its directory)."""
+    """The C-ABI NVML double's `libnvidia-ml.so.1`, from `tests/nvmldouble.py` (which builds it)."""
+    from tests import nvmldouble
+
     if not nvml_double_available():
         raise NvidiaFilesUnavailable(f"{NVML_DOUBLE_SCRIPT.relative_to(REPO)} does not exist yet")
-    library = _run_build_script(NVML_DOUBLE_SCRIPT, "the NVML double", 900) / "libnvidia-ml.so.1"
-    if not library.is_file():
-        raise NvidiaFilesUnavailable(f"the NVML double's build printed a directory without {library.name}")
-    return library
+    try:
+        return nvmldouble.lib_path()
+    except nvmldouble.NvmlDoubleUnavailable as err:
+        raise NvidiaFilesUnavailable(str(err)) from None
 
 
 def nvml_for_roots() -> tuple[Path | None, str]:

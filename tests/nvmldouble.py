@@ -12,7 +12,11 @@ programs using go-nvml (nvidia-ctk). Its configuration is a JSON file named by
 
 ``DRA_NVML_DOUBLE_DIR`` names a directory holding a built library; otherwise
 ``tests/cluster/build_nvml_double.sh`` builds it (a cache check when warm).
-``DRA_NVIDIA_DEBS_DIR`` names a directory with NVIDIA's Debian packages unpacked (``nvidia-smi``).
+NVIDIA's ``nvidia-smi`` comes from the Debian packages ``tests/nvidia_roots.py`` unpacks.
+
+pynvml keeps one module-global library and init count: ``load_pynvml`` points it at the double,
+sets ``NVML_DOUBLE_CONFIG`` (the double reads it with getenv(3) at every ``nvmlInit``) and puts
+both back after, so tests run in-process, one configuration after another.
 """
 
 from __future__ import annotations
@@ -33,9 +37,6 @@ REPO = Path(__file__).resolve().parent.parent
 BUILD_SCRIPT = REPO / "tests" / "cluster" / "build_nvml_double.sh"
 LIBRARY_NAME = "libnvidia-ml.so.1"
 MACHINES = ("dgxa100", "dgxh100", "dgxh200", "dgxb200")
-# Where nvidia-smi may be found: the permanent fetch (DRA_NVIDIA_DEBS_DIR), else a private unpack.
-NVIDIA_SMI_PATHS = ("usr/lib/nvidia/current/nvidia-smi", "usr/bin/nvidia-smi", "nvidia-smi")
-FALLBACK_DEBS_DIRS = ("/tmp/nvdebs/root",)
 
 # NVML's GPU instance profile IDs (nvml.h NVML_GPU_INSTANCE_PROFILE_*), for MigDevice.gi_profile_id.
 GI_PROFILE_1_SLICE = 0
@@ -80,17 +81,17 @@ def gonvmlcheck_path() -> Path:
     return library_dir() / "gonvmlcheck"
 
 
-def nvidia_smi() -> Path | None:
-    """NVIDIA's real nvidia-smi, when its package is unpacked somewhere known; else None."""
-    roots = [os.environ["DRA_NVIDIA_DEBS_DIR"]] if os.environ.get("DRA_NVIDIA_DEBS_DIR") else []
-    roots += FALLBACK_DEBS_DIRS
-    for root in roots:
-        for rel in NVIDIA_SMI_PATHS:
-            found = list(Path(root).glob(f"**/{rel}")) if Path(root).is_dir() else []
-            for candidate in [Path(root) / rel, *found]:
-                if candidate.is_file() and os.access(candidate, os.X_OK):
-                    return candidate
-    return None
+def nvidia_smi() -> Path:
+    """NVIDIA's real nvidia-smi from the unpacked Debian packages (tests/nvidia_roots.py, which
+    fetches them with tests/cluster/fetch_nvidia_debs.sh and raises when it cannot)."""
+    from tests import nvidia_roots
+
+    smi = nvidia_roots.unpacked_tree() / nvidia_roots.DEBIAN_BIN_DIR / "nvidia-smi"
+    if not smi.is_file():
+        raise nvidia_roots.NvidiaFilesUnavailable(
+            f"{smi} is missing from the unpacked packages: rerun {nvidia_roots.FETCH_SCRIPT}"
+        )
+    return smi
 
 
 @dataclasses.dataclass(frozen=True)
@@ -210,6 +211,8 @@ class NvmlDouble:
     proc_root: Path | None = None
     dev_root: Path | None = None
     events_path: Path | None = None
+    # A GPU reset (reboot) at a process's first nvmlInit: pending MIG modes become current.
+    reset_at_init: bool = False
 
     @classmethod
     def create(
@@ -263,6 +266,8 @@ class NvmlDouble:
         }
         out.update({k: v for k, v in optional.items() if v is not None})
         out["stateFile"] = str(self.state_path)
+        if self.reset_at_init:
+            out["resetAtInit"] = True
         if self.overrides:
             out["gpus"] = [g.to_json() for g in sorted(self.overrides, key=lambda g: g.index)]
         return out
@@ -334,15 +339,24 @@ class NvmlDouble:
 
 @contextlib.contextmanager
 def load_pynvml(config_path: Path | None = None) -> Iterator[ModuleType]:
-    """pynvml keeps one module-global library: point it at the double, init, and shut down after."""
+    """The real pynvml on the double, initialised with ``config_path`` (else the current
+    ``NVML_DOUBLE_CONFIG``), shut down after and the variable put back.
+
+    pynvml keeps one module-global library: once it is the double it stays loaded (the plugin's
+    ``NvmlBackend`` in the same test loads the same file, which ``dlopen`` hands back as the same
+    library, so pynvml's cached function pointers stay right). The double reads
+    ``NVML_DOUBLE_CONFIG`` with getenv(3) at each ``nvmlInit``, so one process runs one test's
+    machine after another's.
+    """
     import pynvml
 
     previous_env = os.environ.get("NVML_DOUBLE_CONFIG")
     if config_path is not None:
         os.environ["NVML_DOUBLE_CONFIG"] = str(config_path)
-    previous_lib = pynvml.nvmlLib
-    pynvml.nvmlLib = ctypes.CDLL(str(lib_path()))
-    pynvml._nvmlGetFunctionPointer_cache.clear()
+    library = str(lib_path())
+    if getattr(pynvml.nvmlLib, "_name", None) != library:
+        pynvml.nvmlLib = ctypes.CDLL(library)
+        pynvml._nvmlGetFunctionPointer_cache.clear()
     try:
         pynvml.nvmlInit()
         try:
@@ -350,8 +364,6 @@ def load_pynvml(config_path: Path | None = None) -> Iterator[ModuleType]:
         finally:
             pynvml.nvmlShutdown()
     finally:
-        pynvml.nvmlLib = previous_lib
-        pynvml._nvmlGetFunctionPointer_cache.clear()
         if previous_env is None:
             os.environ.pop("NVML_DOUBLE_CONFIG", None)
         else:
@@ -361,17 +373,46 @@ def load_pynvml(config_path: Path | None = None) -> Iterator[ModuleType]:
 def nvml_double_factory(tmp_path: Path) -> Callable[..., NvmlDouble]:
     """For a fixture: ``nvml_double(machine="dgxh100", gpus=2, overrides=[...])`` in tmp_path.
 
-    Skips the test (with the reason) when the double cannot be built here.
+    Fails the test, with the build script's own words, when the double cannot be built: a missing
+    test binary is a broken test environment, never a reason to skip.
     """
     import pytest
 
     try:
         library_dir()
     except NvmlDoubleUnavailable as err:
-        pytest.skip(f"NVML double unavailable: {err}")
+        pytest.fail(f"NVML double unavailable (build it with {BUILD_SCRIPT}): {err}")
     counter = iter(range(1_000_000))
 
     def make(machine: str | None = "dgxh100", gpus: int | None = None, **fields: Any) -> NvmlDouble:
         return NvmlDouble.create(tmp_path / f"nvml-double-{next(counter)}", machine, gpus, **fields)
 
     return make
+
+
+def plugin_backend(double: NvmlDouble, request: Any, **options: Any) -> Any:
+    """The plugin's ``NvmlBackend`` on ``double``, in this process (``request``: the test's
+    ``pytest.FixtureRequest``).
+
+    The double has one configuration per process, the one named by ``NVML_DOUBLE_CONFIG`` at the
+    latest ``nvmlInit``: this sets it to ``double``'s, and after the test closes the backend
+    (``nvmlShutdown``) and puts the variable back. Options go to ``NvmlBackend`` (``partitionable``
+    ...); ``proc_root`` defaults to the double's.
+    """
+    from draplugin.devices.nvml import NvmlBackend
+
+    previous = os.environ.get("NVML_DOUBLE_CONFIG")
+    os.environ["NVML_DOUBLE_CONFIG"] = str(double.config_path)
+
+    def restore() -> None:
+        if previous is None:
+            os.environ.pop("NVML_DOUBLE_CONFIG", None)
+        else:
+            os.environ["NVML_DOUBLE_CONFIG"] = previous
+
+    request.addfinalizer(restore)
+    if double.proc_root is not None:
+        options.setdefault("proc_root", str(double.proc_root))
+    backend = NvmlBackend(options.pop("node_name", "node-a"), lib_path=str(lib_path()), **options)
+    request.addfinalizer(backend.close)
+    return backend

@@ -457,12 +457,9 @@ class NvmlBackend:
         bus_id = normalize_bus_id(_text(nvml.nvmlDeviceGetPciInfo(handle).busId))
         major_cc, minor_cc = nvml.nvmlDeviceGetCudaComputeCapability(handle)
         mig_capable, mig_enabled = self._mig_mode(handle)
+        # Read with MIG mode off too: nvml.h answers NOT_SUPPORTED for profile info and placements
+        # only where the GPU "doesn't support MIG" (placements "regardless of whether MIG is enabled").
         profiles = self._read_profiles(handle) if mig_capable else ()
-        if mig_capable and not mig_enabled and not profiles:
-            # nvml.h lets a GPU with MIG off answer NOT_SUPPORTED for its profiles. They are fixed
-            # for the GPU, so those read while MIG was on (before prepare switched it off) stay.
-            uuid = _text(nvml.nvmlDeviceGetUUID(handle))
-            profiles = next((g.mig_profiles for g in self._gpus if g.uuid == uuid), ())
         instances = self._read_instances(handle, minor, profiles) if mig_enabled else ()
         architecture = int(nvml.nvmlDeviceGetArchitecture(handle))
         return GpuInfo(

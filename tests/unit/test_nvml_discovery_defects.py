@@ -3,11 +3,13 @@
 Each was seen failing before its fix: several compute instances of one GPU
 instance, a GPU in MIG mode without MIG devices, unified memory, vGPU brands,
 `--sysfs-root`, and MIG device names that must be unique for every profile.
+They run in pytest's own process (`tests/nvmldouble.py`).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,15 +19,21 @@ import pytest
 from draplugin.cli import main
 from draplugin.devices.model import validate_devices
 from draplugin.devices.nvml import NvmlBackend
-from tests.unit import nvmldouble_local as double
+from tests import nvmldouble
+from tests.nvmldouble import ComputeInstance, Gpu, MigDevice, NvmlDouble
 from tests.unit.fakenvml import FakeGpu, FakeNvml, FakeProfile, h100_with_mig
 
 
-def backend(tmp_path: Path, *, partitionable: bool = False, **config: Any) -> NvmlBackend:
-    proc = double.configure(tmp_path, **config)
-    return NvmlBackend(
-        "node-a", lib_path=str(double.library()), partitionable=partitionable, proc_root=str(proc)
-    )
+@pytest.fixture
+def nvml_double(tmp_path: Path) -> Callable[..., NvmlDouble]:
+    return nvmldouble.nvml_double_factory(tmp_path)
+
+
+def backend(
+    request: pytest.FixtureRequest, double: NvmlDouble, *, partitionable: bool = False
+) -> NvmlBackend:
+    backend: NvmlBackend = nvmldouble.plugin_backend(double, request, partitionable=partitionable)
+    return backend
 
 
 class Events:
@@ -37,14 +45,12 @@ class Events:
 
 
 def test_each_compute_instance_of_a_gpu_instance_is_its_own_device(
-    request: pytest.FixtureRequest, tmp_path: Path
+    request: pytest.FixtureRequest, nvml_double: Callable[..., NvmlDouble]
 ) -> None:
     """A 3g.40gb split into three 1c.3g.40gb: three names, each with its own 16 SMs."""
-    if not double.in_own_process(request, tmp_path):
-        return
-    cis = [{"ciProfileId": pynvml.NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE, "start": s} for s in (0, 1, 2)]
-    gpu = {"index": 0, "migMode": 1, "migDevices": [{"giProfileId": 2, "start": 4, "computeInstances": cis}]}
-    devices = backend(tmp_path, machine="dgxh100", gpuCount=1, gpus=[gpu]).discover()
+    cis = tuple(ComputeInstance(pynvml.NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE, s) for s in (0, 1, 2))
+    gpu = Gpu(index=0, mig_mode=1, mig_devices=(MigDevice(nvmldouble.GI_PROFILE_3_SLICE, 4, cis),))
+    devices = backend(request, nvml_double("dgxh100", gpus=1, overrides=[gpu])).discover()
     validate_devices(devices)
     assert [d.attributes["profile"] for d in devices] == ["1c.3g.40gb"] * 3
     assert len({d.name for d in devices}) == len({d.uuid for d in devices}) == 3
@@ -53,11 +59,9 @@ def test_each_compute_instance_of_a_gpu_instance_is_its_own_device(
 
 
 def test_a_gpu_in_mig_mode_without_mig_devices_is_logged_and_posted_once(
-    request: pytest.FixtureRequest, tmp_path: Path
+    request: pytest.FixtureRequest, nvml_double: Callable[..., NvmlDouble]
 ) -> None:
-    if not double.in_own_process(request, tmp_path):
-        return
-    b = backend(tmp_path, machine="dgxh100", gpuCount=2, gpus=[{"index": 0, "migMode": 1}])
+    b = backend(request, nvml_double("dgxh100", gpus=2, overrides=[Gpu(index=0, mig_mode=1)]))
     events = Events()
     b.attach_events(events)
     b.refresh()
@@ -67,14 +71,11 @@ def test_a_gpu_in_mig_mode_without_mig_devices_is_logged_and_posted_once(
 
 
 def test_a_unified_memory_gpu_is_published_without_memory(
-    request: pytest.FixtureRequest, tmp_path: Path
+    request: pytest.FixtureRequest, nvml_double: Callable[..., NvmlDouble]
 ) -> None:
     """GB10-like parts answer NOT_SUPPORTED for memory info; NVIDIA's driver publishes no memory."""
-    if not double.in_own_process(request, tmp_path):
-        return
-    devices = backend(
-        tmp_path, machine="dgxh100", gpuCount=1, gpus=[{"index": 0, "unifiedMemory": True}]
-    ).discover()
+    double = nvml_double("dgxh100", gpus=1, overrides=[Gpu(index=0, unified_memory=True)])
+    devices = backend(request, double).discover()
     ((gpu),) = devices
     assert gpu.name == "gpu-0" and "memory" not in gpu.capacity
     validate_devices(devices)
@@ -91,37 +92,41 @@ def test_a_unified_memory_gpu_is_published_without_memory(
         (11, "NvidiaCloudGaming"),
     ],
 )
-def test_vgpu_brands_are_named(request: pytest.FixtureRequest, tmp_path: Path, brand: int, name: str) -> None:
-    if not double.in_own_process(request, tmp_path):
-        return
-    (gpu,) = backend(tmp_path, machine="dgxh100", gpuCount=1, gpus=[{"index": 0, "brand": brand}]).discover()
+def test_vgpu_brands_are_named(
+    request: pytest.FixtureRequest, nvml_double: Callable[..., NvmlDouble], brand: int, name: str
+) -> None:
+    (gpu,) = backend(
+        request, nvml_double("dgxh100", gpus=1, overrides=[Gpu(index=0, brand=brand)])
+    ).discover()
     assert gpu.attributes["brand"] == name
 
 
 def test_devices_previews_pcie_root_and_numa_node_from_a_sysfs_root(
-    request: pytest.FixtureRequest, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    nvml_double: Callable[..., NvmlDouble],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    if not double.in_own_process(request, tmp_path):
-        return
-    double.configure(tmp_path, machine="dgxh100", gpuCount=1)
+    double = nvml_double("dgxh100", gpus=1)
+    monkeypatch.setenv("NVML_DOUBLE_CONFIG", str(double.config_path))  # the CLI's own NvmlBackend
     sysfs = tmp_path / "sys"
     device_dir = sysfs / "devices/pci0000:00/0000:00:01.0/0000:00:00.0"
     device_dir.mkdir(parents=True)
     (device_dir / "numa_node").write_text("1\n")
     (sysfs / "bus/pci/devices").mkdir(parents=True)
     (sysfs / "bus/pci/devices/0000:00:00.0").symlink_to(device_dir)
-    argv = ["devices", "--node-name", "n1", "--nvml-lib-path", str(double.library())]
+    argv = ["devices", "--node-name", "n1", "--nvml-lib-path", str(double.lib_path)]
     assert main([*argv, "--sysfs-root", str(sysfs), "-o", "json"]) == 0
     (device,) = json.loads(capsys.readouterr().out)["items"][0]["spec"]["devices"]
     assert device["attributes"]["resource.kubernetes.io/pcieRoot"] == {"string": "pci0000:00"}
     assert device["attributes"]["resource.kubernetes.io/numaNode"] == {"int": 1}
 
 
-def test_every_b200_profile_has_its_own_device_names(request: pytest.FixtureRequest, tmp_path: Path) -> None:
-    if not double.in_own_process(request, tmp_path):
-        return
+def test_every_b200_profile_has_its_own_device_names(
+    request: pytest.FixtureRequest, nvml_double: Callable[..., NvmlDouble]
+) -> None:
     b = backend(
-        tmp_path, partitionable=True, machine="dgxb200", gpuCount=1, gpus=[{"index": 0, "migMode": 1}]
+        request, nvml_double("dgxb200", gpus=1, overrides=[Gpu(index=0, mig_mode=1)]), partitionable=True
     )
     devices = b.discover()
     validate_devices(devices, b.shared_counters())

@@ -149,14 +149,26 @@ def test_h100_profiles_and_placements_are_go_nvml_mock_data(nvml_double: Callabl
 # --- MIG ------------------------------------------------------------------------------------------
 
 
-def test_mig_off_gives_not_supported_and_mig_on_works(nvml_double: Callable[..., NvmlDouble]) -> None:
+def test_mig_off_lists_profiles_but_no_instances_and_mig_on_works(
+    nvml_double: Callable[..., NvmlDouble],
+) -> None:
     double = nvml_double("dgxh100", gpus=1)
     with double.pynvml() as nvml:
         handle = nvml.nvmlDeviceGetHandleByIndex(0)
         assert nvml.nvmlDeviceGetMigMode(handle) == [0, 0]
+        # nvml.h: profile info and placements are NOT_SUPPORTED only where the GPU "doesn't support
+        # MIG"; placements are returned "regardless of whether MIG is enabled or not".
+        assert _text(nvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, 0).name) == "MIG 1g.10gb"
+        assert _placements(nvml, handle, 2) == H100_PLACEMENTS[2]
+        # What exists or can still be made needs MIG mode: "doesn't have MIG mode enabled".
         with pytest.raises(nvml.NVMLError_NotSupported):
             nvml.nvmlDeviceGetGpuInstanceById(handle, 1)
+        with pytest.raises(nvml.NVMLError_NotSupported):
+            nvml.nvmlDeviceGetGpuInstanceRemainingCapacity(handle, 0)
+        with pytest.raises(nvml.NVMLError_NotSupported):
+            _create_gi(nvml, handle, 0, 0, 1)
         assert nvml.nvmlDeviceGetMaxMigDeviceCount(handle) == 0
+        # Hopper switches MIG mode without a reset.
         assert nvml.nvmlDeviceSetMigMode(handle, 1) == nvml.NVML_SUCCESS
         assert nvml.nvmlDeviceGetMigMode(handle) == [1, 1]
         with pytest.raises(nvml.NVMLError_NotFound):
@@ -168,6 +180,45 @@ def test_mig_off_gives_not_supported_and_mig_on_works(nvml_double: Callable[...,
             nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, 7)
         nvml.nvmlDeviceSetMigMode(handle, 0)
         assert nvml.nvmlDeviceGetMigMode(handle) == [0, 0]
+
+
+def test_an_ampere_mig_mode_switch_waits_for_a_reset(nvml_double: Callable[..., NvmlDouble]) -> None:
+    """nvmlDeviceSetMigMode on an A100 sets the pending mode only (activationStatus RESET_REQUIRED,
+    as NVIDIA's MIG user guide has Ampere need a GPU reset); resetAtInit is the reset at a later init."""
+    double = nvml_double("dgxa100", gpus=1, reset_at_init=True)
+    with double.pynvml() as nvml:
+        handle = nvml.nvmlDeviceGetHandleByIndex(0)
+        assert nvml.nvmlDeviceSetMigMode(handle, 1) == nvml.NVML_ERROR_RESET_REQUIRED
+        assert nvml.nvmlDeviceGetMigMode(handle) == [0, 1]
+        with pytest.raises(nvml.NVMLError_NotSupported):
+            _create_gi(nvml, handle, 0, 0, 1)
+    with double.pynvml() as nvml:  # the reset: pending becomes current
+        handle = nvml.nvmlDeviceGetHandleByIndex(0)
+        assert nvml.nvmlDeviceGetMigMode(handle) == [1, 1]
+        assert nvml.nvmlDeviceSetMigMode(handle, 1) == nvml.NVML_SUCCESS  # no change: nothing to wait for
+        _create_gi(nvml, handle, 0, 0, 1)
+        assert nvml.nvmlDeviceSetMigMode(handle, 0) == nvml.NVML_ERROR_IN_USE
+
+
+def test_utilization_in_mig_mode_is_not_supported(nvml_double: Callable[..., NvmlDouble]) -> None:
+    """nvml.h: "On MIG-enabled GPUs, querying device utilization rates [process utilization] is not
+    currently supported"; process samples only for processes with some utilization, after lastSeen."""
+    from tests.nvmldouble import Process
+
+    busy, idle = Process(pid=10, sm_util=30, mem_util=5), Process(pid=11)
+    double = nvml_double(
+        "dgxh100", gpus=2, overrides=[Gpu(index=0, mig_mode=1), Gpu(index=1, processes=(busy, idle))]
+    )
+    with double.pynvml() as nvml:
+        mig, whole = (nvml.nvmlDeviceGetHandleByIndex(i) for i in range(2))
+        with pytest.raises(nvml.NVMLError_NotSupported):
+            nvml.nvmlDeviceGetUtilizationRates(mig)
+        with pytest.raises(nvml.NVMLError_NotSupported):
+            nvml.nvmlDeviceGetProcessUtilization(mig, 0)
+        (sample,) = nvml.nvmlDeviceGetProcessUtilization(whole, 0)
+        assert (sample.pid, sample.smUtil, sample.memUtil) == (10, 30, 5)
+        with pytest.raises(nvml.NVMLError_NotFound):
+            nvml.nvmlDeviceGetProcessUtilization(whole, (1 << 63))  # nothing newer than that
 
 
 def test_create_and_destroy_instances_shared_with_another_process(
@@ -376,8 +427,6 @@ def test_nvml_backend_discovers_dgxh100(
 
 def test_nvidia_smi_lists_gpus(nvml_double: Callable[..., NvmlDouble]) -> None:
     smi = nvmldouble.nvidia_smi()
-    if smi is None:
-        pytest.skip("NVIDIA's nvidia-smi is not unpacked: set DRA_NVIDIA_DEBS_DIR to the unpacked packages")
     double = nvml_double("dgxh100", gpus=2)
     with double.pynvml() as nvml:
         uuids = [_text(nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(i))) for i in range(2)]

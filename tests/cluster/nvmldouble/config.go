@@ -39,6 +39,7 @@ type Config struct {
 	ProcRoot          string      `json:"procRoot"`
 	DevRoot           string      `json:"devRoot"`
 	EventsFile        string      `json:"eventsFile"`
+	ResetAtInit       bool        `json:"resetAtInit"`
 }
 
 type GPUConfig struct {

@@ -23,19 +23,20 @@ import (
 type rc = C.nvmlReturn_t
 
 const (
-	rcOK           rc = C.NVML_SUCCESS
-	rcUninit       rc = C.NVML_ERROR_UNINITIALIZED
-	rcInvalid      rc = C.NVML_ERROR_INVALID_ARGUMENT
-	rcNotSupported rc = C.NVML_ERROR_NOT_SUPPORTED
-	rcNotFound     rc = C.NVML_ERROR_NOT_FOUND
-	rcSize         rc = C.NVML_ERROR_INSUFFICIENT_SIZE
-	rcTimeout      rc = C.NVML_ERROR_TIMEOUT
-	rcLost         rc = C.NVML_ERROR_GPU_IS_LOST
-	rcInUse        rc = C.NVML_ERROR_IN_USE
-	rcResources    rc = C.NVML_ERROR_INSUFFICIENT_RESOURCES
-	rcVersion      rc = C.NVML_ERROR_ARGUMENT_VERSION_MISMATCH
-	rcOS           rc = C.NVML_ERROR_OPERATING_SYSTEM
-	rcUnknown      rc = C.NVML_ERROR_UNKNOWN
+	rcOK            rc = C.NVML_SUCCESS
+	rcUninit        rc = C.NVML_ERROR_UNINITIALIZED
+	rcInvalid       rc = C.NVML_ERROR_INVALID_ARGUMENT
+	rcNotSupported  rc = C.NVML_ERROR_NOT_SUPPORTED
+	rcNotFound      rc = C.NVML_ERROR_NOT_FOUND
+	rcSize          rc = C.NVML_ERROR_INSUFFICIENT_SIZE
+	rcTimeout       rc = C.NVML_ERROR_TIMEOUT
+	rcLost          rc = C.NVML_ERROR_GPU_IS_LOST
+	rcInUse         rc = C.NVML_ERROR_IN_USE
+	rcResources     rc = C.NVML_ERROR_INSUFFICIENT_RESOURCES
+	rcVersion       rc = C.NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+	rcOS            rc = C.NVML_ERROR_OPERATING_SYSTEM
+	rcResetRequired rc = C.NVML_ERROR_RESET_REQUIRED
+	rcUnknown       rc = C.NVML_ERROR_UNKNOWN
 )
 
 var (
@@ -94,9 +95,41 @@ func doInit() rc {
 		fail("%v", err)
 		return rcUnknown
 	}
+	if l.cfg.ResetAtInit && initCount == 0 {
+		if err := resetGPUs(l); err != nil {
+			fail("%v", err)
+			return rcUnknown
+		}
+	}
 	cur = l
 	initCount++
 	return rcOK
+}
+
+// resetGPUs is a GPU reset (or a reboot) between two processes: a pending MIG mode becomes current
+// ("the target mode following the next activation trigger", nvmlDeviceGetMigMode), and the GPU
+// and compute instances, which do not survive a reset, are gone.
+func resetGPUs(l *loaded) error {
+	err := mutateState(l.cfg.StateFile, func(s *State) bool {
+		changed := false
+		for _, g := range l.all {
+			st := s.GPUs[g.uuid]
+			if st == nil || st.MigModePending == st.MigMode {
+				continue
+			}
+			st.MigMode, st.GpuInstances = st.MigModePending, nil
+			changed = true
+		}
+		return changed
+	})
+	if err != nil {
+		return err
+	}
+	s, err := readState(l.cfg.StateFile)
+	if err != nil {
+		return err
+	}
+	return syncProc(l, s)
 }
 
 // enter starts every call but init: UNINITIALIZED before nvmlInit, and the configuration re-read

@@ -497,6 +497,10 @@ func nvmlDeviceGetUtilizationRates(device C.nvmlDevice_t, utilization *C.nvmlUti
 	if utilization == nil {
 		return rcInvalid
 	}
+	// "On MIG-enabled GPUs, querying device utilization rates is not currently supported."
+	if r.st.MigMode == 1 {
+		return rcNotSupported
+	}
 	utilization.gpu, utilization.memory = C.uint(r.g.o.GpuUtilization), C.uint(r.g.o.MemoryUtilization)
 	return rcOK
 }
@@ -661,8 +665,22 @@ func nvmlDeviceGetProcessUtilization(device C.nvmlDevice_t, utilization *C.nvmlP
 	if processSamplesCount == nil {
 		return rcInvalid
 	}
-	n := len(r.g.o.Processes)
-	// "NVML_ERROR_NOT_FOUND if sample entries are not found".
+	// "On MIG-enabled GPUs, querying process utilization is not currently supported."
+	if r.st.MigMode == 1 {
+		return rcNotSupported
+	}
+	// "One utilization sample structure is returned per process running, that had some non-zero
+	// utilization during the last sample period", each sampled now; "Return only samples with
+	// timestamp greater than lastSeenTimeStamp" (CPU microseconds).
+	now := C.ulonglong(nowMicros())
+	var sampled []Process
+	for _, p := range r.g.o.Processes {
+		if (p.SmUtil != 0 || p.MemUtil != 0) && now > lastSeenTimeStamp {
+			sampled = append(sampled, p)
+		}
+	}
+	n := len(sampled)
+	// "If no valid sample entries are found since the lastSeenTimeStamp, NVML_ERROR_NOT_FOUND is returned."
 	if n == 0 {
 		return rcNotFound
 	}
@@ -673,8 +691,7 @@ func nvmlDeviceGetProcessUtilization(device C.nvmlDevice_t, utilization *C.nvmlP
 		return rcSize
 	}
 	out := unsafe.Slice(utilization, n)
-	now := C.ulonglong(nowMicros())
-	for i, p := range r.g.o.Processes {
+	for i, p := range sampled {
 		out[i] = C.nvmlProcessUtilizationSample_t{pid: C.uint(p.Pid), timeStamp: now, smUtil: C.uint(p.SmUtil), memUtil: C.uint(p.MemUtil)}
 	}
 	*processSamplesCount = C.uint(n)

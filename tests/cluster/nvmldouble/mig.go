@@ -24,7 +24,7 @@ func nvmlDeviceGetMigMode(device C.nvmlDevice_t, currentMode *C.uint, pendingMod
 	if currentMode == nil || pendingMode == nil {
 		return rcInvalid
 	}
-	if len(r.g.model.MIGProfiles.GpuInstanceProfiles) == 0 {
+	if !migCapable(r.g) {
 		return rcNotSupported
 	}
 	*currentMode, *pendingMode = C.uint(r.st.MigMode), C.uint(r.st.MigModePending)
@@ -42,11 +42,13 @@ func nvmlDeviceSetMigMode(device C.nvmlDevice_t, mode C.uint, activationStatus *
 	if activationStatus == nil || mode > 1 {
 		return rcInvalid
 	}
-	if len(r.g.model.MIGProfiles.GpuInstanceProfiles) == 0 {
+	if !migCapable(r.g) {
 		return rcNotSupported
 	}
 	status := rcOK
 	e = mutate(r, func(st *GPUState) rc {
+		// nvmlDeviceGetMigMode: 'The "pending" MIG mode refers to the target mode following the next
+		// activation trigger'. Setting it is what the call always does.
 		st.MigModePending = int(mode)
 		// "activationStatus would return the appropriate error code upon unsuccessful activation.
 		// For example, if device unbind fails because the device isn't idle, NVML_ERROR_IN_USE".
@@ -54,11 +56,28 @@ func nvmlDeviceSetMigMode(device C.nvmlDevice_t, mode C.uint, activationStatus *
 			status = rcInUse
 			return rcOK
 		}
+		// "This API may unbind or reset the device to activate the requested mode ... activationStatus
+		// would return NVML_ERROR_RESET_REQUIRED for such cases." Ampere (A100, A30) needs a GPU reset
+		// to change MIG mode; Hopper and later switch without one (NVIDIA's MIG user guide). The
+		// pending mode becomes current at a reset: `resetAtInit` in the configuration.
+		if int(mode) != st.MigMode && needsResetForMig(r.g) {
+			status = rcResetRequired
+			return rcOK
+		}
 		st.MigMode = int(mode)
 		return rcOK
 	})
 	*activationStatus = status
 	return e
+}
+
+// migCapable: the model has MIG profiles ("NVML_ERROR_NOT_SUPPORTED If device doesn't support MIG mode").
+func migCapable(g *gpu) bool { return len(g.model.MIGProfiles.GpuInstanceProfiles) > 0 }
+
+// needsResetForMig: a GPU older than Hopper changes MIG mode only at a GPU reset.
+func needsResetForMig(g *gpu) bool {
+	a, _ := g.mock.GetArchitecture()
+	return a < nvml.DEVICE_ARCH_HOPPER
 }
 
 func migOn(r *ref) rc {
@@ -83,8 +102,11 @@ func nvmlDeviceGetGpuInstanceProfileInfo(device C.nvmlDevice_t, profile C.uint, 
 	if info == nil {
 		return rcInvalid
 	}
-	if e := migOn(r); e != rcOK {
-		return e
+	// Answered with MIG mode off too: "NVML_ERROR_NOT_SUPPORTED If device doesn't support MIG or
+	// profile isn't supported" (nvml.h, nvmlDeviceGetGpuInstanceProfileInfo); the profiles of a GPU
+	// are fixed ("immutable throughout the lifetime of a MIG mode"), not created by MIG mode.
+	if !migCapable(r.g) {
+		return rcNotSupported
 	}
 	p, e := giProfile(r.g, uint32(profile))
 	if e != rcOK {
@@ -108,8 +130,13 @@ func nvmlDeviceGetGpuInstanceProfileInfoV(device C.nvmlDevice_t, profile C.uint,
 	if info == nil {
 		return rcInvalid
 	}
-	if e := migOn(r); e != rcOK {
-		return e
+	// The "versioned wrapper around nvmlDeviceGetGpuInstanceProfileInfo" answers as what it wraps,
+	// with MIG mode off too: "NVML_ERROR_NOT_SUPPORTED If device doesn't support MIG or profile isn't
+	// supported". (Its own doc line reads "doesn't have MIG mode enabled", copied from the create
+	// calls; pynvml's nvmlDeviceGetGpuInstanceProfileInfo calls this one, and nvidia-smi mig -lgip
+	// lists the profiles of a GPU with MIG mode off.)
+	if !migCapable(r.g) {
+		return rcNotSupported
 	}
 	p, e := giProfile(r.g, uint32(profile))
 	if e != rcOK {
@@ -154,12 +181,15 @@ func nvmlDeviceGetGpuInstancePossiblePlacements_v2(device C.nvmlDevice_t, profil
 	if count == nil {
 		return rcInvalid
 	}
-	if e := migOn(r); e != rcOK {
-		return e
+	// "This API only returns all the possible placements for the given profile regardless of whether
+	// MIG is enabled or not"; "NVML_ERROR_NOT_SUPPORTED If device doesn't support MIG or profileId
+	// isn't supported" (nvml.h, nvmlDeviceGetGpuInstancePossiblePlacements_v2).
+	if !migCapable(r.g) {
+		return rcNotSupported
 	}
 	p, e := giProfile(r.g, uint32(profileId))
 	if e != rcOK {
-		return rcInvalid
+		return e
 	}
 	list, _ := r.g.mock.GetGpuInstancePossiblePlacements(&p)
 	// "placements: ... Can be NULL to discover number of allowed placements for this profile. If
