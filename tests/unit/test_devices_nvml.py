@@ -1,9 +1,15 @@
-"""The NVML adapter against the fake NVML module: GPUs, MIG, partitionable mode, library errors, events."""
+"""The NVML adapter on the C-ABI NVML double (go-nvml's models of NVIDIA's GPUs), in pytest's
+process through the real pynvml: GPUs, MIG, partitionable mode, library errors, lost GPUs, events."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pynvml
 import pytest
@@ -18,93 +24,213 @@ from draplugin.devices.nvml import (
     numa_node,
     pcie_root,
 )
-from tests.unit.fakenvml import FakeEvent, FakeNvml, a10g, h100_with_mig
+from draplugin.devices.schema import DeviceNodeSpec
+from tests import nvmldouble
+from tests.nvmldouble import GI_PROFILE_1_SLICE, GI_PROFILE_3_SLICE, Gpu, MigDevice, NvmlDouble
+from tests.unit.fakenvml import FakeNvml, a10g
 
 DRIVER = "gpu.draplugin.dev"
+H100 = "NVIDIA H100 80GB HBM3"  # go-nvml's H100 SXM5 model
+# Static MIG on GPU 0: a 3g.40gb at slice 0 and a 1g.10gb at slice 6 (NVML profile IDs 2 and 0).
+STATIC_MIG = Gpu(
+    index=0,
+    mig_mode=1,
+    mig_devices=(MigDevice(GI_PROFILE_3_SLICE, 0), MigDevice(GI_PROFILE_1_SLICE, 6)),
+    pci_bus_id="00000000:18:00.0",
+)
+MIG_NAMES = ["gpu-0-mig-3g40gb-2-0", "gpu-0-mig-1g10gb-0-6"]
 
 
-def backend(nvml: FakeNvml, **kw: object) -> NvmlBackend:
-    return NvmlBackend("node-a", nvml=nvml, **kw)  # type: ignore[arg-type]
+@pytest.fixture
+def nvml_double(tmp_path: Path) -> Callable[..., NvmlDouble]:
+    return nvmldouble.nvml_double_factory(tmp_path)
 
 
-def test_gpu_without_mig_has_the_nvidia_attribute_names() -> None:
-    (gpu,) = backend(FakeNvml([a10g(minor=4)])).discover()
+@pytest.fixture
+def no_sysfs(tmp_path: Path) -> str:
+    """An empty sysfs: nothing of this machine's PCI tree leaks into the devices."""
+    (tmp_path / "sys").mkdir()
+    return str(tmp_path / "sys")
+
+
+def backend(request: pytest.FixtureRequest, double: NvmlDouble, **options: Any) -> NvmlBackend:
+    b: NvmlBackend = nvmldouble.plugin_backend(double, request, **options)
+    return b
+
+
+def uuids(double: NvmlDouble) -> list[str]:
+    with double.pynvml() as nvml:
+        return [
+            str(nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(i)))
+            for i in range(nvml.nvmlDeviceGetCount())
+        ]
+
+
+def gi_of(double: NvmlDouble, start: int) -> int:
+    """The GPU instance ID the double gave the instance at this slice of GPU 0."""
+    (state,) = [st for st in double.state().values() if st["gpuInstances"]]
+    (gi,) = [g["id"] for g in state["gpuInstances"] if g["start"] == start]
+    return int(gi)
+
+
+@pytest.fixture
+def events(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
+    """Runs `monitor_health` to the end of the double's events file: the first wait that times out
+    (every event delivered) stops it, or calls `on_empty` when one is set; `registered` records
+    what was registered for each GPU."""
+    seen: dict[str, Any] = {"registered": {}, "on_empty": None}
+    stop = threading.Event()
+    seen["stop"] = stop
+    real_wait, real_register = pynvml.nvmlEventSetWait_v2, pynvml.nvmlDeviceRegisterEvents
+
+    def wait(event_set: Any, timeout_ms: int) -> Any:
+        try:
+            return real_wait(event_set, timeout_ms)
+        except pynvml.NVMLError_Timeout:
+            (seen["on_empty"] or stop.set)()
+            raise
+
+    def register(handle: Any, types: int, event_set: Any) -> None:
+        seen["registered"][str(pynvml.nvmlDeviceGetUUID(handle))] = types
+        real_register(handle, types, event_set)
+
+    monkeypatch.setattr(pynvml, "nvmlEventSetWait_v2", wait)
+    monkeypatch.setattr(pynvml, "nvmlDeviceRegisterEvents", register)
+    yield seen
+
+
+def test_gpu_without_mig_has_the_nvidia_attribute_names(
+    request: pytest.FixtureRequest, nvml_double: Callable[..., NvmlDouble], no_sysfs: str
+) -> None:
+    gpu_config = Gpu(
+        index=0, uuid="GPU-99999999-0000-0000-0000-000000000000", minor=4, pci_bus_id="00000000:3B:00.0"
+    )
+    double = nvml_double(
+        "dgxh100", gpus=1, overrides=[gpu_config], driver_version="580.65.06", cuda_driver_version=13000
+    )
+    (gpu,) = backend(request, double, sysfs_root=no_sysfs).discover()
     assert gpu.name == "gpu-0" and gpu.kind == "gpu" and gpu.minor == 4
     assert gpu.attributes == {
         "type": "gpu",
         "uuid": "GPU-99999999-0000-0000-0000-000000000000",
-        "productName": "NVIDIA A10G",
+        "productName": H100,
         "brand": "Nvidia",
-        "architecture": "Ampere",
-        "cudaComputeCapability": Version("8.6.0"),
+        "architecture": "Hopper",
+        "cudaComputeCapability": Version("9.0.0"),
         "driverVersion": Version("580.65.6"),
         "cudaDriverVersion": Version("13.0.0"),
         "index": 0,
         "minor": 4,
         "resource.kubernetes.io/pciBusID": "0000:3b:00.0",
     }
-    assert gpu.capacity == {"memory": "23028Mi"}
+    assert gpu.capacity == {"memory": "80Gi"}
     assert gpu.device_nodes == ("/dev/nvidia4", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 
 
-def test_static_mig_publishes_existing_mig_devices_not_the_parent() -> None:
-    devices = backend(FakeNvml([h100_with_mig(), a10g()])).discover()
-    assert [d.name for d in devices] == ["gpu-0-mig-3g40gb-9-0", "gpu-0-mig-1g10gb-19-6", "gpu-1"]
+def test_an_ampere_is_named_from_nvidias_model(
+    request: pytest.FixtureRequest, nvml_double: Callable[..., NvmlDouble], no_sysfs: str
+) -> None:
+    (gpu,) = backend(request, nvml_double("dgxa100", gpus=1), sysfs_root=no_sysfs).discover()
+    assert (gpu.attributes["architecture"], gpu.attributes["cudaComputeCapability"]) == (
+        "Ampere",
+        Version("8.0.0"),
+    )
+    assert gpu.capacity == {"memory": "40Gi"}
+
+
+def test_static_mig_publishes_existing_mig_devices_not_the_parent(
+    request: pytest.FixtureRequest, nvml_double: Callable[..., NvmlDouble], no_sysfs: str
+) -> None:
+    double = nvml_double("dgxh100", gpus=2, overrides=[STATIC_MIG])
+    devices = backend(request, double, sysfs_root=no_sysfs).discover()
+    assert [d.name for d in devices] == [*MIG_NAMES, "gpu-1"]
     mig = devices[0]
-    assert mig.kind == "mig" and mig.uuid == "MIG-aaaaaaaa-0000-0000-0000-000000000001"
-    assert mig.parent_uuid == "GPU-11111111-2222-3333-4444-555555555555"
+    parent, _ = uuids(double)
+    assert mig.kind == "mig" and mig.uuid is not None and mig.uuid.startswith("MIG-")
+    assert mig.parent_uuid == parent
     assert mig.attributes["type"] == "mig" and mig.attributes["profile"] == "3g.40gb"
     assert mig.attributes["parentUUID"] == mig.parent_uuid
-    assert mig.capacity == {
-        "multiprocessors": "60",
+    assert mig.capacity == {  # go-nvml's H100 3g.40gb profile
+        "multiprocessors": "48",
         "copyEngines": "3",
-        "decoders": "3",
+        "decoders": "2",
         "encoders": "0",
-        "jpegEngines": "3",
+        "jpegEngines": "0",
         "ofaEngines": "0",
-        "memory": "40192Mi",
+        "memory": "40Gi",
     }
     validate_devices(devices)
 
 
-def test_mig_caps_device_nodes_come_from_proc(tmp_path: Path) -> None:
-    gi = tmp_path / "driver/nvidia/capabilities/gpu0/mig/gi2"
-    (gi / "ci0").mkdir(parents=True)
-    (gi / "access").write_text("DeviceFileMinor: 21\nDeviceFileMode: 444\n")
-    (gi / "ci0" / "access").write_text("DeviceFileMinor: 22\n")
-    mig = backend(FakeNvml([h100_with_mig()]), proc_root=str(tmp_path)).discover()[0]
-    assert mig.device_nodes[-2:] == ("/dev/nvidia-caps/nvidia-cap21", "/dev/nvidia-caps/nvidia-cap22")
+def test_mig_caps_device_nodes_come_from_proc(
+    request: pytest.FixtureRequest, nvml_double: Callable[..., NvmlDouble]
+) -> None:
+    """The nvidia-caps nodes are the double's /proc files (the driver's formats): major from
+    proc/devices, minor and mode from each access file."""
+    double = nvml_double("dgxh100", gpus=1, overrides=[STATIC_MIG])
+    mig = backend(request, double).discover()[0]
+    assert double.proc_root is not None
+    gi = gi_of(double, 0)
+    base = double.proc_root / f"driver/nvidia/capabilities/gpu0/mig/gi{gi}"
+    minors = [
+        int(
+            next(line for line in f.read_text().splitlines() if line.startswith("DeviceFileMinor")).split(
+                ":"
+            )[1]
+        )
+        for f in (base / "access", base / "ci0" / "access")
+    ]
+    major = next(
+        int(line.split()[0])
+        for line in (double.proc_root / "devices").read_text().splitlines()
+        if line.endswith(" nvidia-caps")
+    )
+    assert mig.device_nodes[-2:] == tuple(
+        DeviceNodeSpec(f"/dev/nvidia-caps/nvidia-cap{m}", major, m, 0o444) for m in minors
+    )
 
 
-def test_partitionable_mode_publishes_profiles_with_counters() -> None:
-    b = backend(FakeNvml([h100_with_mig()]), partitionable=True)
+def test_partitionable_mode_publishes_profiles_with_counters(
+    request: pytest.FixtureRequest, nvml_double: Callable[..., NvmlDouble], no_sysfs: str
+) -> None:
+    double = nvml_double("dgxh100", gpus=1, overrides=[Gpu(index=0, mig_mode=1)])
+    b = backend(request, double, partitionable=True, sysfs_root=no_sysfs)
     devices, sets = b.discover(), b.shared_counters()
     assert [s.name for s in sets] == ["gpu-0-counters"]
-    assert len(devices) == 1 + 1 + 2 + 7  # whole GPU, 7g, 2x 3g, 7x 1g
-    three_g = next(d for d in devices if d.name == "gpu-0-mig-3g40gb-9-4")
+    # go-nvml's H100: 7x 1g.10gb, 7x 1g.10gb+me, 7x 1g.20gb, 3x 2g.20gb, 2x 3g.40gb, 4g.40gb, 7g.80gb.
+    profiles = [str(d.attributes["profile"]) for d in devices if d.kind == "mig"]
+    assert len(devices) == 1 + len(profiles) and len(profiles) == 7 + 7 + 7 + 3 + 2 + 1 + 1
+    three_g = next(d for d in devices if d.name == "gpu-0-mig-3g40gb-2-4")
     consumed = three_g.consumes_counters[0].counters
-    assert [k for k in consumed if k.startswith("memory-slice")] == [f"memory-slice-{i}" for i in range(4, 8)]
+    # go-nvml's H100 places the 3g.40gb at {4, 3}: memory slices 4..6.
+    assert [k for k in consumed if k.startswith("memory-slice")] == [f"memory-slice-{i}" for i in range(4, 7)]
     validate_devices(devices, sets)
 
 
-def test_gpu_that_fails_to_read_is_skipped_not_fatal() -> None:
-    nvml = FakeNvml([a10g()])
-    nvml.failing["nvmlDeviceGetMinorNumber"] = pynvml.NVML_ERROR_GPU_IS_LOST
-    assert backend(nvml).discover() == []
+def test_gpu_that_fails_to_read_is_skipped_not_fatal(
+    request: pytest.FixtureRequest, nvml_double: Callable[..., NvmlDouble]
+) -> None:
+    double = nvml_double("dgxh100", gpus=1, overrides=[Gpu(index=0, lost=True)])
+    assert backend(request, double).discover() == []
 
 
-def test_missing_library_error_names_library_and_search_path() -> None:
-    nvml = FakeNvml([], init_error=pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
-    with pytest.raises(NvmlUnavailableError) as info:
-        backend(nvml)
-    message = str(info.value)
-    assert "libnvidia-ml.so.1" in message and "LD_LIBRARY_PATH" in message and "--nvml-lib-path" in message
-
-
-def test_real_pynvml_without_a_gpu_gives_the_same_clear_error() -> None:
-    # This machine has no NVIDIA driver: the real binding fails to load the library.
-    with pytest.raises(NvmlUnavailableError, match=r"libnvidia-ml\.so\.1 not found"):
-        NvmlBackend("node-a")
+def test_real_pynvml_without_a_library_gives_a_clear_error() -> None:
+    """No NVIDIA driver here: the real binding fails to load libnvidia-ml.so.1. In a child process:
+    once a test has loaded the double, dlopen finds that soname in this one."""
+    code = "from draplugin.devices.nvml import NvmlBackend\nNvmlBackend('node-a')"
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "NVML_DOUBLE_CONFIG")}
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=nvmldouble.REPO,
+    )
+    assert done.returncode != 0
+    assert "NvmlUnavailableError" in done.stderr and "libnvidia-ml.so.1 not found" in done.stderr
+    assert "LD_LIBRARY_PATH" in done.stderr and "--nvml-lib-path" in done.stderr
 
 
 def test_driver_root_search_and_bad_paths(tmp_path: Path) -> None:
@@ -132,7 +258,7 @@ def test_library_file_that_is_not_a_library_is_reported(tmp_path: Path) -> None:
     lib = tmp_path / "libnvidia-ml.so.1"
     lib.write_bytes(b"not an ELF file")
     with pytest.raises(NvmlUnavailableError, match=f"cannot load NVML library {lib}"):
-        backend(FakeNvml([]), lib_path=str(lib))
+        NvmlBackend("node-a", lib_path=str(lib))
 
 
 def test_bus_id_and_pcie_root(tmp_path: Path) -> None:
@@ -169,174 +295,188 @@ def test_numa_node_from_sysfs_and_no_affinity_means_none(
 
 
 def test_gpu_publishes_the_standard_numa_attribute_from_sysfs_on_it_and_its_mig_devices(
-    tmp_path: Path,
+    request: pytest.FixtureRequest, nvml_double: Callable[..., NvmlDouble], tmp_path: Path
 ) -> None:
     root = sysfs_with_numa(tmp_path, "0000:3b:00.0", "1\n")
-    (gpu,) = backend(FakeNvml([a10g()]), sysfs_root=str(root)).discover()
+    whole = nvml_double("dgxh100", gpus=1, overrides=[Gpu(index=0, pci_bus_id="00000000:3B:00.0")])
+    (gpu,) = backend(request, whole, sysfs_root=str(root)).discover()
     assert gpu.attributes["resource.kubernetes.io/numaNode"] == 1
-    # The H100 sits at bus 0x18: its MIG devices share the parent's NUMA node.
+    # The MIG GPU sits at bus 0x18: its MIG devices share the parent's NUMA node.
     sysfs_with_numa(tmp_path, "0000:18:00.0", "0\n")
-    migs = backend(FakeNvml([h100_with_mig()]), sysfs_root=str(root)).discover()
+    migs = backend(
+        request, nvml_double("dgxh100", gpus=1, overrides=[STATIC_MIG]), sysfs_root=str(root)
+    ).discover()
     assert migs and {d.attributes["resource.kubernetes.io/numaNode"] for d in migs} == {0}
 
 
-def test_gpu_without_numa_affinity_publishes_no_numa_attribute(tmp_path: Path) -> None:
+def test_gpu_without_numa_affinity_publishes_no_numa_attribute(
+    request: pytest.FixtureRequest, nvml_double: Callable[..., NvmlDouble], tmp_path: Path
+) -> None:
     root = sysfs_with_numa(tmp_path, "0000:3b:00.0", "-1\n")
-    (gpu,) = backend(FakeNvml([a10g()]), sysfs_root=str(root)).discover()
+    double = nvml_double("dgxh100", gpus=1, overrides=[Gpu(index=0, pci_bus_id="00000000:3B:00.0")])
+    (gpu,) = backend(request, double, sysfs_root=str(root)).discover()
     assert "resource.kubernetes.io/numaNode" not in gpu.attributes
 
 
-def test_events_taint_the_right_devices() -> None:
-    h100, other = h100_with_mig(), a10g()
-    nvml = FakeNvml([h100, other])
-    b = backend(nvml)
+def test_events_taint_the_right_devices(
+    request: pytest.FixtureRequest, nvml_double: Callable[..., NvmlDouble], events: dict[str, Any]
+) -> None:
+    double = nvml_double("dgxh100", gpus=2, overrides=[STATIC_MIG])
+    b = backend(request, double)
     tracker = HealthTracker(DRIVER)
-    xid = pynvml.nvmlEventTypeXidCriticalError
-    nvml.events = [
-        FakeEvent(other, xid, 13),  # application error: ignored
-        FakeEvent(h100, xid, 31, gpu_instance_id=9),  # MMU fault: application-level, ignored
-        FakeEvent(h100, xid, 92, gpu_instance_id=9),  # one MIG device
-        FakeEvent(other, pynvml.nvmlEventTypeDoubleBitEccError, 0),
-    ]
-    import threading
-
-    stop = threading.Event()
-    nvml.on_wait_empty = stop.set
-    b.monitor_health(tracker, stop, wait_ms=1)
+    one_g = gi_of(double, 6)
+    double.append_event(1, "xid", 13)  # application error: ignored
+    double.append_event(0, "xid", 31, gpu_instance_id=one_g)  # MMU fault: application-level, ignored
+    double.append_event(0, "xid", 92, gpu_instance_id=one_g)  # one MIG device
+    double.append_event(1, "doubleBitEcc")
+    b.monitor_health(tracker, events["stop"], wait_ms=1)
     faults = tracker.faults()
-    assert set(faults) == {"gpu-0-mig-1g10gb-19-6", "gpu-1"}
-    assert (faults["gpu-0-mig-1g10gb-19-6"].effect, faults["gpu-0-mig-1g10gb-19-6"].reason) == (
-        "NoSchedule",
-        "xid-92",
-    )
+    assert set(faults) == {MIG_NAMES[1], "gpu-1"}
+    assert (faults[MIG_NAMES[1]].effect, faults[MIG_NAMES[1]].reason) == ("NoSchedule", "xid-92")
     assert (faults["gpu-1"].effect, faults["gpu-1"].reason) == ("NoSchedule", "ecc-double-bit")
-    assert nvml.registered == {h100.uuid: h100.supported_events, other.uuid: other.supported_events}
+    wanted = (
+        pynvml.nvmlEventTypeXidCriticalError
+        | pynvml.nvmlEventTypeDoubleBitEccError
+        | pynvml.nvmlEventMigConfigChange
+        | pynvml.nvmlEventTypeGpuUnavailableError
+        | pynvml.nvmlEventTypeGpuRecoveryAction
+    )
+    assert events["registered"] == dict.fromkeys(uuids(double), wanted)
 
 
-def test_fatal_xid_on_whole_gpu_taints_all_its_mig_devices_no_execute() -> None:
-    h100 = h100_with_mig()
-    nvml = FakeNvml([h100])
-    b = backend(nvml)
+def test_fatal_xid_on_whole_gpu_taints_all_its_mig_devices_no_execute(
+    request: pytest.FixtureRequest, nvml_double: Callable[..., NvmlDouble], events: dict[str, Any]
+) -> None:
+    double = nvml_double("dgxh100", gpus=1, overrides=[STATIC_MIG])
+    b = backend(request, double)
     tracker = HealthTracker(DRIVER, HealthPolicy(fatal_effect="NoExecute"))
-    nvml.events = [FakeEvent(h100, pynvml.nvmlEventTypeXidCriticalError, 79)]
-    import threading
-
-    stop = threading.Event()
-    nvml.on_wait_empty = stop.set
-    b.monitor_health(tracker, stop, wait_ms=1)
-    assert {n: f.effect for n, f in tracker.faults().items()} == {
-        "gpu-0-mig-3g40gb-9-0": "NoExecute",
-        "gpu-0-mig-1g10gb-19-6": "NoExecute",
-    }
+    double.append_event(0, "xid", 79)
+    b.monitor_health(tracker, events["stop"], wait_ms=1)
+    assert {n: f.effect for n, f in tracker.faults().items()} == dict.fromkeys(MIG_NAMES, "NoExecute")
 
 
-def test_fallen_off_the_bus_wakes_rediscovery() -> None:
-    h100 = h100_with_mig()
-    nvml = FakeNvml([h100])
+def test_fallen_off_the_bus_wakes_rediscovery(
+    request: pytest.FixtureRequest, nvml_double: Callable[..., NvmlDouble], events: dict[str, Any]
+) -> None:
+    double = nvml_double("dgxh100", gpus=1, overrides=[STATIC_MIG])
     tracker = HealthTracker(DRIVER)
     woken: list[int] = []
-    nvml.events = [FakeEvent(h100, pynvml.nvmlEventTypeXidCriticalError, 79)]
-    stop = threading.Event()
-    nvml.on_wait_empty = stop.set
-    backend(nvml).monitor_health(tracker, stop, wait_ms=1, rediscover=lambda: woken.append(1))
+    double.append_event(0, "xid", 79)
+    backend(request, double).monitor_health(
+        tracker, events["stop"], wait_ms=1, rediscover=lambda: woken.append(1)
+    )
     assert woken == [1] and {f.effect for f in tracker.faults().values()} == {"NoSchedule"}
 
 
-def test_a_lost_gpu_stays_published_tainted_and_recovers_when_it_answers_again() -> None:
-    h100, other = h100_with_mig(), a10g()
-    nvml = FakeNvml([h100, other])
-    b = backend(nvml)
+def test_a_lost_gpu_stays_published_tainted_and_recovers_when_it_answers_again(
+    request: pytest.FixtureRequest, nvml_double: Callable[..., NvmlDouble]
+) -> None:
+    double = nvml_double("dgxh100", gpus=2, overrides=[STATIC_MIG])
+    b = backend(request, double)
     tracker = HealthTracker(DRIVER)
     b.attach_health(tracker)
     before = b.discover()
 
-    other.error = pynvml.NVML_ERROR_GPU_IS_LOST
+    double.mark_lost(1)
     assert b.refresh() is False  # kept as last read: the slices do not lose it
     assert b.discover() == before
     assert {n: (f.reason, f.effect) for n, f in tracker.faults().items()} == {
         "gpu-1": ("gpu-lost", "NoSchedule")
     }
 
-    other.error = None
+    double.mark_lost(1, False)
     assert b.refresh() is False
     assert tracker.faults() == {}  # on-reset (default): it answers again, the taint goes
 
 
-def test_unknown_error_on_a_present_gpu_counts_as_lost_and_never_recovery_keeps_the_taint() -> None:
+def test_never_recovery_keeps_the_lost_taint(
+    request: pytest.FixtureRequest, nvml_double: Callable[..., NvmlDouble]
+) -> None:
+    double = nvml_double("dgxh100", gpus=1)
+    b = backend(request, double)
+    tracker = HealthTracker(DRIVER, HealthPolicy(recovery=Recovery("never")))
+    b.attach_health(tracker)
+    double.mark_lost(0)
+    b.refresh()
+    assert set(tracker.faults()) == {"gpu-0"}
+    double.mark_lost(0, False)
+    b.refresh()
+    assert set(tracker.faults()) == {"gpu-0"}
+
+
+def test_unknown_error_on_a_present_gpu_counts_as_lost() -> None:
+    # Python fake: the double answers a lost GPU with GPU_IS_LOST only; UNKNOWN cannot be injected.
     other = a10g()
     nvml = FakeNvml([other])
-    b = backend(nvml)
-    tracker = HealthTracker(DRIVER, HealthPolicy(recovery=Recovery("never")))
+    b = NvmlBackend("node-a", nvml=nvml)
+    tracker = HealthTracker(DRIVER)
     b.attach_health(tracker)
     other.error = pynvml.NVML_ERROR_UNKNOWN
     b.refresh()
-    assert set(tracker.faults()) == {"gpu-0"}
-    other.error = None
-    b.refresh()
-    assert set(tracker.faults()) == {"gpu-0"}
+    assert {n: f.reason for n, f in tracker.faults().items()} == {"gpu-0": "gpu-lost"}
 
 
-def test_a_gpu_nvml_no_longer_counts_leaves_and_a_mig_change_is_rediscovered() -> None:
-    h100, other = h100_with_mig(), a10g()
-    nvml = FakeNvml([h100, other])
-    b = backend(nvml)
-    assert [d.name for d in b.discover()] == ["gpu-0-mig-3g40gb-9-0", "gpu-0-mig-1g10gb-19-6", "gpu-1"]
-    nvml.gpus.remove(other)
+def test_a_gpu_nvml_no_longer_counts_leaves_and_a_mig_change_is_rediscovered(
+    request: pytest.FixtureRequest, nvml_double: Callable[..., NvmlDouble], events: dict[str, Any]
+) -> None:
+    double = nvml_double("dgxh100", gpus=2, overrides=[STATIC_MIG])
+    b = backend(request, double)
+    assert [d.name for d in b.discover()] == [*MIG_NAMES, "gpu-1"]
+    double.gpus = 1
+    double.write()
     assert b.refresh() is True
-    assert [d.name for d in b.discover()] == ["gpu-0-mig-3g40gb-9-0", "gpu-0-mig-1g10gb-19-6"]
+    assert [d.name for d in b.discover()] == MIG_NAMES
 
-    # A MIG layout change: NVML says so with an event, the monitor wakes re-discovery.
+    # A MIG layout change (the 1g.10gb destroyed, by nvidia-smi say): NVML says so with an event,
+    # the monitor wakes re-discovery.
+    with double.pynvml() as nvml:
+        gi = nvml.nvmlDeviceGetGpuInstanceById(nvml.nvmlDeviceGetHandleByIndex(0), gi_of(double, 6))
+        nvml.nvmlComputeInstanceDestroy(nvml.nvmlGpuInstanceGetComputeInstanceById(gi, 0))
+        nvml.nvmlGpuInstanceDestroy(gi)
+    double.append_event(0, "migConfigChange")
     tracker = HealthTracker(DRIVER)
     woken: list[int] = []
-    h100.migs = [h100.migs[0]]  # the 1g.10gb MIG device was destroyed
-    nvml.events = [FakeEvent(h100, pynvml.nvmlEventMigConfigChange, 0)]
-    stop = threading.Event()
-    nvml.on_wait_empty = stop.set
-    h100.supported_events |= pynvml.nvmlEventMigConfigChange
-    b.monitor_health(tracker, stop, wait_ms=1, rediscover=lambda: woken.append(1))
-    assert woken == [1] and nvml.registered[h100.uuid] & pynvml.nvmlEventMigConfigChange
+    b.monitor_health(tracker, events["stop"], wait_ms=1, rediscover=lambda: woken.append(1))
+    (registered,) = events["registered"].values()
+    assert woken == [1] and registered & pynvml.nvmlEventMigConfigChange
     assert b.refresh() is True
-    assert [d.name for d in b.discover()] == ["gpu-0-mig-3g40gb-9-0"]
+    assert [d.name for d in b.discover()] == MIG_NAMES[:1]
 
 
-def test_unavailable_gpu_event_taints_and_recovery_action_none_clears() -> None:
-    other = a10g()
-    nvml = FakeNvml([other])
-    b = backend(nvml)
+def test_unavailable_gpu_event_taints_and_recovery_action_none_clears(
+    request: pytest.FixtureRequest, nvml_double: Callable[..., NvmlDouble], events: dict[str, Any]
+) -> None:
+    double = nvml_double("dgxh100", gpus=1)
+    b = backend(request, double)
     tracker = HealthTracker(DRIVER)
     woken: list[int] = []
-    nvml.events = [FakeEvent(other, pynvml.nvmlEventTypeGpuUnavailableError, 0)]
-    stop = threading.Event()
-    nvml.on_wait_empty = stop.set
-    b.monitor_health(tracker, stop, wait_ms=1, rediscover=lambda: woken.append(1))
+    double.append_event(0, "gpuUnavailable")
+    b.monitor_health(tracker, events["stop"], wait_ms=1, rediscover=lambda: woken.append(1))
     assert woken == [1] and tracker.faults()["gpu-0"].reason == "gpu-lost"
 
-    reset_needed = pynvml.NVML_GPU_RECOVERY_ACTION_GPU_RESET
-    nvml.events = [
-        FakeEvent(other, pynvml.nvmlEventTypeGpuRecoveryAction, reset_needed),  # not yet
-        FakeEvent(other, pynvml.nvmlEventTypeGpuRecoveryAction, pynvml.NVML_GPU_RECOVERY_ACTION_NONE),
-    ]
-    stop.clear()
-    b.monitor_health(tracker, stop, wait_ms=1)
+    double.append_event(0, "recovery", pynvml.NVML_GPU_RECOVERY_ACTION_GPU_RESET)  # not yet
+    double.append_event(0, "recovery", pynvml.NVML_GPU_RECOVERY_ACTION_NONE)
+    events["stop"].clear()
+    b.monitor_health(tracker, events["stop"], wait_ms=1)  # a new event set reads the file from its start
     assert tracker.faults() == {}
 
 
-def test_gpus_found_by_rediscovery_get_their_events_registered() -> None:
-    h100 = h100_with_mig()
-    nvml = FakeNvml([h100])
-    b = backend(nvml)
-    late = a10g()
+def test_gpus_found_by_rediscovery_get_their_events_registered(
+    request: pytest.FixtureRequest, nvml_double: Callable[..., NvmlDouble], events: dict[str, Any]
+) -> None:
+    double = nvml_double("dgxh100", gpus=1)
+    b = backend(request, double)
     calls: list[int] = []
-    stop = threading.Event()
 
     def on_empty() -> None:
         calls.append(1)
         if len(calls) == 1:
-            nvml.gpus.append(late)  # a GPU that was reset comes back on the bus
+            double.gpus = 2  # a GPU that was reset comes back on the bus
+            double.write()
             b.refresh()
         else:
-            stop.set()
+            events["stop"].set()
 
-    nvml.on_wait_empty = on_empty
-    b.monitor_health(HealthTracker(DRIVER), stop, wait_ms=1)
-    assert set(nvml.registered) == {h100.uuid, late.uuid}
+    events["on_empty"] = on_empty
+    b.monitor_health(HealthTracker(DRIVER), events["stop"], wait_ms=1)
+    assert set(events["registered"]) == set(uuids(double))
