@@ -1,9 +1,12 @@
-"""Dynamic MIG through NVML (against the fake NVML): create at a placement, conflicts, undo, destroy."""
+"""Dynamic MIG through NVML on the C-ABI NVML double (go-nvml's H100 and A100, in pytest's process):
+create at a placement, conflicts, undo, destroy."""
 
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pynvml
 import pytest
@@ -16,107 +19,152 @@ from draplugin.devices.mig import (
     MigPlacement,
 )
 from draplugin.devices.nvml import NvmlBackend
-from tests.unit.fakenvml import FakeGpu, FakeNvml, h100_with_mig
+from draplugin.devices.schema import DeviceNodeSpec
+from tests import nvmldouble
+from tests.nvmldouble import GI_PROFILE_1_SLICE, GI_PROFILE_3_SLICE, Gpu, MigDevice, NvmlDouble
 
-PARENT = "GPU-11111111-2222-3333-4444-555555555555"
-
-
-def write_caps(proc: Path, gi: int, ci: int = 0, minor: int = 0) -> tuple[str, str]:
-    """The /proc access files the driver creates with a GPU/compute instance."""
-    base = proc / f"driver/nvidia/capabilities/gpu{minor}/mig/gi{gi}"
-    (base / f"ci{ci}").mkdir(parents=True, exist_ok=True)
-    (base / "access").write_text(f"DeviceFileMinor: {100 + gi}\n")
-    (base / f"ci{ci}" / "access").write_text(f"DeviceFileMinor: {200 + gi}\n")
-    return (f"/dev/nvidia-caps/nvidia-cap{100 + gi}", f"/dev/nvidia-caps/nvidia-cap{200 + gi}")
+# GPU 0 in MIG mode with someone's 3g.40gb at slices 0..2 (GI 1) and 1g.10gb at slice 6 (GI 13).
+STATIC = Gpu(
+    index=0, mig_mode=1, mig_devices=(MigDevice(GI_PROFILE_3_SLICE, 0), MigDevice(GI_PROFILE_1_SLICE, 6))
+)
+EXISTING = [(1, 0), (13, 6)]  # (GI, start) of those two
 
 
-def make(tmp_path: Path, gpu: FakeGpu | None = None) -> tuple[FakeNvml, NvmlBackend]:
-    nvml = FakeNvml([gpu or h100_with_mig()])
-    return nvml, NvmlBackend("node-a", nvml=nvml, partitionable=True, proc_root=str(tmp_path))
+@pytest.fixture
+def nvml_double(tmp_path: Path) -> Callable[..., NvmlDouble]:
+    return nvmldouble.nvml_double_factory(tmp_path)
 
 
-def at(profile: str, start: int) -> MigPlacement:
-    return MigPlacement(PARENT, 0, profile, start)
+def make(
+    request: pytest.FixtureRequest,
+    nvml_double: Callable[..., NvmlDouble],
+    machine: str = "dgxh100",
+    **options: Any,
+) -> tuple[NvmlDouble, NvmlBackend, str]:
+    double = nvml_double(machine, gpus=1, overrides=[options.pop("gpu", STATIC)])
+    backend: NvmlBackend = nvmldouble.plugin_backend(double, request, partitionable=True, **options)
+    parent = next(d.uuid if d.kind == "gpu" else d.parent_uuid for d in backend.discover())
+    assert parent is not None
+    return double, backend, parent
 
 
-def test_create_makes_gpu_and_compute_instance_at_the_placement(tmp_path: Path) -> None:
-    nvml, backend = make(tmp_path)
-    caps = write_caps(tmp_path, gi=1)  # GI IDs 2 and 9 are taken by the existing MIG devices
-    backend.mig_check_free(at("1g.10gb", 4))
-    created = backend.mig_create(at("1g.10gb", 4))
-    assert created.gpu_instance_id == 1 and created.compute_instance_id == 0
-    assert created.uuid.startswith("MIG-ffffffff") and created.cap_nodes == caps
-    mig = next(m for m in nvml.gpus[0].migs if m is not None and m.gpu_instance_id == 1)
-    assert (mig.start, mig.size, mig.profile_id, mig.compute_instance_id) == (4, 1, 19, 0)
-    assert backend.mig_find(at("1g.10gb", 4)) == created
-    assert backend.mig_find(at("1g.10gb", 5)) is None
+def instances(double: NvmlDouble) -> list[tuple[int, int]]:
+    (state,) = double.state().values()
+    return sorted((int(gi["id"]), int(gi["start"])) for gi in state["gpuInstances"])
 
 
-def test_a_placement_taken_outside_the_plugin_is_refused_by_name(tmp_path: Path) -> None:
-    nvml, backend = make(tmp_path)
+def caps_of(double: NvmlDouble, gi: int, ci: int = 0) -> tuple[DeviceNodeSpec, ...]:
+    """The nvidia-caps nodes the double's /proc gives this instance (driver formats)."""
+    assert double.proc_root is not None
+    base = double.proc_root / f"driver/nvidia/capabilities/gpu0/mig/gi{gi}"
+    nodes = []
+    for access in (base / "access", base / f"ci{ci}" / "access"):
+        minor = int(access.read_text().split("DeviceFileMinor:")[1].split()[0])
+        nodes.append(DeviceNodeSpec(f"/dev/nvidia-caps/nvidia-cap{minor}", 235, minor, 0o444))
+    return tuple(nodes)
+
+
+def test_create_makes_gpu_and_compute_instance_at_the_placement(
+    request: pytest.FixtureRequest, nvml_double: Callable[..., NvmlDouble]
+) -> None:
+    double, backend, parent = make(request, nvml_double)
+    at = MigPlacement(parent, 0, "1g.10gb", 4)
+    backend.mig_check_free(at)
+    created = backend.mig_create(at)
+    assert created.gpu_instance_id == 11 and created.compute_instance_id == 0  # the double's GI tree
+    assert created.uuid.startswith("MIG-") and created.cap_nodes == caps_of(double, 11)
+    assert instances(double) == sorted([*EXISTING, (11, 4)])
+    assert backend.mig_find(at) == created
+    assert backend.mig_find(MigPlacement(parent, 0, "1g.10gb", 5)) is None
+
+
+def test_a_placement_taken_outside_the_plugin_is_refused_by_name(
+    request: pytest.FixtureRequest, nvml_double: Callable[..., NvmlDouble]
+) -> None:
+    double, backend, parent = make(request, nvml_double)
     with pytest.raises(MigOperationError) as err:
-        backend.mig_check_free(at("1g.10gb", 1))  # inside the existing 3g.40gb at slices 0..3
-    assert err.value.reason == MIG_PLACEMENT_TAKEN and "existing GPU instance 2" in str(err.value)
+        backend.mig_check_free(MigPlacement(parent, 0, "1g.10gb", 1))  # inside the 3g.40gb at 0..2
+    assert err.value.reason == MIG_PLACEMENT_TAKEN and "existing GPU instance 1" in str(err.value)
     with pytest.raises(MigOperationError) as err:
-        backend.mig_create(at("1g.10gb", 6))  # NVML itself refuses (INSUFFICIENT_RESOURCES)
+        backend.mig_create(MigPlacement(parent, 0, "1g.10gb", 6))  # NVML refuses: INSUFFICIENT_RESOURCES
     assert err.value.reason == MIG_PLACEMENT_TAKEN
-    assert len([m for m in nvml.gpus[0].migs if m is not None]) == 2
+    assert instances(double) == EXISTING
 
 
-def test_mig_mode_off_on_a_gpu_that_needs_a_reset_to_switch_is_its_own_error(tmp_path: Path) -> None:
-    gpu = h100_with_mig()
-    gpu.architecture = pynvml.NVML_DEVICE_ARCH_AMPERE  # switching MIG mode takes a GPU reset
-    gpu.mig_mode = (pynvml.NVML_DEVICE_MIG_DISABLE, pynvml.NVML_DEVICE_MIG_DISABLE)
-    gpu.migs = []
-    _, backend = make(tmp_path, gpu)
+def test_mig_mode_off_on_a_gpu_that_needs_a_reset_to_switch_is_its_own_error(
+    request: pytest.FixtureRequest, nvml_double: Callable[..., NvmlDouble]
+) -> None:
+    """An A100 (switching MIG mode takes a GPU reset) with MIG mode off."""
+    _, backend, parent = make(request, nvml_double, "dgxa100", gpu=Gpu(index=0))
     with pytest.raises(MigOperationError) as err:
-        backend.mig_check_free(at("1g.10gb", 0))
+        backend.mig_check_free(MigPlacement(parent, 0, "1g.5gb", 0))
     assert err.value.reason == MIG_MODE_DISABLED and "nvidia-smi -i <gpu> -mig 1" in str(err.value)
 
 
-def test_a_failed_compute_instance_leaves_no_gpu_instance_behind(tmp_path: Path) -> None:
-    nvml, backend = make(tmp_path)
-    nvml.failing["nvmlGpuInstanceCreateComputeInstance"] = pynvml.NVML_ERROR_UNKNOWN
+def test_a_failed_compute_instance_leaves_no_gpu_instance_behind(
+    request: pytest.FixtureRequest, nvml_double: Callable[..., NvmlDouble], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    double, backend, parent = make(request, nvml_double)
+
+    def fails(*args: object) -> None:  # the double has no way to fail one create: pynvml's does
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_UNKNOWN)
+
+    monkeypatch.setattr(pynvml, "nvmlGpuInstanceCreateComputeInstance", fails)
     with pytest.raises(MigOperationError) as err:
-        backend.mig_create(at("1g.10gb", 4))
+        backend.mig_create(MigPlacement(parent, 0, "1g.10gb", 4))
     assert err.value.reason == MIG_ERROR
-    assert [m.gpu_instance_id for m in nvml.gpus[0].migs if m is not None] == [2, 9]
+    assert instances(double) == EXISTING
 
 
-def test_missing_caps_files_undo_the_create(tmp_path: Path) -> None:
-    nvml, backend = make(tmp_path)  # no /proc access files for the new GI: unusable in a container
+def test_missing_caps_files_undo_the_create(
+    request: pytest.FixtureRequest, nvml_double: Callable[..., NvmlDouble], tmp_path: Path
+) -> None:
+    (tmp_path / "empty-proc").mkdir()  # no /proc access files: unusable in a container
+    double, backend, parent = make(request, nvml_double, proc_root=str(tmp_path / "empty-proc"))
     with pytest.raises(MigOperationError, match="nvidia-caps access files"):
-        backend.mig_create(at("1g.10gb", 4))
-    assert [m.gpu_instance_id for m in nvml.gpus[0].migs if m is not None] == [2, 9]
+        backend.mig_create(MigPlacement(parent, 0, "1g.10gb", 4))
+    assert instances(double) == EXISTING
 
 
-def test_destroy_removes_exactly_the_instance_it_names(tmp_path: Path) -> None:
-    nvml, backend = make(tmp_path)
-    write_caps(tmp_path, gi=1)
-    created = backend.mig_create(at("1g.10gb", 4))
-    # Someone else's instance sits at 3g.40gb@0 (GI 2): a destroy naming another GI leaves it alone.
-    assert backend.mig_destroy(at("3g.40gb", 0), gpu_instance_id=7)
-    assert backend.mig_destroy(at("1g.10gb", 4), created.gpu_instance_id)
-    assert [m.gpu_instance_id for m in nvml.gpus[0].migs if m is not None] == [2, 9]
-    assert backend.mig_find(at("1g.10gb", 4)) is None
+def test_destroy_removes_exactly_the_instance_it_names(
+    request: pytest.FixtureRequest, nvml_double: Callable[..., NvmlDouble]
+) -> None:
+    double, backend, parent = make(request, nvml_double)
+    created = backend.mig_create(MigPlacement(parent, 0, "1g.10gb", 4))
+    # Someone else's instance sits at 3g.40gb@0 (GI 1): a destroy naming another GI leaves it alone.
+    assert backend.mig_destroy(MigPlacement(parent, 0, "3g.40gb", 0), gpu_instance_id=7)
+    assert backend.mig_destroy(MigPlacement(parent, 0, "1g.10gb", 4), created.gpu_instance_id)
+    assert instances(double) == EXISTING
+    assert backend.mig_find(MigPlacement(parent, 0, "1g.10gb", 4)) is None
 
 
-def test_a_bare_gpu_instance_is_found_and_destroyed(tmp_path: Path) -> None:
+def test_a_bare_gpu_instance_is_found_and_destroyed(
+    request: pytest.FixtureRequest, nvml_double: Callable[..., NvmlDouble]
+) -> None:
     """A crash between the GPU instance and the compute instance: found by placement, destroyed."""
-    nvml, backend = make(tmp_path)
-    placement = pynvml.c_nvmlGpuInstancePlacement_t()
-    placement.start, placement.size = 5, 1
-    nvml.nvmlDeviceCreateGpuInstanceWithPlacement(nvml.gpus[0], 19, ctypes.byref(placement))
-    found = backend.mig_find(at("1g.10gb", 5))
+    double, backend, parent = make(request, nvml_double)
+    with double.pynvml() as nvml:
+        placement = nvml.c_nvmlGpuInstancePlacement_t()
+        placement.start, placement.size = 5, 1
+        nvml.nvmlDeviceCreateGpuInstanceWithPlacement(
+            nvml.nvmlDeviceGetHandleByIndex(0), GI_PROFILE_1_SLICE, ctypes.byref(placement)
+        )
+    found = backend.mig_find(MigPlacement(parent, 0, "1g.10gb", 5))
     assert found is not None and found.compute_instance_id == -1
-    assert backend.mig_destroy(at("1g.10gb", 5), None)
-    assert backend.mig_find(at("1g.10gb", 5)) is None
+    assert backend.mig_destroy(MigPlacement(parent, 0, "1g.10gb", 5), None)
+    assert backend.mig_find(MigPlacement(parent, 0, "1g.10gb", 5)) is None
+    assert instances(double) == EXISTING
 
 
-def test_nvml_errors_on_destroy_are_mig_errors(tmp_path: Path) -> None:
-    nvml, backend = make(tmp_path)
-    write_caps(tmp_path, gi=1)
-    created = backend.mig_create(at("1g.10gb", 4))
-    nvml.failing["nvmlComputeInstanceDestroy"] = pynvml.NVML_ERROR_IN_USE
+def test_nvml_errors_on_destroy_are_mig_errors(
+    request: pytest.FixtureRequest, nvml_double: Callable[..., NvmlDouble], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, backend, parent = make(request, nvml_double)
+    created = backend.mig_create(MigPlacement(parent, 0, "1g.10gb", 4))
+
+    def in_use(*args: object) -> None:  # processes on it: the double models none on an instance
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_IN_USE)
+
+    monkeypatch.setattr(pynvml, "nvmlComputeInstanceDestroy", in_use)
     with pytest.raises(MigOperationError, match="processes still running"):
-        backend.mig_destroy(at("1g.10gb", 4), created.gpu_instance_id)
+        backend.mig_destroy(MigPlacement(parent, 0, "1g.10gb", 4), created.gpu_instance_id)
