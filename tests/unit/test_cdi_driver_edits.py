@@ -327,7 +327,11 @@ def test_control_nodes_of_a_host_root_and_of_a_backend_without_driver_root(tmp_p
 
 
 def test_mig_access_nodes_carry_type_major_minor_and_mode(tmp_path: Path) -> None:
-    from tests.unit.test_devices_nvml import backend
+    from draplugin.devices.nvml import NvmlBackend
+
+    def backend(nvml: FakeNvml, proc_root: str) -> NvmlBackend:
+        # Python fake: a hand-written /proc (a block nvidia-caps line too) against fixed GI IDs.
+        return NvmlBackend("node-a", nvml=nvml, proc_root=proc_root)
 
     proc = tmp_path / "proc"
     gi = proc / "driver/nvidia/capabilities/gpu0/mig/gi2"

@@ -30,6 +30,16 @@ STATIC = Gpu(
 EXISTING = [(1, 0), (13, 6)]  # (GI, start) of those two
 
 
+def write_caps(proc: Path, gi: int, ci: int = 0, minor: int = 0) -> tuple[str, str]:
+    """The /proc access files the driver creates with a GPU/compute instance (for tests still on
+    the Python fake, test_gpucheck.py; the double writes its own)."""
+    base = proc / f"driver/nvidia/capabilities/gpu{minor}/mig/gi{gi}"
+    (base / f"ci{ci}").mkdir(parents=True, exist_ok=True)
+    (base / "access").write_text(f"DeviceFileMinor: {100 + gi}\n")
+    (base / f"ci{ci}" / "access").write_text(f"DeviceFileMinor: {200 + gi}\n")
+    return (f"/dev/nvidia-caps/nvidia-cap{100 + gi}", f"/dev/nvidia-caps/nvidia-cap{200 + gi}")
+
+
 @pytest.fixture
 def nvml_double(tmp_path: Path) -> Callable[..., NvmlDouble]:
     return nvmldouble.nvml_double_factory(tmp_path)
