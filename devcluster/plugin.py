@@ -47,6 +47,9 @@ class PluginProcess:
     # The device backend's flags; the default is fake GPUs from `fake_config`. A test of the
     # NVML path passes `("--backend", "nvml", "--nvml-lib-path", <driver root>)`.
     backend_args: tuple[str, ...] = ("--backend", "fake")
+    # Run before the plugin's command line (it must exec it, so the process is the plugin's): a test
+    # that gives the plugin a mount namespace of its own, with the NVML double's /proc files on /proc.
+    command_prefix: tuple[str, ...] = ()
     process: subprocess.Popen[bytes] | None = None
     starts: int = 0
 
@@ -81,6 +84,7 @@ class PluginProcess:
         if crash_at:
             env["DRAPLUGIN_CRASH_AT"] = crash_at
         command = [
+            *self.command_prefix,
             sys.executable, "-m", "draplugin.cli", "run",
             *self.backend_args,
             "--driver-name", self.driver_name,

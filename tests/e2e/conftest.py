@@ -12,11 +12,15 @@ from devcluster.kubelet import KubeletNode
 from devcluster.manifests import EXAMPLES, collection_path, load_manifests
 from devcluster.plugin import PluginProcess
 from dracommon.kubeapi import ApiError, KubeApi
+from tests import nvidia_roots
 from tests.driverroot_layout import debian_layout
+from tests.e2e import nvml_double
 from tests.e2e.cleanup import release_namespace
 from tests.e2e.plugin import running_plugin
 
 POD_TIMEOUT = 120.0
+# The NVML double's machine for the real-container proofs: two GPUs, so one claimed shows the other is not.
+DOUBLE_GPUS = 2
 EXTENDED_RESOURCE_CLASS = EXAMPLES / "device-plugin" / "extended-resource" / "deviceclass.yaml"
 
 
@@ -78,3 +82,41 @@ def restarting_namespace(test_namespace: str, api: KubeApi, plugin: PluginProces
         plugin.start()
         plugin.wait_registered()
     release_namespace(api, plugin, test_namespace, POD_TIMEOUT)
+
+
+@pytest.fixture(scope="module")
+def nvidia_root(tmp_path_factory: pytest.TempPathFactory) -> nvidia_roots.NvidiaRoot:
+    """NVIDIA's real 550.163.01 files (flat layout) whose NVML is the double, with DOUBLE_GPUS GPUs' nodes."""
+    return nvml_double.build_root(tmp_path_factory.mktemp("nvidia") / "root", DOUBLE_GPUS)
+
+
+@pytest.fixture(scope="module")
+def double_configs(tmp_path_factory: pytest.TempPathFactory) -> nvml_double.DoubleConfigs:
+    """The double's DGX H100 (MIG off) for the plugin and, seen through `/dev`, for the containers."""
+    return nvml_double.write_configs(tmp_path_factory.mktemp("nvml-double"), DOUBLE_GPUS)
+
+
+@pytest.fixture(scope="module")
+def nvml_plugin(
+    kube_cluster: ControlPlane,
+    kubelet_node: KubeletNode,
+    api: KubeApi,
+    nvidia_root: nvidia_roots.NvidiaRoot,
+    double_configs: nvml_double.DoubleConfigs,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[PluginProcess]:
+    """The plugin on the NVML path (`--backend nvml`) over the double, its driver root `nvidia_root`."""
+    with running_plugin(
+        kube_cluster,
+        kubelet_node,
+        api,
+        tmp_path_factory.mktemp("plugin"),
+        delete_slices_on_shutdown=True,
+        extra_env={
+            "DRIVER_ROOT": str(nvidia_root.path),
+            "NVML_DOUBLE_CONFIG": str(double_configs.plugin_config),
+        },
+        backend_args=("--backend", "nvml", "--nvml-lib-path", str(nvidia_root.path)),
+        expected_devices=[f"gpu-{i}" for i in range(DOUBLE_GPUS)],
+    ) as process:
+        yield process

@@ -26,6 +26,7 @@ def running_plugin(
     metrics_port: int = 0,
     backend_args: tuple[str, ...] = ("--backend", "fake"),
     expected_devices: Sequence[str] | None = None,
+    command_prefix: tuple[str, ...] = (),
 ) -> Iterator[PluginProcess]:
     """`draplugin run` for the kubelet node, registered and with its slices published.
 
@@ -43,6 +44,7 @@ def running_plugin(
         extra_env=dict(extra_env or {}),
         metrics_port=metrics_port,
         backend_args=backend_args,
+        command_prefix=command_prefix,
     )
     try:
         process.start()
