@@ -139,9 +139,30 @@ def use_local_image(doc: Mapping[str, Any], image: str) -> dict[str, Any]:
 # --- building ----------------------------------------------------------------------------------------
 
 
-def _image(repository: str, entrypoint: Sequence[str], cmd: Sequence[str], cache_dir: Path) -> LocalImage:
-    layer = _busybox_layer()
-    blobs, manifest_digest = _layout_blobs(layer, entrypoint, cmd)
+def rootfs_image(
+    repository: str,
+    layer: bytes,
+    *,
+    env: Sequence[str] = (PATH_ENV,),
+    cmd: Sequence[str] = (),
+    cache_dir: Path = CACHE_DIR,
+) -> LocalImage:
+    """An image of one root filesystem layer (an uncompressed tar) that a test assembled itself,
+    named by its content like the others."""
+    return _image(repository, [], cmd, cache_dir, layer=layer, env=env)
+
+
+def _image(
+    repository: str,
+    entrypoint: Sequence[str],
+    cmd: Sequence[str],
+    cache_dir: Path,
+    *,
+    layer: bytes | None = None,
+    env: Sequence[str] = (PATH_ENV,),
+) -> LocalImage:
+    layer = _busybox_layer() if layer is None else layer
+    blobs, manifest_digest = _layout_blobs(layer, entrypoint, cmd, env)
     tag = manifest_digest.removeprefix("sha256:")[:16]
     name = f"{repository}:{tag}"
     archive = cache_dir / f"{repository.rsplit('/', 1)[-1]}-{tag}.tar"
@@ -175,13 +196,13 @@ def _image(repository: str, entrypoint: Sequence[str], cmd: Sequence[str], cache
 
 
 def _layout_blobs(
-    layer: bytes, entrypoint: Sequence[str], cmd: Sequence[str]
+    layer: bytes, entrypoint: Sequence[str], cmd: Sequence[str], env: Sequence[str] = (PATH_ENV,)
 ) -> tuple[dict[str, bytes], str]:
     layer_digest = _digest(layer)
     config = _json({
         "architecture": _arch(),
         "os": "linux",
-        "config": {"Env": [PATH_ENV], "Entrypoint": list(entrypoint), "Cmd": list(cmd), "WorkingDir": "/"},
+        "config": {"Env": list(env), "Entrypoint": list(entrypoint), "Cmd": list(cmd), "WorkingDir": "/"},
         "rootfs": {"type": "layers", "diff_ids": [layer_digest]},  # an uncompressed layer is its own diff
     })  # fmt: skip
     manifest = _json({
@@ -217,6 +238,13 @@ def _busybox_layer() -> bytes:
         _add(tar, "etc/passwd", tarfile.REGTYPE, mode=0o644, data=b"root:x:0:0:root:/root:/bin/sh\n")
         _add(tar, "etc/group", tarfile.REGTYPE, mode=0o644, data=b"root:x:0:\n")
     return buffer.getvalue()
+
+
+def add_member(
+    tar: tarfile.TarFile, name: str, kind: bytes, *, mode: int = 0o777, data: bytes = b"", link: str = ""
+) -> None:
+    """One file, directory or link of a layer, with a fixed owner and mtime (for test-made layers)."""
+    _add(tar, name, kind, mode=mode, data=data, link=link)
 
 
 def _add(
