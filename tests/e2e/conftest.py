@@ -19,8 +19,7 @@ from tests.e2e.cleanup import release_namespace
 from tests.e2e.plugin import running_plugin
 
 POD_TIMEOUT = 120.0
-# The NVML double's machine for the real-container proofs: two GPUs, so one claimed shows the other is not.
-DOUBLE_GPUS = 2
+DOUBLE_GPUS = nvml_double.DOUBLE_GPUS
 EXTENDED_RESOURCE_CLASS = EXAMPLES / "device-plugin" / "extended-resource" / "deviceclass.yaml"
 
 

@@ -31,6 +31,8 @@ from tests.e2e.workloads import claim_pod
 
 RESOURCE = "/apis/resource.k8s.io/v1"
 CONTAINER_DOUBLE_DIR = "/nvml-double"
+# The machine of the shared fixtures (conftest): two GPUs, so one claimed shows the other is not.
+DOUBLE_GPUS = 2
 # Printed by every container command here when it is done, with its exit status.
 EXIT_MARK = "exit="
 

@@ -28,7 +28,6 @@ from devcluster.plugin import PluginProcess
 from dracommon.kubeapi import KubeApi
 from tests.e2e import nvml_double
 from tests.e2e.cleanup import release_namespace
-from tests.e2e.conftest import DOUBLE_GPUS
 
 pytestmark = pytest.mark.kubelet
 
@@ -46,7 +45,7 @@ def test_nvidia_smi_in_the_container_lists_exactly_the_claimed_gpu(
     ns = test_namespace
     image = import_our_image(kubelet_node)
     uuids = nvml_double.published_uuids(api, kubelet_node.name)
-    assert sorted(uuids) == [f"gpu-{i}" for i in range(DOUBLE_GPUS)], uuids
+    assert sorted(uuids) == [f"gpu-{i}" for i in range(nvml_double.DOUBLE_GPUS)], uuids
     nvml_double.create_claim(api, ns, "gpu", gpu_device_class)
     pod = nvml_double.double_pod("smi", image.name, "gpu", "nvidia-smi -L", double_configs)
     api.create(f"/api/v1/namespaces/{ns}/pods", pod)
