@@ -521,16 +521,21 @@ def test_a_cdi_device_the_runtime_cannot_inject_fails_naming_the_spec_and_the_ru
     """A device node gone from the host (the spec still names it): containerd refuses to create the
     container, and the failure shows containerd's error next to the claim's CDI spec."""
     device_dir = plugin.state_dir / "fake-dev"
-    (device_dir / "nvidiactl").unlink()  # every GPU's CDI device injects it
+    # The GPUs' own nodes: the control nodes come from the driver root's dev, at spec level.
+    gpu_nodes = sorted(p.name for p in device_dir.iterdir() if p.name.removeprefix("nvidia").isdigit())
+    assert gpu_nodes, sorted(p.name for p in device_dir.iterdir())
+    for name in gpu_nodes:
+        (device_dir / name).unlink()
     try:
         apply_example(api, "01-single-gpu", namespace)
         with pytest.raises(pods.ContainerFailed) as info:
             wait_running(api, namespace, "single-gpu", kubelet_node)
     finally:
-        make_device_nodes(device_dir, ["/dev/nvidiactl"])
+        make_device_nodes(device_dir, [f"/dev/{name}" for name in gpu_nodes])
     message = str(info.value)
     assert "CreateContainerError" in message, message
-    assert f"{device_dir / 'nvidiactl'}" in message and "no such file or directory" in message, message
+    missing = [name for name in gpu_nodes if f"{device_dir / name}" in message]
+    assert missing and "no such file or directory" in message, message
     pod = api.get(f"/api/v1/namespaces/{namespace}/pods/single-gpu")
     uid = claims_of(api, namespace, pod)["gpu"]["metadata"]["uid"]
     (spec,) = kubelet_node.cdi_root.glob(f"*{uid}*.json")  # the claim's spec, named after its UID

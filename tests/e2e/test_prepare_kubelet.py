@@ -260,9 +260,10 @@ def test_template_claim_shared_by_two_containers(
     assert f"DRAPLUGIN_DEVICE_{key}_NAME={device}" in check["edits"]["env"]
     assert any(e.startswith(f"DRAPLUGIN_DEVICE_{key}_UUID=GPU-") for e in check["edits"]["env"])
     # The fake GPU's own device nodes at NVIDIA's paths, resolved (from the plugin's directory on
-    # the host) to what they are: character devices 1:3.
+    # the host) to what they are: character devices 1:3. Each once: the control nodes are written
+    # at spec level only (CDI applies those first), the GPU's node with its device.
     index = device.removeprefix("gpu-")
-    paths = [f"/dev/nvidia{index}", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
+    paths = ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", f"/dev/nvidia{index}"]
     assert [(n["path"], n["type"], n["major"], n["minor"]) for n in check["edits"]["deviceNodes"]] == [
         (path, "c", 1, 3) for path in paths
     ]

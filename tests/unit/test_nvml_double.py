@@ -192,10 +192,32 @@ def test_an_ampere_mig_mode_switch_waits_for_a_reset(nvml_double: Callable[..., 
         assert nvml.nvmlDeviceGetMigMode(handle) == [0, 1]
         with pytest.raises(nvml.NVMLError_NotSupported):
             _create_gi(nvml, handle, 0, 0, 1)
-    with double.pynvml() as nvml:  # the reset: pending becomes current
+    # The reset (a reboot) is a later process's first init: pending becomes current. A child
+    # process, since this one may have initialised the double long before this test.
+    after_reset = textwrap.dedent(
+        """
+        import ctypes, json, sys
+        import pynvml as nvml
+        nvml.nvmlLib = ctypes.CDLL(sys.argv[1])
+        nvml.nvmlInit()
         handle = nvml.nvmlDeviceGetHandleByIndex(0)
-        assert nvml.nvmlDeviceGetMigMode(handle) == [1, 1]
-        assert nvml.nvmlDeviceSetMigMode(handle, 1) == nvml.NVML_SUCCESS  # no change: nothing to wait for
+        mode = list(nvml.nvmlDeviceGetMigMode(handle))
+        again = nvml.nvmlDeviceSetMigMode(handle, 1)
+        print(json.dumps({"mode": mode, "again": again}))
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", after_reset, str(double.lib_path)],
+        env={**os.environ, **double.env()},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    seen = json.loads(done.stdout)
+    assert seen == {"mode": [1, 1], "again": 0}, seen  # no change left to wait for: NVML_SUCCESS
+    with double.pynvml() as nvml:  # a GPU instance now holds MIG mode on
+        handle = nvml.nvmlDeviceGetHandleByIndex(0)
         _create_gi(nvml, handle, 0, 0, 1)
         assert nvml.nvmlDeviceSetMigMode(handle, 0) == nvml.NVML_ERROR_IN_USE
 
