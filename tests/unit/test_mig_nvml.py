@@ -88,6 +88,22 @@ def test_create_makes_gpu_and_compute_instance_at_the_placement(
     assert backend.mig_find(MigPlacement(parent, 0, "1g.10gb", 5)) is None
 
 
+def test_an_a100_in_mig_mode_creates_and_destroys_at_a_placement(
+    request: pytest.FixtureRequest, nvml_double: Callable[..., NvmlDouble]
+) -> None:
+    """Ampere too (go-nvml's A100 40GB model, MIG mode on, no instances yet): the plugin's create
+    makes the GPU and compute instance where the placement says, destroy removes exactly it."""
+    double, backend, parent = make(request, nvml_double, "dgxa100", gpu=Gpu(index=0, mig_mode=1))
+    at = MigPlacement(parent, 0, "1g.5gb", 2)
+    backend.mig_check_free(at)
+    created = backend.mig_create(at)
+    assert created.uuid.startswith("MIG-") and created.cap_nodes == caps_of(double, created.gpu_instance_id)
+    assert instances(double) == [(created.gpu_instance_id, 2)]
+    assert backend.mig_find(at) == created
+    assert backend.mig_destroy(at, created.gpu_instance_id)
+    assert instances(double) == [] and backend.mig_find(at) is None
+
+
 def test_a_placement_taken_outside_the_plugin_is_refused_by_name(
     request: pytest.FixtureRequest, nvml_double: Callable[..., NvmlDouble]
 ) -> None:
