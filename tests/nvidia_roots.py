@@ -330,8 +330,23 @@ def _ld_cache(root: Path) -> bool:
 
 
 def _finish(
-    root: Path, version: str, gpus: int, devices: bool | None, mig_caps: bool, open_module: bool, cache: bool
-) -> tuple[tuple[PurePosixPath, ...], bool]:
+    root: Path,
+    layout: Layout,
+    version: str,
+    *,
+    lib_dir: PurePosixPath,
+    bin_dir: PurePosixPath,
+    firmware_dir: PurePosixPath,
+    nvml: Path | None,
+    gpus: int,
+    devices: bool | None,
+    mig_caps: bool,
+    open_module: bool,
+    ld_cache: bool,
+    alternatives: Mapping[str, tuple[PurePosixPath, PurePosixPath]] | None = None,
+) -> NvidiaRoot:
+    """What every layout ends with once its files are in: the NVML file, /proc, dev/, the loader cache."""
+    double = _install_nvml(root, lib_dir / f"libnvidia-ml.so.{version}", nvml)
     _write_proc(root, version, open_module)
     made: tuple[PurePosixPath, ...] = ()
     if devices is None:
@@ -340,7 +355,18 @@ def _finish(
         made = _make_devices(root, gpus, mig_caps)
     else:
         (root / "dev").mkdir(exist_ok=True)
-    return made, _ld_cache(root) if cache else False
+    return NvidiaRoot(
+        path=root,
+        layout=layout,
+        version=version,
+        lib_dir=lib_dir,
+        bin_dir=bin_dir,
+        firmware_dir=firmware_dir,
+        nvml_double=double,
+        device_nodes=made,
+        ld_cache=_ld_cache(root) if ld_cache else False,
+        alternatives=alternatives or {},
+    )
 
 
 # The alternatives nvidia-alternative's postinst installs, read from the postinst itself.
@@ -494,18 +520,19 @@ def build_debian_root(
     postinst = rename((control / "nvidia-alternative/postinst").read_text())
     links = _install_alternative(dest, nvidia_alternative(dest, postinst))
     lib_dir = PurePosixPath(rename(str(DEBIAN_LIB_DIR)))
-    double = _install_nvml(dest, lib_dir / f"libnvidia-ml.so.{version}", nvml)
-    made, cached = _finish(dest, version, gpus, devices, mig_caps, open_module, ld_cache)
-    return NvidiaRoot(
-        path=dest,
-        layout="debian",
-        version=version,
+    return _finish(
+        dest,
+        "debian",
+        version,
         lib_dir=lib_dir,
         bin_dir=DEBIAN_BIN_DIR,
         firmware_dir=PurePosixPath("usr/lib/firmware/nvidia", version),
-        nvml_double=double,
-        device_nodes=made,
-        ld_cache=cached,
+        nvml=nvml,
+        gpus=gpus,
+        devices=devices,
+        mig_caps=mig_caps,
+        open_module=open_module,
+        ld_cache=ld_cache,
         alternatives=links,
     )
 
@@ -559,18 +586,19 @@ def build_flat_root(
         (gbm / "nvidia-drm_gbm.so").symlink_to(f"../libnvidia-allocator.so.{version}")
     for directory in ("usr/bin", "usr/lib64", "lib64"):
         (dest / directory).mkdir(parents=True, exist_ok=True)
-    double = _install_nvml(dest, LIB_DIR / f"libnvidia-ml.so.{version}", nvml)
-    made, cached = _finish(dest, version, gpus, devices, mig_caps, open_module, ld_cache)
-    return NvidiaRoot(
-        path=dest,
-        layout="flat",
-        version=version,
+    return _finish(
+        dest,
+        "flat",
+        version,
         lib_dir=LIB_DIR,
         bin_dir=PurePosixPath("usr/bin"),
         firmware_dir=PurePosixPath("lib/firmware/nvidia", version),
-        nvml_double=double,
-        device_nodes=made,
-        ld_cache=cached,
+        nvml=nvml,
+        gpus=gpus,
+        devices=devices,
+        mig_caps=mig_caps,
+        open_module=open_module,
+        ld_cache=ld_cache,
     )
 
 

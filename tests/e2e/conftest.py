@@ -105,17 +105,13 @@ def nvml_plugin(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[PluginProcess]:
     """The plugin on the NVML path (`--backend nvml`) over the double, its driver root `nvidia_root`."""
-    with running_plugin(
+    with nvml_double.running_nvml_plugin(
         kube_cluster,
         kubelet_node,
         api,
         tmp_path_factory.mktemp("plugin"),
-        delete_slices_on_shutdown=True,
-        extra_env={
-            "DRIVER_ROOT": str(nvidia_root.path),
-            "NVML_DOUBLE_CONFIG": str(double_configs.plugin_config),
-        },
-        backend_args=("--backend", "nvml", "--nvml-lib-path", str(nvidia_root.path)),
+        nvidia_root,
+        double_configs,
         expected_devices=[f"gpu-{i}" for i in range(DOUBLE_GPUS)],
     ) as process:
         yield process

@@ -16,17 +16,23 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from devcluster import pods
 from devcluster.binaries import REPO_ROOT
-from devcluster.plugin import node_slices
+from devcluster.controlplane import ControlPlane
+from devcluster.kubelet import KubeletNode
+from devcluster.plugin import PluginProcess, node_slices
 from devcluster.wait import wait_for
 from dracommon.drivername import DEFAULT_DRIVER_NAME
 from dracommon.kubeapi import KubeApi
 from tests import nvidia_roots
+from tests.e2e.cleanup import release_namespace
+from tests.e2e.plugin import running_plugin
 from tests.e2e.workloads import claim_pod
 
 RESOURCE = "/apis/resource.k8s.io/v1"
@@ -35,6 +41,8 @@ CONTAINER_DOUBLE_DIR = "/nvml-double"
 DOUBLE_GPUS = 2
 # Printed by every container command here when it is done, with its exit status.
 EXIT_MARK = "exit="
+# For a pod of an image with NVIDIA's files to start, and for the namespace's GPUs to be free again.
+POD_TIMEOUT = 180.0
 
 
 @dataclass(frozen=True)
@@ -123,6 +131,35 @@ def backend_device_names(
     return done.stdout.split()
 
 
+@contextmanager
+def running_nvml_plugin(
+    kube_cluster: ControlPlane,
+    kubelet_node: KubeletNode,
+    api: KubeApi,
+    state_dir: Path,
+    root: nvidia_roots.NvidiaRoot,
+    configs: DoubleConfigs,
+    *,
+    expected_devices: Sequence[str],
+    backend_args: tuple[str, ...] = (),
+    command_prefix: tuple[str, ...] = (),
+) -> Iterator[PluginProcess]:
+    """The plugin on the NVML path (`--backend nvml`, then `backend_args`) over the double, its
+    driver root `root`. It deletes its slices when stopped."""
+    with running_plugin(
+        kube_cluster,
+        kubelet_node,
+        api,
+        state_dir,
+        delete_slices_on_shutdown=True,
+        extra_env={"DRIVER_ROOT": str(root.path), "NVML_DOUBLE_CONFIG": str(configs.plugin_config)},
+        backend_args=("--backend", "nvml", "--nvml-lib-path", str(root.path), *backend_args),
+        expected_devices=expected_devices,
+        command_prefix=command_prefix,
+    ) as process:
+        yield process
+
+
 def published_devices(api: KubeApi, node: str) -> dict[str, dict[str, Any]]:
     """Our devices in the node's slices, by name: their attributes."""
     found: dict[str, dict[str, Any]] = {}
@@ -188,3 +225,31 @@ def script_log(api: KubeApi, namespace: str, pod: str, timeout_s: float = 60.0) 
 
     log: str = wait_for(f"the script of pod {pod}", done, timeout_s, interval=0.5)
     return log
+
+
+@contextmanager
+def script_pod(
+    api: KubeApi,
+    plugin: PluginProcess,
+    kubelet_node: KubeletNode,
+    namespace: str,
+    name: str,
+    image: str,
+    script: str,
+    configs: DoubleConfigs,
+    *,
+    device_class: str,
+    claim: str = "gpu",
+    cel: str | None = None,
+) -> Iterator[str]:
+    """A claim of `device_class` (`cel` its selector) and a `double_pod` `name` with it that runs
+    `script`: yields the script's log once it exited 0; afterwards every GPU the namespace used is free."""
+    create_claim(api, namespace, claim, device_class, cel)
+    api.create(f"/api/v1/namespaces/{namespace}/pods", double_pod(name, image, claim, script, configs))
+    try:
+        pods.wait_running(api, namespace, name, POD_TIMEOUT, kubelet_node.cdi_root)
+        log = script_log(api, namespace, name)
+        assert f"{EXIT_MARK}0" in log, log
+        yield log
+    finally:
+        release_namespace(api, plugin, namespace, POD_TIMEOUT)

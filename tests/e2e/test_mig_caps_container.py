@@ -29,7 +29,6 @@ from pathlib import Path
 
 import pytest
 
-from devcluster import pods
 from devcluster.chart import import_our_image
 from devcluster.controlplane import ControlPlane
 from devcluster.kubelet import KubeletNode
@@ -38,12 +37,9 @@ from dracommon.drivername import DEFAULT_DRIVER_NAME
 from dracommon.kubeapi import KubeApi
 from tests import nvidia_roots
 from tests.e2e import nvml_double
-from tests.e2e.cleanup import release_namespace
-from tests.e2e.plugin import running_plugin
 
 pytestmark = pytest.mark.kubelet
 
-POD_TIMEOUT = 180.0
 PROFILE = "1g.10gb"
 ONE_SLICE = (
     f'device.attributes["{DEFAULT_DRIVER_NAME}"].type == "mig"'
@@ -98,19 +94,17 @@ def mig_plugin(
     assert mig_configs.proc_root is not None
     expected = nvml_double.backend_device_names(mig_root, mig_configs, partitionable=True)
     assert any("mig" in name for name in expected), expected
-    with running_plugin(
+    with nvml_double.running_nvml_plugin(
         kube_cluster,
         kubelet_node,
         api,
         tmp_path_factory.mktemp("plugin"),
-        delete_slices_on_shutdown=True,
-        extra_env={"DRIVER_ROOT": str(mig_root.path), "NVML_DOUBLE_CONFIG": str(mig_configs.plugin_config)},
-        backend_args=(
-            "--backend", "nvml", "--nvml-lib-path", str(mig_root.path), "--partitionable-mig=true",
-        ),
+        mig_root,
+        mig_configs,
         expected_devices=expected,
+        backend_args=("--partitionable-mig=true",),
         command_prefix=_proc_namespace(mig_configs.proc_root),
-    ) as process:  # fmt: skip
+    ) as process:
         yield process
 
 
@@ -145,16 +139,13 @@ def test_created_mig_device_has_its_caps_nodes_from_the_specs_numbers(
     assert proc_root is not None
     assert _access_numbers(proc_root) == {}, "the GPU starts with no MIG device"
     image = import_our_image(kubelet_node)
-    nvml_double.create_claim(api, ns, "mig", gpu_device_class, ONE_SLICE)
-    pod = nvml_double.double_pod("mig", image.name, "mig", SCRIPT, mig_configs)
-    api.create(f"/api/v1/namespaces/{ns}/pods", pod)
-    try:
-        pods.wait_running(api, ns, "mig", POD_TIMEOUT, kubelet_node.cdi_root)
+    with nvml_double.script_pod(
+        api, mig_plugin, kubelet_node, ns, "mig", image.name, SCRIPT, mig_configs,
+        device_class=gpu_device_class, claim="mig", cel=ONE_SLICE,
+    ) as log:  # fmt: skip
         (device,) = nvml_double.allocated_devices(api, ns, "mig")
         published = nvml_double.published_devices(api, kubelet_node.name)
         assert published[device]["profile"] == {"string": PROFILE}, published[device]
-        log = nvml_double.script_log(api, ns, "mig")
-        assert "exit=0" in log, log
 
         # Prepare made one GPU instance and one compute instance: two access files.
         access = _access_numbers(proc_root)
@@ -177,7 +168,5 @@ def test_created_mig_device_has_its_caps_nodes_from_the_specs_numbers(
         # NVIDIA's nvidia-smi in the container sees the MIG device of that profile.
         mig_lines = [line.strip() for line in log.splitlines() if line.strip().startswith("MIG ")]
         assert len(mig_lines) == 1 and PROFILE in mig_lines[0], log
-    finally:
-        release_namespace(api, mig_plugin, ns, POD_TIMEOUT)
     # Unprepare destroyed it again.
     assert _access_numbers(proc_root) == {}, _access_numbers(proc_root)

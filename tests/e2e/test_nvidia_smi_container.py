@@ -21,17 +21,13 @@ from __future__ import annotations
 
 import pytest
 
-from devcluster import pods
 from devcluster.chart import import_our_image
 from devcluster.kubelet import KubeletNode
 from devcluster.plugin import PluginProcess
 from dracommon.kubeapi import KubeApi
 from tests.e2e import nvml_double
-from tests.e2e.cleanup import release_namespace
 
 pytestmark = pytest.mark.kubelet
-
-POD_TIMEOUT = 180.0
 
 
 def test_nvidia_smi_in_the_container_lists_exactly_the_claimed_gpu(
@@ -46,19 +42,14 @@ def test_nvidia_smi_in_the_container_lists_exactly_the_claimed_gpu(
     image = import_our_image(kubelet_node)
     uuids = nvml_double.published_uuids(api, kubelet_node.name)
     assert sorted(uuids) == [f"gpu-{i}" for i in range(nvml_double.DOUBLE_GPUS)], uuids
-    nvml_double.create_claim(api, ns, "gpu", gpu_device_class)
-    pod = nvml_double.double_pod("smi", image.name, "gpu", "nvidia-smi -L", double_configs)
-    api.create(f"/api/v1/namespaces/{ns}/pods", pod)
-    try:
-        pods.wait_running(api, ns, "smi", POD_TIMEOUT, kubelet_node.cdi_root)
+    with nvml_double.script_pod(
+        api, nvml_plugin, kubelet_node, ns, "smi", image.name, "nvidia-smi -L", double_configs,
+        device_class=gpu_device_class,
+    ) as log:  # fmt: skip
         (claimed,) = nvml_double.allocated_devices(api, ns, "gpu")
-        log = nvml_double.script_log(api, ns, "smi")
-        assert "exit=0" in log, log
         lines = [line for line in log.splitlines() if line.startswith("GPU ")]
         assert len(lines) == 1, log
         assert f"(UUID: {uuids[claimed]})" in lines[0], (claimed, log)
         assert "H100" in lines[0], log
         others = [uuid for name, uuid in uuids.items() if name != claimed]
         assert not any(uuid in log for uuid in others), log
-    finally:
-        release_namespace(api, nvml_plugin, ns, POD_TIMEOUT)

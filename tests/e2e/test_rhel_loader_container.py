@@ -26,16 +26,13 @@ import re
 
 import pytest
 
-from devcluster import pods
 from devcluster.kubelet import KubeletNode
 from devcluster.plugin import PluginProcess
 from dracommon.kubeapi import KubeApi
 from tests.e2e import nvml_double, rhel_image
-from tests.e2e.cleanup import release_namespace
 
 pytestmark = pytest.mark.kubelet
 
-POD_TIMEOUT = 180.0
 SCRIPT = f"""
 /lib64/ld-linux-x86-64.so.2 --help | sed -n 's/^ *\\(.*\\) (system search path)$/SYSDIR \\1/p'
 for d in {" ".join(rhel_image.ABSENT_DIRS)} /etc/ld.so.cache /lib/x86_64-linux-gnu; do
@@ -60,14 +57,11 @@ def test_nvidia_smi_finds_nvml_in_usr_lib64_with_rhels_search_path(
     ns = test_namespace
     image = rhel_image.import_rhel_image(kubelet_node)
     uuids = nvml_double.published_uuids(api, kubelet_node.name)
-    nvml_double.create_claim(api, ns, "gpu", gpu_device_class)
-    pod = nvml_double.double_pod("rhel", image.name, "gpu", SCRIPT, double_configs)
-    api.create(f"/api/v1/namespaces/{ns}/pods", pod)
-    try:
-        pods.wait_running(api, ns, "rhel", POD_TIMEOUT, kubelet_node.cdi_root)
+    with nvml_double.script_pod(
+        api, nvml_plugin, kubelet_node, ns, "rhel", image.name, SCRIPT, double_configs,
+        device_class=gpu_device_class,
+    ) as log:  # fmt: skip
         (claimed,) = nvml_double.allocated_devices(api, ns, "gpu")
-        log = nvml_double.script_log(api, ns, "rhel")
-        assert "exit=0" in log, log
 
         # The loader searches RHEL's directories, and the ones it has besides do not exist.
         system_dirs = [
@@ -90,5 +84,3 @@ def test_nvidia_smi_finds_nvml_in_usr_lib64_with_rhels_search_path(
         assert f"(UUID: {uuids[claimed]})" in lines[0], (claimed, log)
         others = [uuid for name, uuid in uuids.items() if name != claimed]
         assert not any(uuid in log for uuid in others), log
-    finally:
-        release_namespace(api, nvml_plugin, ns, POD_TIMEOUT)

@@ -42,11 +42,9 @@ from devcluster.plugin import PluginProcess
 from dracommon.kubeapi import KubeApi
 from tests import nvidia_roots
 from tests.e2e import nvml_double
-from tests.e2e.cleanup import release_namespace
 
 pytestmark = pytest.mark.kubelet
 
-POD_TIMEOUT = 180.0
 LIB_DIR = "/usr/lib/x86_64-linux-gnu"
 # Triton's libcuda_dirs() as it behaves, one JSON line per way of calling it; then what
 # else asks the loader cache (find_library) and what does not (dlopen by name).
@@ -106,13 +104,10 @@ def test_triton_libcuda_dirs_finds_the_drivers_libcuda(
     image = import_our_image(kubelet_node)
     host_libcuda = nvidia_root.path / nvidia_root.lib_dir / f"libcuda.so.{nvidia_root.version}"
     host_md5 = hashlib.md5(host_libcuda.read_bytes()).hexdigest()
-    nvml_double.create_claim(api, ns, "gpu", gpu_device_class)
-    pod = nvml_double.double_pod("triton", image.name, "gpu", DISCOVERY, double_configs)
-    api.create(f"/api/v1/namespaces/{ns}/pods", pod)
-    try:
-        pods.wait_running(api, ns, "triton", POD_TIMEOUT, kubelet_node.cdi_root)
-        log = nvml_double.script_log(api, ns, "triton")
-        assert "exit=0" in log, log
+    with nvml_double.script_pod(
+        api, nvml_plugin, kubelet_node, ns, "triton", image.name, DISCOVERY, double_configs,
+        device_class=gpu_device_class,
+    ) as log:  # fmt: skip
         triton = _record(log, "TRITON")
         assert triton["env"] == LIB_DIR, triton
         assert triton["with_env"] == {"dirs": [LIB_DIR], "found": True}, triton
@@ -135,5 +130,3 @@ def test_triton_libcuda_dirs_finds_the_drivers_libcuda(
         assert nvidia == [], nvidia
         assert triton["without_env"] == {"dirs": [], "found": False}, triton
         assert triton["find_library"] is None, triton
-    finally:
-        release_namespace(api, nvml_plugin, ns, POD_TIMEOUT)

@@ -125,11 +125,7 @@ func resetGPUs(l *loaded) error {
 	if err != nil {
 		return err
 	}
-	s, err := readState(l.cfg.StateFile)
-	if err != nil {
-		return err
-	}
-	return syncProc(l, s)
+	return syncProcFromState(l)
 }
 
 // enter starts every call but init: UNINITIALIZED before nvmlInit, and the configuration re-read
@@ -156,6 +152,18 @@ func enter() rc {
 		return rcUnknown
 	}
 	cur = l
+	return rcOK
+}
+
+// enterArgs is enter, then INVALID_ARGUMENT when the call's arguments are invalid (a NULL out
+// pointer: every function's doc lists it).
+func enterArgs(invalid bool) rc {
+	if r := enter(); r != rcOK {
+		return r
+	}
+	if invalid {
+		return rcInvalid
+	}
 	return rcOK
 }
 
@@ -210,6 +218,11 @@ func seed(l *loaded) error {
 	if err != nil {
 		return err
 	}
+	return syncProcFromState(l)
+}
+
+// syncProcFromState brings procRoot up to date with what the state file holds now.
+func syncProcFromState(l *loaded) error {
 	s, err := readState(l.cfg.StateFile)
 	if err != nil {
 		return err
@@ -230,30 +243,29 @@ func fullCIProfile(g *gpu, gi *GIState) int {
 	return nvml.COMPUTE_INSTANCE_PROFILE_1_SLICE
 }
 
+// profileRC maps the mock's answer to a profile query: NOT_SUPPORTED stays, any other failure is
+// an invalid profile.
+func profileRC(r nvml.Return) rc {
+	switch r {
+	case nvml.SUCCESS:
+		return rcOK
+	case nvml.ERROR_NOT_SUPPORTED:
+		return rcNotSupported
+	default:
+		return rcInvalid
+	}
+}
+
 func giProfile(g *gpu, id uint32) (nvml.GpuInstanceProfileInfo, rc) {
 	// NVIDIA's mock answers profile queries from its per-model tables.
 	info, r := g.mock.GetGpuInstanceProfileInfo(int(id))
-	switch r {
-	case nvml.SUCCESS:
-		return info, rcOK
-	case nvml.ERROR_NOT_SUPPORTED:
-		return info, rcNotSupported
-	default:
-		return info, rcInvalid
-	}
+	return info, profileRC(r)
 }
 
 func ciProfile(g *gpu, giProfileID, id, eng uint32) (nvml.ComputeInstanceProfileInfo, rc) {
 	mgi := server.NewGpuInstanceFromInfo(nvml.GpuInstanceInfo{ProfileId: giProfileID}, g.model.MIGProfiles)
 	info, r := mgi.GetComputeInstanceProfileInfo(int(id), int(eng))
-	switch r {
-	case nvml.SUCCESS:
-		return info, rcOK
-	case nvml.ERROR_NOT_SUPPORTED:
-		return info, rcNotSupported
-	default:
-		return info, rcInvalid
-	}
+	return info, profileRC(r)
 }
 
 func ciPlacements(g *gpu, giProfileID, id uint32) []nvml.ComputeInstancePlacement {
@@ -495,6 +507,31 @@ func resolve(p unsafe.Pointer, kinds ...hkind) (*ref, rc) {
 		}
 	}
 	return r, rcOK
+}
+
+// resolveArgs is resolve, then INVALID_ARGUMENT when the call's arguments are invalid: a handle's
+// errors come first, as in NVML.
+func resolveArgs(p unsafe.Pointer, invalid bool, kinds ...hkind) (*ref, rc) {
+	r, e := resolve(p, kinds...)
+	if e != rcOK {
+		return nil, e
+	}
+	if invalid {
+		return nil, rcInvalid
+	}
+	return r, rcOK
+}
+
+// get is the whole of a call that reads one value of a handle: the handle resolved, INVALID_ARGUMENT
+// for a NULL out pointer, the value written through it.
+func get[T any](p unsafe.Pointer, out *T, value func(r *ref) T, kinds ...hkind) rc {
+	defer locked()()
+	r, e := resolveArgs(p, out == nil, kinds...)
+	if e != rcOK {
+		return e
+	}
+	*out = value(r)
+	return rcOK
 }
 
 func visible(g *gpu) bool {

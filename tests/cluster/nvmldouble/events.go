@@ -42,6 +42,19 @@ var eventTypes = map[string]uint64{
 	"recovery":        C.nvmlEventTypeGpuRecoveryAction,
 }
 
+// instanceIDs are the GPU and compute instance ids of an event or a process: the configured ones,
+// "set to 0xFFFFFFFF otherwise" (nvmlEventData_t; nvmlProcessInfo_t the same).
+func instanceIDs(gi, ci *uint32) (uint32, uint32) {
+	g, c := uint32(0xFFFFFFFF), uint32(0xFFFFFFFF)
+	if gi != nil {
+		g = *gi
+	}
+	if ci != nil {
+		c = *ci
+	}
+	return g, c
+}
+
 func supportedEvents(g *gpu) uint64 {
 	var all uint64
 	for name, t := range eventTypes {
@@ -56,11 +69,8 @@ func supportedEvents(g *gpu) uint64 {
 //export nvmlEventSetCreate
 func nvmlEventSetCreate(set *C.nvmlEventSet_t) C.nvmlReturn_t {
 	defer locked()()
-	if r := enter(); r != rcOK {
+	if r := enterArgs(set == nil); r != rcOK {
 		return r
-	}
-	if set == nil {
-		return rcInvalid
 	}
 	p := C.calloc(1, 64)
 	handles[uintptr(p)] = &handle{kind: hSet, ptr: p, set: &eventSet{regs: map[int]uint64{}}}
@@ -85,16 +95,7 @@ func nvmlEventSetFree(set C.nvmlEventSet_t) C.nvmlReturn_t {
 
 //export nvmlDeviceGetSupportedEventTypes
 func nvmlDeviceGetSupportedEventTypes(device C.nvmlDevice_t, eventTypes *C.ulonglong) C.nvmlReturn_t {
-	defer locked()()
-	r, e := resolve(unsafe.Pointer(device.handle), hDevice)
-	if e != rcOK {
-		return e
-	}
-	if eventTypes == nil {
-		return rcInvalid
-	}
-	*eventTypes = C.ulonglong(supportedEvents(r.g))
-	return rcOK
+	return get(unsafe.Pointer(device.handle), eventTypes, func(r *ref) C.ulonglong { return C.ulonglong(supportedEvents(r.g)) }, hDevice)
 }
 
 //export nvmlDeviceRegisterEvents
@@ -172,13 +173,7 @@ func waitEvent(set C.nvmlEventSet_t, data *C.nvmlEventData_t, timeoutms C.uint) 
 			return rcInvalid
 		}
 		if ev, ok := nextEvent(h.set); ok {
-			gi, ci := uint32(0xFFFFFFFF), uint32(0xFFFFFFFF) // "set to 0xFFFFFFFF otherwise"
-			if ev.GpuInstanceID != nil {
-				gi = *ev.GpuInstanceID
-			}
-			if ev.ComputeInstanceID != nil {
-				ci = *ev.ComputeInstanceID
-			}
+			gi, ci := instanceIDs(ev.GpuInstanceID, ev.ComputeInstanceID)
 			*data = C.nvmlEventData_t{
 				device:    devH(issue(hDevice, ev.GPU, 0, 0)),
 				eventType: C.ulonglong(eventTypes[ev.Type]), eventData: C.ulonglong(ev.Data),

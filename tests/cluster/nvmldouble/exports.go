@@ -99,11 +99,8 @@ func nvmlSystemGetNVMLVersion(version *C.char, length C.uint) C.nvmlReturn_t {
 //export nvmlSystemGetCudaDriverVersion
 func nvmlSystemGetCudaDriverVersion(v *C.int) C.nvmlReturn_t {
 	defer locked()()
-	if r := enter(); r != rcOK {
+	if r := enterArgs(v == nil); r != rcOK {
 		return r
-	}
-	if v == nil {
-		return rcInvalid
 	}
 	*v = C.int(cur.cfg.CudaDriverVersion)
 	return rcOK
@@ -119,11 +116,8 @@ func nvmlSystemGetCudaDriverVersion_v2(v *C.int) C.nvmlReturn_t {
 //export nvmlDeviceGetCount_v2
 func nvmlDeviceGetCount_v2(count *C.uint) C.nvmlReturn_t {
 	defer locked()()
-	if r := enter(); r != rcOK {
+	if r := enterArgs(count == nil); r != rcOK {
 		return r
-	}
-	if count == nil {
-		return rcInvalid
 	}
 	*count = C.uint(len(cur.visible))
 	return rcOK
@@ -157,11 +151,8 @@ func nvmlDeviceGetHandleByIndex(index C.uint, device *C.nvmlDevice_t) C.nvmlRetu
 //export nvmld_DeviceGetHandleByUUID
 func nvmld_DeviceGetHandleByUUID(uuid *C.char, device *C.nvmlDevice_t) C.nvmlReturn_t {
 	defer locked()()
-	if r := enter(); r != rcOK {
+	if r := enterArgs(uuid == nil || device == nil); r != rcOK {
 		return r
-	}
-	if uuid == nil || device == nil {
-		return rcInvalid
 	}
 	want := C.GoString(uuid)
 	for _, g := range cur.visible {
@@ -204,11 +195,8 @@ func normBusID(s string) string {
 //export nvmld_DeviceGetHandleByPciBusId_v2
 func nvmld_DeviceGetHandleByPciBusId_v2(busID *C.char, device *C.nvmlDevice_t) C.nvmlReturn_t {
 	defer locked()()
-	if r := enter(); r != rcOK {
+	if r := enterArgs(busID == nil || device == nil); r != rcOK {
 		return r
-	}
-	if busID == nil || device == nil {
-		return rcInvalid
 	}
 	want := normBusID(C.GoString(busID))
 	for _, g := range cur.visible {
@@ -268,12 +256,9 @@ func nvmlDeviceGetName(device C.nvmlDevice_t, name *C.char, length C.uint) C.nvm
 //export nvmlDeviceGetBrand
 func nvmlDeviceGetBrand(device C.nvmlDevice_t, brand *C.nvmlBrandType_t) C.nvmlReturn_t {
 	defer locked()()
-	r, e := resolve(unsafe.Pointer(device.handle), hDevice, hMig)
+	r, e := resolveArgs(unsafe.Pointer(device.handle), brand == nil, hDevice, hMig)
 	if e != rcOK {
 		return e
-	}
-	if brand == nil {
-		return rcInvalid
 	}
 	b, _ := r.g.mock.GetBrand()
 	if r.g.o.Brand != nil {
@@ -286,12 +271,9 @@ func nvmlDeviceGetBrand(device C.nvmlDevice_t, brand *C.nvmlBrandType_t) C.nvmlR
 //export nvmlDeviceGetArchitecture
 func nvmlDeviceGetArchitecture(device C.nvmlDevice_t, arch *C.nvmlDeviceArchitecture_t) C.nvmlReturn_t {
 	defer locked()()
-	r, e := resolve(unsafe.Pointer(device.handle), hDevice, hMig)
+	r, e := resolveArgs(unsafe.Pointer(device.handle), arch == nil, hDevice, hMig)
 	if e != rcOK {
 		return e
-	}
-	if arch == nil {
-		return rcInvalid
 	}
 	a, _ := r.g.mock.GetArchitecture()
 	*arch = C.nvmlDeviceArchitecture_t(a)
@@ -300,30 +282,12 @@ func nvmlDeviceGetArchitecture(device C.nvmlDevice_t, arch *C.nvmlDeviceArchitec
 
 //export nvmlDeviceGetIndex
 func nvmlDeviceGetIndex(device C.nvmlDevice_t, index *C.uint) C.nvmlReturn_t {
-	defer locked()()
-	r, e := resolve(unsafe.Pointer(device.handle), hDevice)
-	if e != rcOK {
-		return e
-	}
-	if index == nil {
-		return rcInvalid
-	}
-	*index = C.uint(r.g.index)
-	return rcOK
+	return get(unsafe.Pointer(device.handle), index, func(r *ref) C.uint { return C.uint(r.g.index) }, hDevice)
 }
 
 //export nvmlDeviceGetMinorNumber
 func nvmlDeviceGetMinorNumber(device C.nvmlDevice_t, minor *C.uint) C.nvmlReturn_t {
-	defer locked()()
-	r, e := resolve(unsafe.Pointer(device.handle), hDevice)
-	if e != rcOK {
-		return e
-	}
-	if minor == nil {
-		return rcInvalid
-	}
-	*minor = C.uint(r.g.minor)
-	return rcOK
+	return get(unsafe.Pointer(device.handle), minor, func(r *ref) C.uint { return C.uint(r.g.minor) }, hDevice)
 }
 
 func fillPci(r *ref, pci *C.nvmlPciInfo_t) {
@@ -340,12 +304,9 @@ func fillPci(r *ref, pci *C.nvmlPciInfo_t) {
 //export nvmlDeviceGetPciInfo_v3
 func nvmlDeviceGetPciInfo_v3(device C.nvmlDevice_t, pci *C.nvmlPciInfo_t) C.nvmlReturn_t {
 	defer locked()()
-	r, e := resolve(unsafe.Pointer(device.handle), hDevice, hMig)
+	r, e := resolveArgs(unsafe.Pointer(device.handle), pci == nil, hDevice, hMig)
 	if e != rcOK {
 		return e
-	}
-	if pci == nil {
-		return rcInvalid
 	}
 	fillPci(r, pci)
 	return rcOK
@@ -364,12 +325,9 @@ func nvmlDeviceGetPciInfo(device C.nvmlDevice_t, pci *C.nvmlPciInfo_t) C.nvmlRet
 //export nvmlDeviceGetCudaComputeCapability
 func nvmlDeviceGetCudaComputeCapability(device C.nvmlDevice_t, major *C.int, minor *C.int) C.nvmlReturn_t {
 	defer locked()()
-	r, e := resolve(unsafe.Pointer(device.handle), hDevice, hMig)
+	r, e := resolveArgs(unsafe.Pointer(device.handle), major == nil || minor == nil, hDevice, hMig)
 	if e != rcOK {
 		return e
-	}
-	if major == nil || minor == nil {
-		return rcInvalid
 	}
 	a, b, _ := r.g.mock.GetCudaComputeCapability()
 	*major, *minor = C.int(a), C.int(b)
@@ -401,12 +359,9 @@ func memoryOf(r *ref) (total, used uint64, e rc) {
 //export nvmlDeviceGetMemoryInfo
 func nvmlDeviceGetMemoryInfo(device C.nvmlDevice_t, memory *C.nvmlMemory_t) C.nvmlReturn_t {
 	defer locked()()
-	r, e := resolve(unsafe.Pointer(device.handle), hDevice, hMig)
+	r, e := resolveArgs(unsafe.Pointer(device.handle), memory == nil, hDevice, hMig)
 	if e != rcOK {
 		return e
-	}
-	if memory == nil {
-		return rcInvalid
 	}
 	total, used, e := memoryOf(r)
 	if e != rcOK {
@@ -419,12 +374,9 @@ func nvmlDeviceGetMemoryInfo(device C.nvmlDevice_t, memory *C.nvmlMemory_t) C.nv
 //export nvmlDeviceGetMemoryInfo_v2
 func nvmlDeviceGetMemoryInfo_v2(device C.nvmlDevice_t, memory *C.nvmlMemory_v2_t) C.nvmlReturn_t {
 	defer locked()()
-	r, e := resolve(unsafe.Pointer(device.handle), hDevice, hMig)
+	r, e := resolveArgs(unsafe.Pointer(device.handle), memory == nil, hDevice, hMig)
 	if e != rcOK {
 		return e
-	}
-	if memory == nil {
-		return rcInvalid
 	}
 	if memory.version != C.uint(unsafe.Sizeof(*memory))|2<<24 {
 		return rcVersion
@@ -441,12 +393,9 @@ func nvmlDeviceGetMemoryInfo_v2(device C.nvmlDevice_t, memory *C.nvmlMemory_v2_t
 //export nvmlDeviceGetAttributes_v2
 func nvmlDeviceGetAttributes_v2(device C.nvmlDevice_t, attributes *C.nvmlDeviceAttributes_t) C.nvmlReturn_t {
 	defer locked()()
-	r, e := resolve(unsafe.Pointer(device.handle), hDevice, hMig)
+	r, e := resolveArgs(unsafe.Pointer(device.handle), attributes == nil, hDevice, hMig)
 	if e != rcOK {
 		return e
-	}
-	if attributes == nil {
-		return rcInvalid
 	}
 	profiles := r.g.model.MIGProfiles
 	var gp nvml.GpuInstanceProfileInfo
@@ -490,12 +439,9 @@ func nvmlDeviceGetAttributes(device C.nvmlDevice_t, attributes *C.nvmlDeviceAttr
 //export nvmlDeviceGetUtilizationRates
 func nvmlDeviceGetUtilizationRates(device C.nvmlDevice_t, utilization *C.nvmlUtilization_t) C.nvmlReturn_t {
 	defer locked()()
-	r, e := resolve(unsafe.Pointer(device.handle), hDevice)
+	r, e := resolveArgs(unsafe.Pointer(device.handle), utilization == nil, hDevice)
 	if e != rcOK {
 		return e
-	}
-	if utilization == nil {
-		return rcInvalid
 	}
 	// "On MIG-enabled GPUs, querying device utilization rates is not currently supported."
 	if r.st.MigMode == 1 {
@@ -508,12 +454,9 @@ func nvmlDeviceGetUtilizationRates(device C.nvmlDevice_t, utilization *C.nvmlUti
 //export nvmlDeviceGetPowerUsage
 func nvmlDeviceGetPowerUsage(device C.nvmlDevice_t, power *C.uint) C.nvmlReturn_t {
 	defer locked()()
-	r, e := resolve(unsafe.Pointer(device.handle), hDevice)
+	r, e := resolveArgs(unsafe.Pointer(device.handle), power == nil, hDevice)
 	if e != rcOK {
 		return e
-	}
-	if power == nil {
-		return rcInvalid
 	}
 	*power = 70000
 	if r.g.o.PowerMilliwatts != nil {
@@ -525,12 +468,9 @@ func nvmlDeviceGetPowerUsage(device C.nvmlDevice_t, power *C.uint) C.nvmlReturn_
 //export nvmlDeviceGetTemperature
 func nvmlDeviceGetTemperature(device C.nvmlDevice_t, sensorType C.nvmlTemperatureSensors_t, temp *C.uint) C.nvmlReturn_t {
 	defer locked()()
-	r, e := resolve(unsafe.Pointer(device.handle), hDevice)
+	r, e := resolveArgs(unsafe.Pointer(device.handle), temp == nil || sensorType != C.NVML_TEMPERATURE_GPU, hDevice)
 	if e != rcOK {
 		return e
-	}
-	if temp == nil || sensorType != C.NVML_TEMPERATURE_GPU {
-		return rcInvalid
 	}
 	*temp = 34
 	if r.g.o.TemperatureCelsius != nil {
@@ -542,12 +482,9 @@ func nvmlDeviceGetTemperature(device C.nvmlDevice_t, sensorType C.nvmlTemperatur
 //export nvmlDeviceGetTotalEccErrors
 func nvmlDeviceGetTotalEccErrors(device C.nvmlDevice_t, errorType C.nvmlMemoryErrorType_t, counterType C.nvmlEccCounterType_t, eccCounts *C.ulonglong) C.nvmlReturn_t {
 	defer locked()()
-	r, e := resolve(unsafe.Pointer(device.handle), hDevice)
+	r, e := resolveArgs(unsafe.Pointer(device.handle), eccCounts == nil || counterType >= C.NVML_ECC_COUNTER_TYPE_COUNT, hDevice)
 	if e != rcOK {
 		return e
-	}
-	if eccCounts == nil || counterType >= C.NVML_ECC_COUNTER_TYPE_COUNT {
-		return rcInvalid
 	}
 	switch errorType {
 	case C.NVML_MEMORY_ERROR_TYPE_CORRECTED:
@@ -562,16 +499,7 @@ func nvmlDeviceGetTotalEccErrors(device C.nvmlDevice_t, errorType C.nvmlMemoryEr
 
 //export nvmlDeviceGetCurrentClocksEventReasons
 func nvmlDeviceGetCurrentClocksEventReasons(device C.nvmlDevice_t, reasons *C.ulonglong) C.nvmlReturn_t {
-	defer locked()()
-	r, e := resolve(unsafe.Pointer(device.handle), hDevice)
-	if e != rcOK {
-		return e
-	}
-	if reasons == nil {
-		return rcInvalid
-	}
-	*reasons = C.ulonglong(r.g.o.ThrottleReasons)
-	return rcOK
+	return get(unsafe.Pointer(device.handle), reasons, func(r *ref) C.ulonglong { return C.ulonglong(r.g.o.ThrottleReasons) }, hDevice)
 }
 
 //export nvmlDeviceGetCurrentClocksThrottleReasons
@@ -581,12 +509,9 @@ func nvmlDeviceGetCurrentClocksThrottleReasons(device C.nvmlDevice_t, reasons *C
 
 func processes(device C.nvmlDevice_t, infoCount *C.uint, infos *C.nvmlProcessInfo_t, mps bool) C.nvmlReturn_t {
 	defer locked()()
-	r, e := resolve(unsafe.Pointer(device.handle), hDevice, hMig)
+	r, e := resolveArgs(unsafe.Pointer(device.handle), infoCount == nil, hDevice, hMig)
 	if e != rcOK {
 		return e
-	}
-	if infoCount == nil {
-		return rcInvalid
 	}
 	var list []Process
 	for _, p := range r.g.o.Processes {
@@ -609,13 +534,7 @@ func processes(device C.nvmlDevice_t, infoCount *C.uint, infos *C.nvmlProcessInf
 	}
 	out := unsafe.Slice(infos, len(list))
 	for i, p := range list {
-		gi, ci := uint32(0xFFFFFFFF), uint32(0xFFFFFFFF)
-		if p.GpuInstanceID != nil {
-			gi = *p.GpuInstanceID
-		}
-		if p.ComputeInstanceID != nil {
-			ci = *p.ComputeInstanceID
-		}
+		gi, ci := instanceIDs(p.GpuInstanceID, p.ComputeInstanceID)
 		out[i] = C.nvmlProcessInfo_t{pid: C.uint(p.Pid), usedGpuMemory: C.ulonglong(p.UsedMemory),
 			gpuInstanceId: C.uint(gi), computeInstanceId: C.uint(ci)}
 	}
@@ -645,11 +564,8 @@ func nvmlDeviceGetMPSComputeRunningProcesses_v2(device C.nvmlDevice_t, infoCount
 //export nvmlDeviceGetGraphicsRunningProcesses_v3
 func nvmlDeviceGetGraphicsRunningProcesses_v3(device C.nvmlDevice_t, infoCount *C.uint, infos *C.nvmlProcessInfo_t) C.nvmlReturn_t {
 	defer locked()()
-	if _, e := resolve(unsafe.Pointer(device.handle), hDevice, hMig); e != rcOK {
+	if _, e := resolveArgs(unsafe.Pointer(device.handle), infoCount == nil, hDevice, hMig); e != rcOK {
 		return e
-	}
-	if infoCount == nil {
-		return rcInvalid
 	}
 	*infoCount = 0 // a headless compute GPU runs no graphics processes
 	return rcOK
@@ -658,12 +574,9 @@ func nvmlDeviceGetGraphicsRunningProcesses_v3(device C.nvmlDevice_t, infoCount *
 //export nvmlDeviceGetProcessUtilization
 func nvmlDeviceGetProcessUtilization(device C.nvmlDevice_t, utilization *C.nvmlProcessUtilizationSample_t, processSamplesCount *C.uint, lastSeenTimeStamp C.ulonglong) C.nvmlReturn_t {
 	defer locked()()
-	r, e := resolve(unsafe.Pointer(device.handle), hDevice)
+	r, e := resolveArgs(unsafe.Pointer(device.handle), processSamplesCount == nil, hDevice)
 	if e != rcOK {
 		return e
-	}
-	if processSamplesCount == nil {
-		return rcInvalid
 	}
 	// "On MIG-enabled GPUs, querying process utilization is not currently supported."
 	if r.st.MigMode == 1 {
@@ -702,16 +615,7 @@ func nvmlDeviceGetProcessUtilization(device C.nvmlDevice_t, utilization *C.nvmlP
 
 //export nvmlDeviceGetComputeMode
 func nvmlDeviceGetComputeMode(device C.nvmlDevice_t, mode *C.nvmlComputeMode_t) C.nvmlReturn_t {
-	defer locked()()
-	r, e := resolve(unsafe.Pointer(device.handle), hDevice)
-	if e != rcOK {
-		return e
-	}
-	if mode == nil {
-		return rcInvalid
-	}
-	*mode = C.nvmlComputeMode_t(r.st.ComputeMode)
-	return rcOK
+	return get(unsafe.Pointer(device.handle), mode, func(r *ref) C.nvmlComputeMode_t { return C.nvmlComputeMode_t(r.st.ComputeMode) }, hDevice)
 }
 
 //export nvmlDeviceSetComputeMode

@@ -17,12 +17,9 @@ import (
 //export nvmlDeviceGetMigMode
 func nvmlDeviceGetMigMode(device C.nvmlDevice_t, currentMode *C.uint, pendingMode *C.uint) C.nvmlReturn_t {
 	defer locked()()
-	r, e := resolve(unsafe.Pointer(device.handle), hDevice)
+	r, e := resolveArgs(unsafe.Pointer(device.handle), currentMode == nil || pendingMode == nil, hDevice)
 	if e != rcOK {
 		return e
-	}
-	if currentMode == nil || pendingMode == nil {
-		return rcInvalid
 	}
 	if !migCapable(r.g) {
 		return rcNotSupported
@@ -71,6 +68,38 @@ func nvmlDeviceSetMigMode(device C.nvmlDevice_t, mode C.uint, activationStatus *
 	return e
 }
 
+// putList writes what a list call returns: the count always, the items when the caller's array is
+// not NULL ("Can be NULL to discover number"), each converted to its C type.
+func putList[S, D any](dst *D, count *C.uint, list []S, conv func(S) D) {
+	*count = C.uint(len(list))
+	if dst == nil || len(list) == 0 {
+		return
+	}
+	out := unsafe.Slice(dst, len(list))
+	for i, v := range list {
+		out[i] = conv(v)
+	}
+}
+
+// fits counts how many more creations succeed, creating on a scratch copy of the state until one fails.
+func fits(create func() rc) C.uint {
+	n := 0
+	for create() == rcOK {
+		n++
+	}
+	return C.uint(n)
+}
+
+// removeFirst removes v, compared as a pointer, from s.
+func removeFirst[T any](s []*T, v *T) []*T {
+	for i, x := range s {
+		if x == v {
+			return append(s[:i], s[i+1:]...)
+		}
+	}
+	return s
+}
+
 // migCapable: the model has MIG profiles ("NVML_ERROR_NOT_SUPPORTED If device doesn't support MIG mode").
 func migCapable(g *gpu) bool { return len(g.model.MIGProfiles.GpuInstanceProfiles) > 0 }
 
@@ -78,6 +107,15 @@ func migCapable(g *gpu) bool { return len(g.model.MIGProfiles.GpuInstanceProfile
 func needsResetForMig(g *gpu) bool {
 	a, _ := g.mock.GetArchitecture()
 	return a < nvml.DEVICE_ARCH_HOPPER
+}
+
+// capableGIProfile is a GPU instance profile of a MIG-capable GPU, whatever its MIG mode: "NVML_ERROR_NOT_SUPPORTED If
+// device doesn't support MIG or profile isn't supported".
+func capableGIProfile(g *gpu, id uint32) (nvml.GpuInstanceProfileInfo, rc) {
+	if !migCapable(g) {
+		return nvml.GpuInstanceProfileInfo{}, rcNotSupported
+	}
+	return giProfile(g, id)
 }
 
 func migOn(r *ref) rc {
@@ -95,20 +133,14 @@ func fillGIProfile(info nvml.GpuInstanceProfileInfo, id uint32) (name string) {
 //export nvmlDeviceGetGpuInstanceProfileInfo
 func nvmlDeviceGetGpuInstanceProfileInfo(device C.nvmlDevice_t, profile C.uint, info *C.nvmlGpuInstanceProfileInfo_t) C.nvmlReturn_t {
 	defer locked()()
-	r, e := resolve(unsafe.Pointer(device.handle), hDevice)
+	r, e := resolveArgs(unsafe.Pointer(device.handle), info == nil, hDevice)
 	if e != rcOK {
 		return e
-	}
-	if info == nil {
-		return rcInvalid
 	}
 	// Answered with MIG mode off too: "NVML_ERROR_NOT_SUPPORTED If device doesn't support MIG or
 	// profile isn't supported" (nvml.h, nvmlDeviceGetGpuInstanceProfileInfo); the profiles of a GPU
 	// are fixed ("immutable throughout the lifetime of a MIG mode"), not created by MIG mode.
-	if !migCapable(r.g) {
-		return rcNotSupported
-	}
-	p, e := giProfile(r.g, uint32(profile))
+	p, e := capableGIProfile(r.g, uint32(profile))
 	if e != rcOK {
 		return e
 	}
@@ -123,22 +155,16 @@ func nvmlDeviceGetGpuInstanceProfileInfo(device C.nvmlDevice_t, profile C.uint, 
 //export nvmlDeviceGetGpuInstanceProfileInfoV
 func nvmlDeviceGetGpuInstanceProfileInfoV(device C.nvmlDevice_t, profile C.uint, info *C.nvmlGpuInstanceProfileInfo_v2_t) C.nvmlReturn_t {
 	defer locked()()
-	r, e := resolve(unsafe.Pointer(device.handle), hDevice)
+	r, e := resolveArgs(unsafe.Pointer(device.handle), info == nil, hDevice)
 	if e != rcOK {
 		return e
-	}
-	if info == nil {
-		return rcInvalid
 	}
 	// The "versioned wrapper around nvmlDeviceGetGpuInstanceProfileInfo" answers as what it wraps,
 	// with MIG mode off too: "NVML_ERROR_NOT_SUPPORTED If device doesn't support MIG or profile isn't
 	// supported". (Its own doc line reads "doesn't have MIG mode enabled", copied from the create
 	// calls; pynvml's nvmlDeviceGetGpuInstanceProfileInfo calls this one, and nvidia-smi mig -lgip
 	// lists the profiles of a GPU with MIG mode off.)
-	if !migCapable(r.g) {
-		return rcNotSupported
-	}
-	p, e := giProfile(r.g, uint32(profile))
+	p, e := capableGIProfile(r.g, uint32(profile))
 	if e != rcOK {
 		return e
 	}
@@ -174,34 +200,23 @@ func nvmlDeviceGetGpuInstanceProfileInfoV(device C.nvmlDevice_t, profile C.uint,
 //export nvmlDeviceGetGpuInstancePossiblePlacements_v2
 func nvmlDeviceGetGpuInstancePossiblePlacements_v2(device C.nvmlDevice_t, profileId C.uint, placements *C.nvmlGpuInstancePlacement_t, count *C.uint) C.nvmlReturn_t {
 	defer locked()()
-	r, e := resolve(unsafe.Pointer(device.handle), hDevice)
+	r, e := resolveArgs(unsafe.Pointer(device.handle), count == nil, hDevice)
 	if e != rcOK {
 		return e
-	}
-	if count == nil {
-		return rcInvalid
 	}
 	// "This API only returns all the possible placements for the given profile regardless of whether
 	// MIG is enabled or not"; "NVML_ERROR_NOT_SUPPORTED If device doesn't support MIG or profileId
 	// isn't supported" (nvml.h, nvmlDeviceGetGpuInstancePossiblePlacements_v2).
-	if !migCapable(r.g) {
-		return rcNotSupported
-	}
-	p, e := giProfile(r.g, uint32(profileId))
+	p, e := capableGIProfile(r.g, uint32(profileId))
 	if e != rcOK {
 		return e
 	}
 	list, _ := r.g.mock.GetGpuInstancePossiblePlacements(&p)
 	// "placements: ... Can be NULL to discover number of allowed placements for this profile. If
 	// non-NULL must be large enough to accommodate the placements supported by the profile."
-	*count = C.uint(len(list))
-	if placements == nil || len(list) == 0 {
-		return rcOK
-	}
-	out := unsafe.Slice(placements, len(list))
-	for i, pl := range list {
-		out[i] = C.nvmlGpuInstancePlacement_t{start: C.uint(pl.Start), size: C.uint(pl.Size)}
-	}
+	putList(placements, count, list, func(pl nvml.GpuInstancePlacement) C.nvmlGpuInstancePlacement_t {
+		return C.nvmlGpuInstancePlacement_t{start: C.uint(pl.Start), size: C.uint(pl.Size)}
+	})
 	return rcOK
 }
 
@@ -213,12 +228,9 @@ func nvmlDeviceGetGpuInstancePossiblePlacements(device C.nvmlDevice_t, profileId
 //export nvmlDeviceGetGpuInstanceRemainingCapacity
 func nvmlDeviceGetGpuInstanceRemainingCapacity(device C.nvmlDevice_t, profileId C.uint, count *C.uint) C.nvmlReturn_t {
 	defer locked()()
-	r, e := resolve(unsafe.Pointer(device.handle), hDevice)
+	r, e := resolveArgs(unsafe.Pointer(device.handle), count == nil, hDevice)
 	if e != rcOK {
 		return e
-	}
-	if count == nil {
-		return rcInvalid
 	}
 	if e := migOn(r); e != rcOK {
 		return e
@@ -226,14 +238,8 @@ func nvmlDeviceGetGpuInstanceRemainingCapacity(device C.nvmlDevice_t, profileId 
 	if _, e := giProfile(r.g, uint32(profileId)); e != rcOK {
 		return rcInvalid
 	}
-	n := 0
-	for { // how many more fit: create on a scratch copy until it fails
-		if _, e := createGI(r.g, r.st, uint32(profileId), nil); e != rcOK {
-			break
-		}
-		n++
-	}
-	*count = C.uint(n)
+	// r.st is this call's own copy of the state: nothing created here is written back.
+	*count = fits(func() rc { _, e := createGI(r.g, r.st, uint32(profileId), nil); return e })
 	return rcOK
 }
 
@@ -256,12 +262,9 @@ func newGI(r *ref, profileId C.uint, want *nvml.GpuInstancePlacement, gpuInstanc
 //export nvmlDeviceCreateGpuInstance
 func nvmlDeviceCreateGpuInstance(device C.nvmlDevice_t, profileId C.uint, gpuInstance *C.nvmlGpuInstance_t) C.nvmlReturn_t {
 	defer locked()()
-	r, e := resolve(unsafe.Pointer(device.handle), hDevice)
+	r, e := resolveArgs(unsafe.Pointer(device.handle), gpuInstance == nil, hDevice)
 	if e != rcOK {
 		return e
-	}
-	if gpuInstance == nil {
-		return rcInvalid
 	}
 	return newGI(r, profileId, nil, gpuInstance)
 }
@@ -269,12 +272,9 @@ func nvmlDeviceCreateGpuInstance(device C.nvmlDevice_t, profileId C.uint, gpuIns
 //export nvmld_DeviceCreateGpuInstanceWithPlacement
 func nvmld_DeviceCreateGpuInstanceWithPlacement(device C.nvmlDevice_t, profileId C.uint, placement *C.nvmlGpuInstancePlacement_t, gpuInstance *C.nvmlGpuInstance_t) C.nvmlReturn_t {
 	defer locked()()
-	r, e := resolve(unsafe.Pointer(device.handle), hDevice)
+	r, e := resolveArgs(unsafe.Pointer(device.handle), placement == nil || gpuInstance == nil, hDevice)
 	if e != rcOK {
 		return e
-	}
-	if placement == nil || gpuInstance == nil {
-		return rcInvalid
 	}
 	// The placement is read through the pointer the caller gave, as the C library reads it: a
 	// structure passed by value arrives here as its bytes taken for an address, and faults.
@@ -285,12 +285,9 @@ func nvmld_DeviceCreateGpuInstanceWithPlacement(device C.nvmlDevice_t, profileId
 //export nvmlDeviceGetGpuInstances
 func nvmlDeviceGetGpuInstances(device C.nvmlDevice_t, profileId C.uint, gpuInstances *C.nvmlGpuInstance_t, count *C.uint) C.nvmlReturn_t {
 	defer locked()()
-	r, e := resolve(unsafe.Pointer(device.handle), hDevice)
+	r, e := resolveArgs(unsafe.Pointer(device.handle), count == nil || gpuInstances == nil, hDevice)
 	if e != rcOK {
 		return e
-	}
-	if count == nil || gpuInstances == nil {
-		return rcInvalid
 	}
 	if e := migOn(r); e != rcOK {
 		return e
@@ -304,25 +301,16 @@ func nvmlDeviceGetGpuInstances(device C.nvmlDevice_t, profileId C.uint, gpuInsta
 			ids = append(ids, gi.ID)
 		}
 	}
-	*count = C.uint(len(ids))
-	if len(ids) > 0 {
-		out := unsafe.Slice(gpuInstances, len(ids))
-		for i, id := range ids {
-			out[i] = giH(issue(hGI, r.g.cfgIndex, id, 0))
-		}
-	}
+	putList(gpuInstances, count, ids, func(id uint32) C.nvmlGpuInstance_t { return giH(issue(hGI, r.g.cfgIndex, id, 0)) })
 	return rcOK
 }
 
 //export nvmlDeviceGetGpuInstanceById
 func nvmlDeviceGetGpuInstanceById(device C.nvmlDevice_t, id C.uint, gpuInstance *C.nvmlGpuInstance_t) C.nvmlReturn_t {
 	defer locked()()
-	r, e := resolve(unsafe.Pointer(device.handle), hDevice)
+	r, e := resolveArgs(unsafe.Pointer(device.handle), gpuInstance == nil, hDevice)
 	if e != rcOK {
 		return e
-	}
-	if gpuInstance == nil {
-		return rcInvalid
 	}
 	if e := migOn(r); e != rcOK {
 		return e
@@ -338,12 +326,9 @@ func nvmlDeviceGetGpuInstanceById(device C.nvmlDevice_t, id C.uint, gpuInstance 
 //export nvmlGpuInstanceGetInfo
 func nvmlGpuInstanceGetInfo(gpuInstance C.nvmlGpuInstance_t, info *C.nvmlGpuInstanceInfo_t) C.nvmlReturn_t {
 	defer locked()()
-	r, e := resolve(unsafe.Pointer(gpuInstance.handle), hGI)
+	r, e := resolveArgs(unsafe.Pointer(gpuInstance.handle), info == nil, hGI)
 	if e != rcOK {
 		return e
-	}
-	if info == nil {
-		return rcInvalid
 	}
 	*info = C.nvmlGpuInstanceInfo_t{device: devH(issue(hDevice, r.g.cfgIndex, 0, 0)), id: C.uint(r.gi.ID),
 		profileId: C.uint(r.gi.ProfileID), placement: C.nvmlGpuInstancePlacement_t{start: C.uint(r.gi.Start), size: C.uint(r.gi.Size)}}
@@ -367,12 +352,7 @@ func nvmlGpuInstanceDestroy(gpuInstance C.nvmlGpuInstance_t) C.nvmlReturn_t {
 		if len(gi.ComputeInstances) > 0 {
 			return rcInUse
 		}
-		for i, g := range st.GpuInstances {
-			if g == gi {
-				st.GpuInstances = append(st.GpuInstances[:i], st.GpuInstances[i+1:]...)
-				break
-			}
-		}
+		st.GpuInstances = removeFirst(st.GpuInstances, gi)
 		return rcOK
 	})
 }
@@ -388,12 +368,9 @@ func fillCIProfile(p nvml.ComputeInstanceProfileInfo) C.nvmlComputeInstanceProfi
 //export nvmlGpuInstanceGetComputeInstanceProfileInfo
 func nvmlGpuInstanceGetComputeInstanceProfileInfo(gpuInstance C.nvmlGpuInstance_t, profile C.uint, engProfile C.uint, info *C.nvmlComputeInstanceProfileInfo_t) C.nvmlReturn_t {
 	defer locked()()
-	r, e := resolve(unsafe.Pointer(gpuInstance.handle), hGI)
+	r, e := resolveArgs(unsafe.Pointer(gpuInstance.handle), info == nil, hGI)
 	if e != rcOK {
 		return e
-	}
-	if info == nil {
-		return rcInvalid
 	}
 	p, e := ciProfile(r.g, r.gi.ProfileID, uint32(profile), uint32(engProfile))
 	if e != rcOK {
@@ -406,12 +383,9 @@ func nvmlGpuInstanceGetComputeInstanceProfileInfo(gpuInstance C.nvmlGpuInstance_
 //export nvmlGpuInstanceGetComputeInstanceProfileInfoV
 func nvmlGpuInstanceGetComputeInstanceProfileInfoV(gpuInstance C.nvmlGpuInstance_t, profile C.uint, engProfile C.uint, info *C.nvmlComputeInstanceProfileInfo_v2_t) C.nvmlReturn_t {
 	defer locked()()
-	r, e := resolve(unsafe.Pointer(gpuInstance.handle), hGI)
+	r, e := resolveArgs(unsafe.Pointer(gpuInstance.handle), info == nil, hGI)
 	if e != rcOK {
 		return e
-	}
-	if info == nil {
-		return rcInvalid
 	}
 	p, e := ciProfile(r.g, r.gi.ProfileID, uint32(profile), uint32(engProfile))
 	if e != rcOK {
@@ -423,24 +397,19 @@ func nvmlGpuInstanceGetComputeInstanceProfileInfoV(gpuInstance C.nvmlGpuInstance
 		name = itoa(p.SliceCount) + "c." + name
 	}
 	v := info.version
-	switch v {
-	case C.uint(unsafe.Sizeof(C.nvmlComputeInstanceProfileInfo_v2_t{})) | 2<<24:
-		*info = C.nvmlComputeInstanceProfileInfo_v2_t{version: v, id: C.uint(p.Id), sliceCount: C.uint(p.SliceCount),
-			instanceCount: C.uint(p.InstanceCount), multiprocessorCount: C.uint(p.MultiprocessorCount),
-			sharedCopyEngineCount: C.uint(p.SharedCopyEngineCount), sharedDecoderCount: C.uint(p.SharedDecoderCount),
-			sharedEncoderCount: C.uint(p.SharedEncoderCount), sharedJpegCount: C.uint(p.SharedJpegCount),
-			sharedOfaCount: C.uint(p.SharedOfaCount)}
-		putCString(info.name[:], "MIG "+name)
-	case C.uint(unsafe.Sizeof(C.nvmlComputeInstanceProfileInfo_v3_t{})) | 3<<24:
-		v3 := (*C.nvmlComputeInstanceProfileInfo_v3_t)(unsafe.Pointer(info))
-		*v3 = C.nvmlComputeInstanceProfileInfo_v3_t{version: v, id: C.uint(p.Id), sliceCount: C.uint(p.SliceCount),
-			instanceCount: C.uint(p.InstanceCount), multiprocessorCount: C.uint(p.MultiprocessorCount),
-			sharedCopyEngineCount: C.uint(p.SharedCopyEngineCount), sharedDecoderCount: C.uint(p.SharedDecoderCount),
-			sharedEncoderCount: C.uint(p.SharedEncoderCount), sharedJpegCount: C.uint(p.SharedJpegCount),
-			sharedOfaCount: C.uint(p.SharedOfaCount)}
-		putCString(v3.name[:], "MIG "+name)
-	default:
+	v3 := v == C.uint(unsafe.Sizeof(C.nvmlComputeInstanceProfileInfo_v3_t{}))|3<<24
+	if v != C.uint(unsafe.Sizeof(C.nvmlComputeInstanceProfileInfo_v2_t{}))|2<<24 && !v3 {
 		return rcInvalid
+	}
+	// nvml.h's v3 is v2 with capabilities appended (same fields, same offsets): one fill serves both.
+	c := fillCIProfile(p)
+	*info = C.nvmlComputeInstanceProfileInfo_v2_t{version: v, id: c.id, sliceCount: c.sliceCount,
+		instanceCount: c.instanceCount, multiprocessorCount: c.multiprocessorCount,
+		sharedCopyEngineCount: c.sharedCopyEngineCount, sharedDecoderCount: c.sharedDecoderCount,
+		sharedEncoderCount: c.sharedEncoderCount, sharedJpegCount: c.sharedJpegCount, sharedOfaCount: c.sharedOfaCount}
+	putCString(info.name[:], "MIG "+name)
+	if v3 {
+		(*C.nvmlComputeInstanceProfileInfo_v3_t)(unsafe.Pointer(info)).capabilities = 0
 	}
 	return rcOK
 }
@@ -448,49 +417,31 @@ func nvmlGpuInstanceGetComputeInstanceProfileInfoV(gpuInstance C.nvmlGpuInstance
 //export nvmlGpuInstanceGetComputeInstancePossiblePlacements
 func nvmlGpuInstanceGetComputeInstancePossiblePlacements(gpuInstance C.nvmlGpuInstance_t, profileId C.uint, placements *C.nvmlComputeInstancePlacement_t, count *C.uint) C.nvmlReturn_t {
 	defer locked()()
-	r, e := resolve(unsafe.Pointer(gpuInstance.handle), hGI)
+	r, e := resolveArgs(unsafe.Pointer(gpuInstance.handle), count == nil, hGI)
 	if e != rcOK {
 		return e
-	}
-	if count == nil {
-		return rcInvalid
 	}
 	if _, e := ciProfile(r.g, r.gi.ProfileID, uint32(profileId), nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED); e != rcOK {
 		return rcInvalid
 	}
 	list := ciPlacements(r.g, r.gi.ProfileID, uint32(profileId))
-	*count = C.uint(len(list))
-	if placements == nil || len(list) == 0 {
-		return rcOK
-	}
-	out := unsafe.Slice(placements, len(list))
-	for i, pl := range list {
-		out[i] = C.nvmlComputeInstancePlacement_t{start: C.uint(pl.Start), size: C.uint(pl.Size)}
-	}
+	putList(placements, count, list, func(pl nvml.ComputeInstancePlacement) C.nvmlComputeInstancePlacement_t {
+		return C.nvmlComputeInstancePlacement_t{start: C.uint(pl.Start), size: C.uint(pl.Size)}
+	})
 	return rcOK
 }
 
 //export nvmlGpuInstanceGetComputeInstanceRemainingCapacity
 func nvmlGpuInstanceGetComputeInstanceRemainingCapacity(gpuInstance C.nvmlGpuInstance_t, profileId C.uint, count *C.uint) C.nvmlReturn_t {
 	defer locked()()
-	r, e := resolve(unsafe.Pointer(gpuInstance.handle), hGI)
+	r, e := resolveArgs(unsafe.Pointer(gpuInstance.handle), count == nil, hGI)
 	if e != rcOK {
 		return e
-	}
-	if count == nil {
-		return rcInvalid
 	}
 	if _, e := ciProfile(r.g, r.gi.ProfileID, uint32(profileId), nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED); e != rcOK {
 		return rcInvalid
 	}
-	n := 0
-	for {
-		if _, e := createCI(r.g, r.gi, uint32(profileId), nil); e != rcOK {
-			break
-		}
-		n++
-	}
-	*count = C.uint(n)
+	*count = fits(func() rc { _, e := createCI(r.g, r.gi, uint32(profileId), nil); return e })
 	return rcOK
 }
 
@@ -514,12 +465,9 @@ func newCI(r *ref, profileId C.uint, start *uint32, computeInstance *C.nvmlCompu
 //export nvmlGpuInstanceCreateComputeInstance
 func nvmlGpuInstanceCreateComputeInstance(gpuInstance C.nvmlGpuInstance_t, profileId C.uint, computeInstance *C.nvmlComputeInstance_t) C.nvmlReturn_t {
 	defer locked()()
-	r, e := resolve(unsafe.Pointer(gpuInstance.handle), hGI)
+	r, e := resolveArgs(unsafe.Pointer(gpuInstance.handle), computeInstance == nil, hGI)
 	if e != rcOK {
 		return e
-	}
-	if computeInstance == nil {
-		return rcInvalid
 	}
 	return newCI(r, profileId, nil, computeInstance)
 }
@@ -527,12 +475,9 @@ func nvmlGpuInstanceCreateComputeInstance(gpuInstance C.nvmlGpuInstance_t, profi
 //export nvmld_GpuInstanceCreateComputeInstanceWithPlacement
 func nvmld_GpuInstanceCreateComputeInstanceWithPlacement(gpuInstance C.nvmlGpuInstance_t, profileId C.uint, placement *C.nvmlComputeInstancePlacement_t, computeInstance *C.nvmlComputeInstance_t) C.nvmlReturn_t {
 	defer locked()()
-	r, e := resolve(unsafe.Pointer(gpuInstance.handle), hGI)
+	r, e := resolveArgs(unsafe.Pointer(gpuInstance.handle), placement == nil || computeInstance == nil, hGI)
 	if e != rcOK {
 		return e
-	}
-	if placement == nil || computeInstance == nil {
-		return rcInvalid
 	}
 	start := uint32(placement.start) // read through the pointer, as C reads it
 	return newCI(r, profileId, &start, computeInstance)
@@ -541,12 +486,9 @@ func nvmld_GpuInstanceCreateComputeInstanceWithPlacement(gpuInstance C.nvmlGpuIn
 //export nvmlGpuInstanceGetComputeInstances
 func nvmlGpuInstanceGetComputeInstances(gpuInstance C.nvmlGpuInstance_t, profileId C.uint, computeInstances *C.nvmlComputeInstance_t, count *C.uint) C.nvmlReturn_t {
 	defer locked()()
-	r, e := resolve(unsafe.Pointer(gpuInstance.handle), hGI)
+	r, e := resolveArgs(unsafe.Pointer(gpuInstance.handle), count == nil || computeInstances == nil, hGI)
 	if e != rcOK {
 		return e
-	}
-	if count == nil || computeInstances == nil {
-		return rcInvalid
 	}
 	var ids []uint32
 	for _, ci := range r.gi.ComputeInstances {
@@ -554,25 +496,16 @@ func nvmlGpuInstanceGetComputeInstances(gpuInstance C.nvmlGpuInstance_t, profile
 			ids = append(ids, ci.ID)
 		}
 	}
-	*count = C.uint(len(ids))
-	if len(ids) > 0 {
-		out := unsafe.Slice(computeInstances, len(ids))
-		for i, id := range ids {
-			out[i] = ciH(issue(hCI, r.g.cfgIndex, r.gi.ID, id))
-		}
-	}
+	putList(computeInstances, count, ids, func(id uint32) C.nvmlComputeInstance_t { return ciH(issue(hCI, r.g.cfgIndex, r.gi.ID, id)) })
 	return rcOK
 }
 
 //export nvmlGpuInstanceGetComputeInstanceById
 func nvmlGpuInstanceGetComputeInstanceById(gpuInstance C.nvmlGpuInstance_t, id C.uint, computeInstance *C.nvmlComputeInstance_t) C.nvmlReturn_t {
 	defer locked()()
-	r, e := resolve(unsafe.Pointer(gpuInstance.handle), hGI)
+	r, e := resolveArgs(unsafe.Pointer(gpuInstance.handle), computeInstance == nil, hGI)
 	if e != rcOK {
 		return e
-	}
-	if computeInstance == nil {
-		return rcInvalid
 	}
 	// "NVML_ERROR_NOT_FOUND If the compute instance is not found."
 	if r.gi.ci(uint32(id)) == nil {
@@ -585,12 +518,9 @@ func nvmlGpuInstanceGetComputeInstanceById(gpuInstance C.nvmlGpuInstance_t, id C
 //export nvmlComputeInstanceGetInfo_v2
 func nvmlComputeInstanceGetInfo_v2(computeInstance C.nvmlComputeInstance_t, info *C.nvmlComputeInstanceInfo_t) C.nvmlReturn_t {
 	defer locked()()
-	r, e := resolve(unsafe.Pointer(computeInstance.handle), hCI)
+	r, e := resolveArgs(unsafe.Pointer(computeInstance.handle), info == nil, hCI)
 	if e != rcOK {
 		return e
-	}
-	if info == nil {
-		return rcInvalid
 	}
 	// The info's device is the MIG device this compute instance makes (nvidia-smi and the plugin
 	// read its UUID through it).
@@ -620,12 +550,7 @@ func nvmlComputeInstanceDestroy(computeInstance C.nvmlComputeInstance_t) C.nvmlR
 		if gi == nil || gi.ci(r.ci.ID) == nil {
 			return rcInvalid
 		}
-		for i, ci := range gi.ComputeInstances {
-			if ci.ID == r.ci.ID {
-				gi.ComputeInstances = append(gi.ComputeInstances[:i], gi.ComputeInstances[i+1:]...)
-				break
-			}
-		}
+		gi.ComputeInstances = removeFirst(gi.ComputeInstances, gi.ci(r.ci.ID))
 		return rcOK
 	})
 }
@@ -635,12 +560,9 @@ func nvmlComputeInstanceDestroy(computeInstance C.nvmlComputeInstance_t) C.nvmlR
 //export nvmlDeviceGetMaxMigDeviceCount
 func nvmlDeviceGetMaxMigDeviceCount(device C.nvmlDevice_t, count *C.uint) C.nvmlReturn_t {
 	defer locked()()
-	r, e := resolve(unsafe.Pointer(device.handle), hDevice)
+	r, e := resolveArgs(unsafe.Pointer(device.handle), count == nil, hDevice)
 	if e != rcOK {
 		return e
-	}
-	if count == nil {
-		return rcInvalid
 	}
 	// "Returns zero if MIG is not supported or enabled."
 	*count = 0
@@ -653,12 +575,9 @@ func nvmlDeviceGetMaxMigDeviceCount(device C.nvmlDevice_t, count *C.uint) C.nvml
 //export nvmlDeviceGetMigDeviceHandleByIndex
 func nvmlDeviceGetMigDeviceHandleByIndex(device C.nvmlDevice_t, index C.uint, migDevice *C.nvmlDevice_t) C.nvmlReturn_t {
 	defer locked()()
-	r, e := resolve(unsafe.Pointer(device.handle), hDevice)
+	r, e := resolveArgs(unsafe.Pointer(device.handle), migDevice == nil, hDevice)
 	if e != rcOK {
 		return e
-	}
-	if migDevice == nil {
-		return rcInvalid
 	}
 	if e := migOn(r); e != rcOK {
 		return e
@@ -681,27 +600,15 @@ func nvmlDeviceGetMigDeviceHandleByIndex(device C.nvmlDevice_t, index C.uint, mi
 
 //export nvmlDeviceGetDeviceHandleFromMigDeviceHandle
 func nvmlDeviceGetDeviceHandleFromMigDeviceHandle(migDevice C.nvmlDevice_t, device *C.nvmlDevice_t) C.nvmlReturn_t {
-	defer locked()()
-	r, e := resolve(unsafe.Pointer(migDevice.handle), hMig)
-	if e != rcOK {
-		return e
-	}
-	if device == nil {
-		return rcInvalid
-	}
-	*device = devH(issue(hDevice, r.g.cfgIndex, 0, 0))
-	return rcOK
+	return get(unsafe.Pointer(migDevice.handle), device, func(r *ref) C.nvmlDevice_t { return devH(issue(hDevice, r.g.cfgIndex, 0, 0)) }, hMig)
 }
 
 //export nvmlDeviceIsMigDeviceHandle
 func nvmlDeviceIsMigDeviceHandle(device C.nvmlDevice_t, isMigDevice *C.uint) C.nvmlReturn_t {
 	defer locked()()
-	r, e := resolve(unsafe.Pointer(device.handle), hDevice, hMig)
+	r, e := resolveArgs(unsafe.Pointer(device.handle), isMigDevice == nil, hDevice, hMig)
 	if e != rcOK {
 		return e
-	}
-	if isMigDevice == nil {
-		return rcInvalid
 	}
 	*isMigDevice = 0
 	if r.mig {
@@ -716,12 +623,9 @@ func migID(device C.nvmlDevice_t, id *C.uint, ci bool) rc {
 	if h := lookup(unsafe.Pointer(device.handle)); h != nil {
 		lookupKind = h.kind
 	}
-	r, e := resolve(unsafe.Pointer(device.handle), hDevice, hMig)
+	r, e := resolveArgs(unsafe.Pointer(device.handle), id == nil, hDevice, hMig)
 	if e != rcOK {
 		return e
-	}
-	if id == nil {
-		return rcInvalid
 	}
 	// "NVML_ERROR_NOT_SUPPORTED if this query is not supported by the device": a full GPU has none.
 	if lookupKind != hMig {
