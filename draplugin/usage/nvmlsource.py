@@ -5,7 +5,10 @@ its reason (the NVML error name, e.g. `NotSupported`, `GpuIsLost`) goes into
 the reading's errors. A call that a device does not support is not tried
 again on that device (MIG devices have no utilization, power or temperature
 of their own; NVML answers NotSupported every time), so the error counter
-counts it once instead of on every pass.
+counts it once instead of on every pass. A whole GPU's NotSupported for
+utilization holds only while its MIG mode is on (nvml.h: "On MIG-enabled GPUs,
+querying ... is not currently supported"), and the plugin switches MIG mode
+at prepare: a GPU whose MIG mode changed has its unsupported calls tried again.
 
 Per-process figures: `nvmlDeviceGetProcessUtilization` returns the SM samples
 of each process since the last timestamp we asked for (kept per device), and
@@ -55,12 +58,15 @@ class NvmlUsageSource:
         self._handles: dict[str, Any] = {}
         self._last_seen_us: dict[str, int] = {}
         self._unsupported: defaultdict[str, set[str]] = defaultdict(set)
+        self._mig_mode: dict[str, int | None] = {}
         self._lock = threading.Lock()
 
     def read(self, device: Device) -> DeviceReading:
         nvml = self._nvml
         errors: list[str] = []
         handle = self._handle(device.uuid)
+        if device.parent_uuid is None:
+            self._forget_unsupported_on_mig_switch(device.uuid, handle)
         unsupported = self._unsupported[device.uuid]
 
         def call(what: str, fn: Callable[[], T]) -> T | None:
@@ -111,6 +117,16 @@ class NvmlUsageSource:
             with self._lock:
                 self._handles[uuid] = handle
         return handle
+
+    def _forget_unsupported_on_mig_switch(self, uuid: str, handle: Any) -> None:
+        nvml = self._nvml
+        try:
+            mode: int | None = int(nvml.nvmlDeviceGetMigMode(handle)[0])
+        except nvml.NVMLError:
+            mode = None  # no MIG on this GPU (or it is lost: its own reads say so)
+        if uuid in self._mig_mode and self._mig_mode[uuid] != mode:
+            self._unsupported.pop(uuid, None)
+        self._mig_mode[uuid] = mode
 
     def _ecc(self, handle: Any, kind: int) -> int:
         nvml = self._nvml
