@@ -34,8 +34,9 @@ from draplugin.kubelet.interface import ClaimRef
 from draplugin.prepare.claimconfig import default_config
 from draplugin.prepare.plan import ClaimPlan, PlannedDevice, render_spec
 from tests import nvidia_roots as nr
+from tests import nvmldouble
 from tests.driverroot_layout import debian_layout, elf_shared_object, relative_symlink
-from tests.unit.fakenvml import FakeNvml, h100_with_mig
+from tests.nvmldouble import GI_PROFILE_3_SLICE, Gpu, MigDevice
 
 X86 = ARCHES["x86_64"]
 VERSION = nr.VERSION
@@ -326,39 +327,53 @@ def test_control_nodes_of_a_host_root_and_of_a_backend_without_driver_root(tmp_p
     assert [n["path"] for n in device_level] == ["/dev/nvidia0", "/dev/nvidia1"]
 
 
-def test_mig_access_nodes_carry_type_major_minor_and_mode(tmp_path: Path) -> None:
-    from draplugin.devices.nvml import NvmlBackend
-
-    def backend(nvml: FakeNvml, proc_root: str) -> NvmlBackend:
-        # Python fake: a hand-written /proc (a block nvidia-caps line too) against fixed GI IDs.
-        return NvmlBackend("node-a", nvml=nvml, proc_root=proc_root)
-
-    proc = tmp_path / "proc"
-    gi = proc / "driver/nvidia/capabilities/gpu0/mig/gi2"
-    (gi / "ci0").mkdir(parents=True)
-    (gi / "access").write_text("DeviceFileMinor: 21\nDeviceFileMode: 292\nDeviceFileModify: 1\n")
-    (gi / "ci0" / "access").write_text("DeviceFileMinor: 22\nDeviceFileMode: 292\nDeviceFileModify: 1\n")
-    (proc / "devices").write_text(
-        "Character devices:\n  1 mem\n195 nvidia\n234 nvidia-uvm\n237 nvidia-caps\n\n"
-        "Block devices:\n237 nvidia-caps\n"
+def test_mig_access_nodes_carry_type_major_minor_and_mode(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    # A 3g.40gb MIG device on the NVML double, whose procRoot has the kernel driver's files.
+    double = nvmldouble.nvml_double_factory(tmp_path)(
+        "dgxh100",
+        gpus=1,
+        overrides=[Gpu(index=0, mig_mode=1, mig_devices=(MigDevice(GI_PROFILE_3_SLICE, 0),))],
     )
-    mig = backend(FakeNvml([h100_with_mig()]), proc_root=str(proc)).discover()[0]
+    with double.pynvml():
+        pass  # the first nvmlInit writes the driver's /proc
+    assert double.proc_root is not None
+    (access,) = double.proc_root.glob("driver/nvidia/capabilities/gpu0/mig/gi*/access")
+    (ci_access,) = access.parent.glob("ci*/access")
+    gi_minor, ci_minor = (int(f.read_text().split()[1]) for f in (access, ci_access))
+    major = next(
+        int(line.split()[0]) for line in (double.proc_root / "devices").read_text().splitlines()
+        if line.endswith(" nvidia-caps")
+    )  # fmt: skip
+    # A copy of that /proc, with a block device of the same name after the character devices:
+    # only the character device's major is the caps nodes' (the double writes no block devices).
+    proc = tmp_path / "proc-copy"
+    shutil.copytree(double.proc_root, proc)
+    with (proc / "devices").open("a") as devices:
+        devices.write(f"\nBlock devices:\n{major + 2} nvidia-caps\n")
+    empty_sys = tmp_path / "sys"
+    empty_sys.mkdir()
+    backend = nvmldouble.plugin_backend(double, request, proc_root=str(proc), sysfs_root=str(empty_sys))
+    (mig,) = backend.discover()
     caps = [n for n in mig.device_nodes if "nvidia-caps" in n]
-    assert caps == ["/dev/nvidia-caps/nvidia-cap21", "/dev/nvidia-caps/nvidia-cap22"]
+    assert caps == [f"/dev/nvidia-caps/nvidia-cap{gi_minor}", f"/dev/nvidia-caps/nvidia-cap{ci_minor}"]
     assert all(isinstance(n, DeviceNodeSpec) for n in caps)
     _, device_level = node_entries(render_spec(plan_of([mig])).to_json())
     by_path = {n["path"]: n for n in device_level}
-    assert by_path["/dev/nvidia-caps/nvidia-cap21"] == {
-        "path": "/dev/nvidia-caps/nvidia-cap21",
+    assert by_path[f"/dev/nvidia-caps/nvidia-cap{gi_minor}"] == {
+        "path": f"/dev/nvidia-caps/nvidia-cap{gi_minor}",
         "type": "c",
-        "major": 237,
-        "minor": 21,
+        "major": major,
+        "minor": gi_minor,
         "fileMode": 0o444,
     }
-    assert by_path["/dev/nvidia-caps/nvidia-cap22"]["minor"] == 22
+    assert by_path[f"/dev/nvidia-caps/nvidia-cap{ci_minor}"]["minor"] == ci_minor
     # Without the nvidia-caps major the node is a plain path, as before (the runtime stats the host's).
     (proc / "devices").write_text("Character devices:\n195 nvidia\n")
-    plain = backend(FakeNvml([h100_with_mig()]), proc_root=str(proc)).discover()[0]
+    (plain,) = nvmldouble.plugin_backend(
+        double, request, proc_root=str(proc), sysfs_root=str(empty_sys)
+    ).discover()
     assert not any(isinstance(n, DeviceNodeSpec) for n in plain.device_nodes)
 
 

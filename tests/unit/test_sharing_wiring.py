@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from dracommon.kubeapi import KubeApi
 from draplugin import config
 from draplugin.cdi.driverfiles import DriverFiles
@@ -14,8 +16,9 @@ from draplugin.devices.nvml import NvmlBackend
 from draplugin.prepare import wiring
 from draplugin.prepare.mps import ProcessRunner
 from draplugin.prepare.mpspod import PodRunner
+from tests import nvmldouble
 from tests.driverroot_layout import debian_layout
-from tests.unit.fakenvml import FakeNvml, h100_with_mig
+from tests.nvmldouble import Gpu
 
 
 def settings(tmp_path: Path, backend: str = "fake") -> config.Settings:
@@ -33,8 +36,9 @@ def test_fake_gpus_get_the_fake_mig_hardware_in_the_state_dir(tmp_path: Path) ->
     assert partitioner.device_dir == tmp_path / "state" / "fake-dev"
 
 
-def test_nvml_makes_its_own_mig_devices(tmp_path: Path) -> None:
-    backend = NvmlBackend("n", nvml=FakeNvml([h100_with_mig()]))
+def test_nvml_makes_its_own_mig_devices(tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    double = nvmldouble.nvml_double_factory(tmp_path)("dgxh100", gpus=1, overrides=[Gpu(index=0, mig_mode=1)])
+    backend: NvmlBackend = nvmldouble.plugin_backend(double, request)
     assert wiring._mig_partitioner(settings(tmp_path, "nvml"), backend) is backend
 
 
