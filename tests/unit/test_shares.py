@@ -10,6 +10,7 @@ unshared one, and unprepare stops exactly the daemon prepare started.
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,7 +21,6 @@ from draplugin.cdi.spec import SpecStore
 from draplugin.checkpoint import CheckpointStore, ClaimRecord, ClaimState
 from draplugin.devices import load_backend
 from draplugin.devices.model import CapacityPolicy, Device, DeviceValidationError
-from draplugin.devices.nvml import NvmlBackend
 from draplugin.devices.schema import GpuInfo, SystemInfo, build_devices
 from draplugin.devices.shared import SharedGpus, memory_policy, share
 from draplugin.kubelet.interface import ClaimRef
@@ -30,8 +30,9 @@ from draplugin.prepare.claimconfig import SharingStrategy
 from draplugin.prepare.driver import GpuDriver
 from draplugin.prepare.plan import PlanError, check_sharing, plan_claim, plan_from_record, render_spec
 from draplugin.slices.plan import plan_slices
+from tests import nvmldouble
+from tests.nvmldouble import GI_PROFILE_1_SLICE, GI_PROFILE_3_SLICE, Gpu, MigDevice
 from tests.unit import sharing_fixtures, test_prepare_driver
-from tests.unit.fakenvml import FakeNvml, a10g, h100_with_mig
 from tests.unit.sharing_fixtures import ToolNode
 from tests.unit.test_prepare_driver import FakeClaims, RecordingEvents, SimulatedCrash
 from tests.unit.test_prepare_plan import DRIVER, NODE, claim_doc, gpu_config, result
@@ -118,11 +119,22 @@ def test_fake_backend_publishes_shared_gpus_when_asked() -> None:
     assert [d.allow_multiple_allocations for d in backend.discover()] == [True, True]
 
 
-def test_nvml_backend_shares_whole_gpus_but_not_mig_ones() -> None:
-    nvml = FakeNvml([h100_with_mig(), a10g()])
-    devices = NvmlBackend("node-a", nvml=nvml, shared_gpus=SharedGpus.MEMORY).discover()
+def test_nvml_backend_shares_whole_gpus_but_not_mig_ones(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    # On the NVML double: two H100s, GPU 0 in MIG mode with a 3g.40gb and a 1g.10gb, GPU 1 whole.
+    migs = (MigDevice(GI_PROFILE_3_SLICE, 0), MigDevice(GI_PROFILE_1_SLICE, 6))
+    double = nvmldouble.nvml_double_factory(tmp_path)(
+        "dgxh100", gpus=2, overrides=[Gpu(index=0, mig_mode=1, mig_devices=migs)]
+    )
+    (tmp_path / "sys").mkdir()  # an empty sysfs: nothing of this machine's PCI tree
+    backend = nvmldouble.plugin_backend(
+        double, request, shared_gpus=SharedGpus.MEMORY, sysfs_root=str(tmp_path / "sys")
+    )
+    devices = backend.discover()
+    assert sorted(d.kind for d in devices) == ["gpu", "mig", "mig"]
     shared = {d.name for d in devices if d.allow_multiple_allocations}
-    assert shared == {"gpu-1"}  # the A10G; the H100 has MIG on, its MIG devices are already partitions
+    assert shared == {"gpu-1"}  # GPU 0 has MIG on: its MIG devices are already partitions
     assert all(not d.allow_multiple_allocations for d in devices if d.kind == "mig")
 
 
