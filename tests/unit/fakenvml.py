@@ -1,15 +1,15 @@
-"""A fake NVML module for unit tests of `draplugin.devices.nvml`.
+"""A fake NVML module, only for what the C-ABI NVML double cannot model (docs/architecture.md,
+"Where tests still use the Python NVML fake, and why"): a GPU without MIG support (the A10G),
+Blackwell's -me profiles, INVALID_ARGUMENT for an empty MIG slot, NVML_ERROR_UNKNOWN on a GPU.
 
-It offers the `pynvml` functions the adapter calls, driven by plain data
-(GPUs, MIG profiles with placements, MIG devices, queued events, injected
-errors). Constants, ctypes structures and `NVMLError_*` classes are pynvml's
-own (attribute fall-through), so the adapter's ctypes out-array code and its
-error handling run for real.
+It offers the `pynvml` functions the adapter and `make gpu-check` call, driven by plain data
+(GPUs, MIG profiles with placements, MIG devices, a per-GPU error). Constants, ctypes structures
+and `NVMLError_*` classes are pynvml's own (attribute fall-through), so the adapter's ctypes
+out-array code and its error handling run for real.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,17 +57,8 @@ class FakeGpu:
     mig_mode: tuple[int, int] | None = None  # None: MIG not supported
     profiles: list[FakeProfile] = field(default_factory=list)
     migs: list[FakeMig | None] = field(default_factory=list)  # None = hole at that MIG index
-    supported_events: int = pynvml.nvmlEventTypeXidCriticalError | pynvml.nvmlEventTypeDoubleBitEccError
     # An NVML error code every per-device read of this GPU answers (GPU_IS_LOST: it fell off the bus).
     error: int | None = None
-
-
-@dataclass
-class FakeEvent:
-    gpu: FakeGpu
-    event_type: int
-    data: int = 0
-    gpu_instance_id: int = 0xFFFFFFFF
 
 
 class FakeNvml:
@@ -79,28 +70,17 @@ class FakeNvml:
         *,
         driver_version: str = "580.65.06",
         cuda_version: int = 13000,
-        init_error: int | None = None,
     ) -> None:
         self.gpus = gpus
         self.driver_version = driver_version
         self.cuda_version = cuda_version
-        self.init_error = init_error
-        self.events: list[FakeEvent] = []
-        self.registered: dict[str, int] = {}
-        self.failing: dict[str, int] = {}  # function name → NVML error code to raise
         self.initialized = False
         self.nvmlLib: Any = None
-        self.on_wait_empty: Callable[[], None] | None = None
         self.mig_serial = 0
 
     def __getattr__(self, name: str) -> Any:
         # Constants, structures and error classes come from the real binding.
         return getattr(pynvml, name)
-
-    def _check(self, fn: str) -> None:
-        code = self.failing.get(fn)
-        if code is not None:
-            raise pynvml.NVMLError(code)
 
     def _gpu_error(self, handle: FakeGpu | FakeMig) -> None:
         if isinstance(handle, FakeGpu) and handle.error is not None:
@@ -108,8 +88,6 @@ class FakeNvml:
 
     # --- system ---
     def nvmlInit(self) -> None:
-        if self.init_error is not None:
-            raise pynvml.NVMLError(self.init_error)
         self.initialized = True
 
     def nvmlShutdown(self) -> None:
@@ -126,7 +104,6 @@ class FakeNvml:
         return len(self.gpus)
 
     def nvmlDeviceGetHandleByIndex(self, index: int) -> FakeGpu:
-        self._check("nvmlDeviceGetHandleByIndex")
         if not 0 <= index < len(self.gpus):
             raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         return self.gpus[index]
@@ -135,7 +112,6 @@ class FakeNvml:
         return self.gpus.index(gpu)
 
     def nvmlDeviceGetUUID(self, handle: FakeGpu | FakeMig) -> str:
-        self._check("nvmlDeviceGetUUID")
         self._gpu_error(handle)
         return handle.uuid
 
@@ -152,7 +128,6 @@ class FakeNvml:
         return gpu.compute_capability
 
     def nvmlDeviceGetMinorNumber(self, gpu: FakeGpu) -> int:
-        self._check("nvmlDeviceGetMinorNumber")
         self._gpu_error(gpu)
         return gpu.minor
 
@@ -255,7 +230,6 @@ class FakeNvml:
     def nvmlDeviceCreateGpuInstanceWithPlacement(
         self, gpu: FakeGpu, profile_id: int, placement_ref: Any
     ) -> FakeMig:
-        self._check("nvmlDeviceCreateGpuInstanceWithPlacement")
         # The C signature takes `const nvmlGpuInstancePlacement_t *`: only a reference will do.
         if not hasattr(placement_ref, "_obj"):
             raise TypeError("nvmlDeviceCreateGpuInstanceWithPlacement wants ctypes.byref(placement)")
@@ -288,7 +262,6 @@ class FakeNvml:
         return info
 
     def nvmlGpuInstanceCreateComputeInstance(self, gi: FakeMig, profile_id: int) -> FakeMig:
-        self._check("nvmlGpuInstanceCreateComputeInstance")
         if gi.compute_instance_id >= 0:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES)
         gi.compute_instance_id = 0
@@ -303,39 +276,15 @@ class FakeNvml:
         return FakeComputeInstanceInfo(device=ci, id=ci.compute_instance_id)
 
     def nvmlComputeInstanceDestroy(self, ci: FakeMig) -> None:
-        self._check("nvmlComputeInstanceDestroy")
         ci.compute_instance_id = -1
 
     def nvmlGpuInstanceDestroy(self, gi: FakeMig) -> None:
-        self._check("nvmlGpuInstanceDestroy")
         if gi.compute_instance_id >= 0:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_IN_USE)  # the driver refuses while a CI exists
         for gpu in self.gpus:
             for i, mig in enumerate(gpu.migs):
                 if mig is gi:
                     gpu.migs[i] = None
-
-    # --- events ---
-    def nvmlEventSetCreate(self) -> str:
-        return "event-set"
-
-    def nvmlDeviceGetSupportedEventTypes(self, gpu: FakeGpu) -> int:
-        return gpu.supported_events
-
-    def nvmlDeviceRegisterEvents(self, gpu: FakeGpu, types: int, event_set: str) -> None:
-        self.registered[gpu.uuid] = types
-
-    def nvmlEventSetWait_v2(self, event_set: str, timeout_ms: int) -> Any:
-        if not self.events:
-            if self.on_wait_empty is not None:
-                self.on_wait_empty()
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT)
-        event = self.events.pop(0)
-        data = FakeEventData(event.gpu, event.event_type, event.data, event.gpu_instance_id, 0)
-        return data
-
-    def nvmlEventSetFree(self, event_set: str) -> None:
-        return None
 
 
 @dataclass
@@ -345,17 +294,6 @@ class FakeComputeInstanceInfo:
     device: FakeMig
     id: int
     profileId: int = 0xFFFFFFFF  # matches no compute instance profile: the full GPU instance
-
-
-@dataclass
-class FakeEventData:
-    """Same fields as pynvml's c_nvmlEventData_t, holding a fake device handle."""
-
-    device: FakeGpu
-    eventType: int
-    eventData: int
-    gpuInstanceId: int
-    computeInstanceId: int
 
 
 def h100_with_mig(uuid: str = "GPU-11111111-2222-3333-4444-555555555555", minor: int = 0) -> FakeGpu:

@@ -16,6 +16,7 @@ from tests.driverroot_layout import debian_layout
 from tests.unit.fakenvml import FakeNvml, a10g, h100_with_mig
 from tests.unit.test_mig_nvml import write_caps
 
+# Python fake: an A10G without MIG support (no model of the NVML double) in a fixed nvidia-smi -q -x.
 SMI_XML = """<?xml version="1.0" ?>
 <!DOCTYPE nvidia_smi_log SYSTEM "nvsmi_device_v12.dtd">
 <nvidia_smi_log>

@@ -78,6 +78,7 @@ import json
 from pathlib import Path
 from draplugin import gpucheck
 from draplugin.devices.nvml import NvmlBackend
+# Python fake: gpu-check's fixtures, whose A10G without MIG support the NVML double has no model of.
 from tests.unit.fakenvml import FakeNvml, a10g, h100_with_mig
 
 devices = NvmlBackend("n", nvml=FakeNvml([h100_with_mig(), a10g()])).discover()
@@ -104,6 +105,7 @@ def test_the_spec_rendering_runs_with_nothing_but_nvidia_ml_py(tmp_path: Path) -
 import json
 from pathlib import Path
 from draplugin import gpucheck
+# Python fake: gpu-check's fixtures, whose A10G without MIG support the NVML double has no model of.
 from tests.unit.fakenvml import FakeNvml, a10g, h100_with_mig
 
 rows = gpucheck.check(
@@ -129,6 +131,7 @@ from pathlib import Path
 from draplugin import gpucheck
 from draplugin.cdi.driverlayout import DriverRoot, host_arch
 from tests.driverroot_layout import debian_layout
+# Python fake: gpu-check's fixtures, whose A10G without MIG support the NVML double has no model of.
 from tests.unit.fakenvml import FakeNvml, a10g, h100_with_mig
 
 arch = host_arch()

@@ -27,6 +27,7 @@ from tests.driverroot_layout import TOOL_STATE, command_log
 from tests.unit.fakenvml import FakeNvml, a10g, h100_with_mig
 from tests.unit.test_gpucheck import SMI_XML, by_check, fake_listing, mig_caps_root, native_root, rows_for
 
+# Python fake: an A10G without MIG support (no model of the NVML double) in a fixed nvidia-smi -q -x.
 # Stand-ins stay here: these rows are checked against the exact commands the stand-ins record, and
 # the real nvidia-smi's compute-policy cannot run on the NVML double (its export table). The real
 # binaries: tests/unit/test_drivertools.py, test_gpucheck_pod.py, test_gpucheck_mig.py.
