@@ -54,19 +54,6 @@ from draplugin.devices.shared import SharedGpus
 log = logging.getLogger(__name__)
 
 LIBRARY_NAME = "libnvidia-ml.so.1"
-# Where a driver root (host "/" mounted somewhere, or /run/nvidia/driver, GKE's
-# /home/kubernetes/bin/nvidia) keeps the library, most common first.
-DRIVER_ROOT_LIBRARY_DIRS = (
-    "usr/lib/x86_64-linux-gnu",
-    "usr/lib/aarch64-linux-gnu",
-    "usr/lib64",
-    "lib64",
-    "usr/lib",
-    "lib/x86_64-linux-gnu",
-    "lib/aarch64-linux-gnu",
-    "lib",
-    "",
-)
 # The dynamic loader's own search order, for the error message when no path was given.
 LOADER_SEARCH = "LD_LIBRARY_PATH, /etc/ld.so.cache, /lib, /usr/lib"
 
