@@ -58,6 +58,8 @@ limits), and start-up stops every daemon no prepared claim holds (the ledger's,
 and in the pod mode every daemon Pod on this node labelled with a claim UID the
 checkpoint does not hold). After a reboot the daemon is gone with everything
 else and the re-prepare starts it again.
+
+Size: one daemon's life (start, its /dev/shm, readiness, limits, stop) in the order prepare runs it.
 """
 
 from __future__ import annotations
@@ -78,6 +80,7 @@ from draplugin import crashpoints
 from draplugin.prepare.drivertools import DriverTools, run_tool
 from draplugin.prepare.errors import PlanError
 from draplugin.prepare.ledger import LedgerEntry, SharingLedger
+from draplugin.prepare.mpspaths import SHM_DIR
 
 if TYPE_CHECKING:  # planning brings pydantic; `make gpu-check` runs this module without it
     from draplugin.prepare.plan import ClaimPlan
@@ -88,10 +91,6 @@ KIND = "mps"
 KEY = "daemon"
 CONTROL = "nvidia-cuda-mps-control"
 PID_FILE = "nvidia-cuda-mps-control.pid"
-# The claim's shared-memory directory, next to pipe/ and log/, and where the daemon and the claim's
-# containers see it.
-SHM_DIR = "shm"
-SHM_CONTAINER_PATH = "/dev/shm"
 READY_COMMAND = "get_default_active_thread_percentage"
 READY_TIMEOUT_S = 10.0
 READY_POLL_S = 0.1

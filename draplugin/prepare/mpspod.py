@@ -50,7 +50,8 @@ from pathlib import Path
 from typing import Any, Final, cast
 
 from dracommon.kubeapi import ApiError, KubeApi
-from draplugin.prepare.mps import QUIT_TIMEOUT_S, SHM_CONTAINER_PATH, SHM_DIR, MpsError
+from draplugin.prepare.mps import QUIT_TIMEOUT_S, MpsError
+from draplugin.prepare.mpspaths import SHM_CONTAINER_PATH, SHM_DIR
 
 log = logging.getLogger(__name__)
 

@@ -36,11 +36,8 @@ from draplugin.prepare.claimconfig import (
     validate_opaque_config,
 )
 from draplugin.prepare.errors import PlanError as PlanError  # re-exported: its home before errors.py
-from draplugin.prepare.mps import SHM_CONTAINER_PATH, SHM_DIR
+from draplugin.prepare.mpspaths import MPS_CONTAINER_DIR, SHM_CONTAINER_PATH, SHM_DIR
 from draplugin.prepare.shares import Share, enforced_configs, parse_consumed
-
-# Where a claim's MPS pipe and log directories appear inside its containers.
-MPS_CONTAINER_DIR = "/var/run/draplugin/mps"
 
 
 def base_request_name(request: str) -> str:

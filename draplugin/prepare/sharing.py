@@ -37,6 +37,7 @@ from draplugin.prepare.claimconfig import SharingStrategy
 from draplugin.prepare.ledger import FILE_NAME as LEDGER_FILE
 from draplugin.prepare.ledger import SharingLedger
 from draplugin.prepare.mps import MpsDaemons
+from draplugin.prepare.mpspaths import SHM_DIR
 from draplugin.prepare.plan import ClaimPlan, PlanError
 from draplugin.prepare.timeslice import TimeSlicer, wanted_levels
 
@@ -145,7 +146,7 @@ class SharingState:
             mig.destroy_for_claim(claim_uid, self._require(self.mig, "MIG devices", claim_uid), self.ledger)
         directory = self.mps_dir(claim_uid)
         if directory.exists():
-            mps.release_shm(directory / mps.SHM_DIR)  # a tmpfs no ledger entry explained: never rmtree it
+            mps.release_shm(directory / SHM_DIR)  # a tmpfs no ledger entry explained: never rmtree it
             shutil.rmtree(directory)
             log.info("sharing state released", extra={"claim_uid": claim_uid, "strategy": "MPS"})
 

@@ -15,7 +15,7 @@ import pytest
 
 from draplugin import crashpoints
 from draplugin.kubelet.interface import ClaimRef
-from draplugin.prepare import mps
+from draplugin.prepare import mps, mpspaths
 from draplugin.prepare.plan import ClaimPlan, PlanError, plan_claim, render_spec
 from draplugin.prepare.sharing import SharingState
 from tests.unit import sharing_fixtures
@@ -179,7 +179,7 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs need
 def test_the_claims_shm_is_a_sized_tmpfs_gone_at_unprepare(tool_node: ToolNode) -> None:
     sharing = tool_node.sharing()
     sharing.apply(mps_plan())
-    shm = sharing.mps_dir("uid-a") / mps.SHM_DIR
+    shm = sharing.mps_dir("uid-a") / mpspaths.SHM_DIR
     (line,) = [m for m in Path("/proc/self/mountinfo").read_text().splitlines() if f" {shm} " in m]
     assert " - tmpfs shm " in line and f"size={sharing_fixtures.SHM_BYTES // 1024}k" in line
     assert "nosuid" in line and "nodev" in line and "noexec" in line
@@ -210,7 +210,7 @@ def test_kill_at_any_step_leaves_no_mount_once_start_up_has_run(
     with pytest.raises(Killed):
         tool_node.sharing().apply(mps_plan())
     monkeypatch.undo()
-    shm = tool_node.state / "mps/uid-a" / mps.SHM_DIR
+    shm = tool_node.state / "mps/uid-a" / mpspaths.SHM_DIR
     assert mps.mounts_at(shm) == 1  # killed: the tmpfs is there, the ledger says "starting"
     restarted = tool_node.sharing()
     assert restarted.release_orphans(prepared=set()) == ["uid-a"]
@@ -221,7 +221,7 @@ def test_kill_at_any_step_leaves_no_mount_once_start_up_has_run(
 def test_a_mount_no_ledger_entry_explains_is_removed_at_start_up(tool_node: ToolNode) -> None:
     sharing = tool_node.sharing()
     sharing.apply(mps_plan())
-    shm = sharing.mps_dir("uid-a") / mps.SHM_DIR
+    shm = sharing.mps_dir("uid-a") / mpspaths.SHM_DIR
     # The record is lost (the daemon and its tmpfs are not).
     (tool_node.state / "sharing-ledger.json").unlink()
     restarted = tool_node.sharing()
