@@ -99,7 +99,7 @@ bench-compare: venv
 	$(PY) -m bench.compare "$(A)" "$(B)"
 
 # On a machine with an NVIDIA GPU and driver, never in CI: NVML discovery, the CDI specs and a
-# runc container against the driver's own nvidia-smi (draplugin/gpucheck.py). No set-up step:
+# runc container against the driver's own nvidia-smi (draplugin/gpucheck/). No set-up step:
 # a GPU machine may reach no package registry; the venv is used when there is one.
 gpu-check:
 	PYTHONPATH="$(CURDIR)" $(if $(wildcard $(PY)),$(PY),python3) -m draplugin.gpucheck $(GPU_CHECK_ARGS)

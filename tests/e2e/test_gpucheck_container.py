@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from draplugin import gpucheck
 from draplugin.cdi.driverfiles import DriverFiles
 from draplugin.cdi.driverlayout import DriverRoot, host_arch
 from draplugin.cdi.preview import preview_spec
 from draplugin.devices import load_backend
+from draplugin.gpucheck import check as gpucheck
 from tests.driverroot_layout import debian_layout
 
 STAND_IN = r"""

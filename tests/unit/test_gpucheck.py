@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from draplugin import gpucheck
 from draplugin.cdi.driverlayout import DriverRoot, host_arch
+from draplugin.gpucheck import check as gpucheck
 from tests.driverroot_layout import debian_layout
 from tests.unit.fakenvml import FakeNvml, a10g, h100_with_mig
 from tests.unit.test_mig_nvml import write_caps

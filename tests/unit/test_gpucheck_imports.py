@@ -18,7 +18,7 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from draplugin import gpucheck
+from draplugin.gpucheck import check as gpucheck
 from tests.unit.test_gpucheck import SMI_XML
 
 REPO = Path(__file__).resolve().parents[2]
@@ -55,7 +55,7 @@ def test_the_check_imports_and_prints_its_help_with_nothing_but_nvidia_ml_py(tmp
     done = run_bare(
         tmp_path,
         """
-from draplugin import gpucheck
+from draplugin.gpucheck import check as gpucheck
 try:
     gpucheck.main(["--help"])
 except SystemExit as exit:
@@ -76,7 +76,7 @@ def test_the_discovery_comparison_runs_with_nothing_but_nvidia_ml_py(tmp_path: P
         """
 import json
 from pathlib import Path
-from draplugin import gpucheck
+from draplugin.gpucheck import check as gpucheck
 from draplugin.devices.nvml import NvmlBackend
 # Python fake: gpu-check's fixtures, whose A10G without MIG support the NVML double has no model of.
 from tests.unit.fakenvml import FakeNvml, a10g, h100_with_mig
@@ -104,7 +104,7 @@ def test_the_spec_rendering_runs_with_nothing_but_nvidia_ml_py(tmp_path: Path) -
         """
 import json
 from pathlib import Path
-from draplugin import gpucheck
+from draplugin.gpucheck import check as gpucheck
 # Python fake: gpu-check's fixtures, whose A10G without MIG support the NVML double has no model of.
 from tests.unit.fakenvml import FakeNvml, a10g, h100_with_mig
 
@@ -128,7 +128,7 @@ def test_the_sharing_rows_run_with_nothing_but_nvidia_ml_py(tmp_path: Path) -> N
         """
 import json
 from pathlib import Path
-from draplugin import gpucheck
+from draplugin.gpucheck import check as gpucheck
 from draplugin.cdi.driverlayout import DriverRoot, host_arch
 from tests.driverroot_layout import debian_layout
 # Python fake: gpu-check's fixtures, whose A10G without MIG support the NVML double has no model of.

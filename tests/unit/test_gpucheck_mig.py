@@ -19,9 +19,10 @@ from types import ModuleType
 
 import pytest
 
-from draplugin import gpucheck, gpucheck_sharing
 from draplugin.devices.nvml import NvmlBackend
-from draplugin.gpucheck_mig import CreatedDevice, MigInspector, caps_rows, expected_caps, uuid_row
+from draplugin.gpucheck import check as gpucheck
+from draplugin.gpucheck import sharing as gpucheck_sharing
+from draplugin.gpucheck.mig import CreatedDevice, MigInspector, caps_rows, expected_caps, uuid_row
 from tests import nvidia_roots as nr
 from tests.nvmldouble import Gpu, NvmlDouble, NvmlDoubleUnavailable, library_dir
 

@@ -19,11 +19,12 @@ from pathlib import Path
 
 import pytest
 
-from draplugin import gpucheck, gpucheck_pod
 from draplugin.cdi.driverfiles import DriverFiles
 from draplugin.cdi.driverlayout import DriverRoot
 from draplugin.devices.model import Device
 from draplugin.devices.schema import KIND_GPU
+from draplugin.gpucheck import check as gpucheck
+from draplugin.gpucheck import pod as gpucheck_pod
 from draplugin.prepare import mps
 from draplugin.prepare.drivertools import DriverTools
 from tests import nvidia_roots as nr

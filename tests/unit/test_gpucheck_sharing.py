@@ -16,11 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from draplugin import gpucheck, gpucheck_sharing
 from draplugin.cdi.driverfiles import DriverFiles
 from draplugin.cdi.driverlayout import DriverRoot
 from draplugin.devices.model import Device
 from draplugin.devices.nvml import NvmlBackend
+from draplugin.gpucheck import check as gpucheck
+from draplugin.gpucheck import sharing as gpucheck_sharing
 from draplugin.prepare import mps
 from draplugin.prepare.drivertools import DriverTools
 from tests.driverroot_layout import TOOL_STATE, command_log

@@ -36,8 +36,8 @@ from pathlib import Path
 from draplugin.devices.mig import MigOperationError, MigPartitioner
 from draplugin.devices.model import Device
 from draplugin.devices.schema import KIND_GPU
-from draplugin.gpucheck import MISMATCH, OK, SKIPPED, Row, SmiGpu, listed_uuids
-from draplugin.gpucheck_mig import CreatedDevice
+from draplugin.gpucheck.check import MISMATCH, OK, SKIPPED, Row, SmiGpu, listed_uuids
+from draplugin.gpucheck.mig import CreatedDevice
 from draplugin.prepare import mig, mps, timeslice
 from draplugin.prepare.drivertools import DriverTools
 from draplugin.prepare.errors import PlanError
@@ -229,7 +229,7 @@ def mig_rows(
 ) -> list[Row]:
     """`placements`: the partitionable MIG devices NVML publishes (`partitionable=True` discovery);
     `list_gpus`: what `nvidia-smi -L` prints now; `inspect`: more rows on each MIG device created,
-    run before it is destroyed (`draplugin.gpucheck_mig.MigInspector`)."""
+    run before it is destroyed (`draplugin.gpucheck.mig.MigInspector`)."""
     rows: list[Row] = []
     for gpu in smi_gpus:
         subject = f"{gpu.uuid} ({gpu.bus_id})"

@@ -13,17 +13,17 @@
      nothing else) with exactly that spec's edits applied as the CDI library
      applies them, running `nvidia-smi -L`: it must list the claimed device and
      only it.
-  4. Sharing, through prepare's own modules (`draplugin.gpucheck_sharing`):
+  4. Sharing, through prepare's own modules (`draplugin.gpucheck.sharing`):
      an MPS daemon with a thread percentage and a pinned memory limit started,
      asked, and stopped; a time-slice set and reset (`nvidia-smi
      compute-policy`); a MIG device created and destroyed on a GPU in MIG mode
      (skipped, saying why, without MIG or with MIG mode off). Each undoes what
      it did, also when it fails.
-  5. While that MIG device exists (`draplugin.gpucheck_mig`): its CDI
+  5. While that MIG device exists (`draplugin.gpucheck.mig`): its CDI
      `nvidia-caps` nodes against `/proc` and the host's `/dev/nvidia-caps`, a
      runc container on its spec listing it with `nvidia-smi -L`, and the UUID
      prepare read from the compute instance against `nvidia-smi -L`'s.
-  6. As in the plugin's pod and its workloads (`draplugin.gpucheck_pod`):
+  6. As in the plugin's pod and its workloads (`draplugin.gpucheck.pod`):
      `nvidia-smi compute-policy -l` with `DriverTools.env` in a container with
      no NVIDIA library and the driver root elsewhere than `/`, against the
      admin's; an MPS client in another PID namespace served by the claim's
@@ -38,7 +38,7 @@ run in `tests/unit/test_gpucheck.py` against a fake NVML and a fake document.
     python -m draplugin.gpucheck [--driver-root /] [--runc runc] [--nvidia-smi nvidia-smi]
 
 Size: one file on purpose: the whole GPU check is one entry point to read before running it on a GPU
-(the sharing checks, which drive prepare's modules, are in draplugin/gpucheck_sharing.py, _mig.py, _pod.py).
+(the sharing checks, which drive prepare's modules, are in sharing.py, mig.py and pod.py next to this one)..
 """
 
 from __future__ import annotations
@@ -506,9 +506,8 @@ def check(
     rows += container_rows(runc, specs, devices, nvidia_smi)
     if files is None or driver_root is None:
         return [*rows, Row("sharing", "all GPUs", "no driver root: no MPS or nvidia-smi to run", "", SKIPPED)]
-    from draplugin import gpucheck_pod as pod
-    from draplugin import gpucheck_sharing as sharing
-    from draplugin.gpucheck_mig import MigInspector
+    from draplugin.gpucheck import pod, sharing
+    from draplugin.gpucheck.mig import MigInspector
     from draplugin.prepare.drivertools import DriverTools
 
     with tempfile.TemporaryDirectory(prefix="gpu-check-driver-libs-") as views:

@@ -1,6 +1,6 @@
 """`make gpu-check`, a dynamic MIG device while it exists: its CDI nodes, a container on it, its UUID.
 
-`gpucheck_sharing.mig_rows` creates a MIG device through prepare's own code
+`draplugin.gpucheck.sharing.mig_rows` creates a MIG device through prepare's own code
 (`draplugin.prepare.mig.create_device` over `NvmlBackend.mig_create`) and,
 before destroying it, hands it to `MigInspector`, which checks:
 
@@ -16,7 +16,7 @@ before destroying it, hands it to `MigInspector`, which checks:
   numbers are the host kernel's. A node the spec has beyond those two (another
   instance's, `mig/config`, `mig/monitor`) is a mismatch.
 - `MIG container nvidia-smi -L`: a runc container with exactly that spec's
-  edits (the container row of `draplugin.gpucheck`) lists the parent GPU and
+  edits (the container row of `draplugin.gpucheck.check`) lists the parent GPU and
   the MIG device, with NVIDIA's own `nvidia-smi`.
 - `MIG UUID`: the UUID prepare reports (`nvmlComputeInstanceGetInfo(ci).device`
   -> `nvmlDeviceGetUUID`) is the MIG UUID that appeared in the driver root's
@@ -40,7 +40,16 @@ from draplugin.cdi import driverfiles
 from draplugin.cdi.driverlayout import DriverRootError
 from draplugin.cdi.spec import claim_device_name
 from draplugin.devices.model import Device
-from draplugin.gpucheck import MISMATCH, NODE, OK, SKIPPED, Row, container_edits, listed_uuids, run_container
+from draplugin.gpucheck.check import (
+    MISMATCH,
+    NODE,
+    OK,
+    SKIPPED,
+    Row,
+    container_edits,
+    listed_uuids,
+    run_container,
+)
 from draplugin.prepare.errors import PlanError
 
 CAPS_DIR = "/dev/nvidia-caps"
@@ -177,7 +186,7 @@ def uuid_row(made: CreatedDevice, listed_after: str) -> Row:
 
 @dataclass
 class MigInspector:
-    """The checks on a MIG device gpu-check created, run while it exists (`gpucheck_sharing.mig_rows`)."""
+    """The checks on a MIG device gpu-check created, run while it exists (`sharing.mig_rows`)."""
 
     files: driverfiles.DriverFiles | None
     list_gpus: Callable[[], str]

@@ -1,0 +1,1 @@
+"""`make gpu-check`: discovery, CDI specs, containers and sharing against the NVIDIA driver's own tools."""
