@@ -20,19 +20,17 @@ command that provides it.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
 import os
 import re
-import signal
 import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
-from devcluster import images
+from devcluster import images, leftovers
 from devcluster.binaries import REPO_ROOT
 from devcluster.procs import Component, ComponentError, ProcessGroup
 
@@ -166,24 +164,16 @@ class Containerd:
         subprocess.run(["ip", "link", "delete", self.bridge], capture_output=True, check=False)
 
     def _reap_leftovers(self) -> None:
-        """Containers and shims that outlived containerd (pod removal failed, or containerd was killed).
-
-        Only ours: the containers in our private runc root, and the shims
-        started with our socket address.
-        """
-        runc_root = self.dir / "runc" / "k8s.io"
-        containers = sorted(p.name for p in runc_root.iterdir()) if runc_root.is_dir() else []
-        for container in containers:
-            subprocess.run([str(RUNC), "--root", str(runc_root), "delete", "--force", container],
-                           capture_output=True, check=False, timeout=30)  # fmt: skip
-        shims = pids_with_args(["-address", str(self.socket)])
-        for pid in shims:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        if containers or shims:
+        """Containers, shims and mounts that outlived containerd (pod removal failed, or containerd
+        was killed): the containers in our private runc root, the shims started with our socket
+        address, and the sandboxes' network namespaces, /dev/shm and rootfs mounts below our dir."""
+        killed = leftovers.kill_processes_under(self.dir)
+        unmounted = leftovers.unmount_under(self.dir)
+        if killed or unmounted:
             log.warning(
-                "node=%s removed %d leftover containers, %d shims", self.name, len(containers), len(shims)
-            )
+                "node=%s removed %d leftover processes (%s), %d mounts", self.name, len(killed),
+                ", ".join(h.command.split(" ", 1)[0].rsplit("/", 1)[-1] for h in killed), len(unmounted),
+            )  # fmt: skip
 
     # ------------------------------------------------------------ start-up
 

@@ -31,9 +31,7 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
-import subprocess
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -41,7 +39,7 @@ from typing import Any
 
 import yaml
 
-from devcluster import images, pki
+from devcluster import images, leftovers, pki
 from devcluster.binaries import NODE_BINARIES, require_binaries
 from devcluster.containerd import Containerd
 from devcluster.controlplane import ControlPlane, free_port, write_kubeconfig
@@ -71,15 +69,7 @@ def gates_to_map(feature_gates: str) -> dict[str, bool]:
 def unmount_below(directory: Path) -> None:
     """Lazily unmount whatever the kubelet mounted under `directory` (volumes)
     so removing the directory cannot reach into, or fail on, a mount."""
-    prefix = str(directory.resolve()) + os.sep
-    try:
-        mountinfo = Path("/proc/self/mountinfo").read_text().splitlines()
-    except OSError:
-        return
-    # Field 5 is the mount point; octal escapes (\040) stand for spaces.
-    points = [line.split()[4].encode().decode("unicode_escape") for line in mountinfo]
-    for point in sorted((p for p in points if p.startswith(prefix)), key=len, reverse=True):
-        subprocess.run(["umount", "-l", point], check=False, capture_output=True)
+    leftovers.unmount_under(directory)
 
 
 RUNTIMES = ("containerd", "fakecri")

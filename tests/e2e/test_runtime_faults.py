@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import tempfile
 import time
@@ -13,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from devcluster import leftovers
 from devcluster.containerd import STARTUP_TIMEOUT, Containerd, RuntimeSetupError, pids_with_args
+from devcluster.leftovers import mount_points_under, processes_under
 from devcluster.procs import ComponentError, ProcessGroup
 
 pytestmark = pytest.mark.kubelet
@@ -30,7 +31,7 @@ def runtime() -> Iterator[Containerd]:
     finally:
         runtime.stop()
         processes.stop_all()
-        shutil.rmtree(state, ignore_errors=True)
+        leftovers.remove_leftovers(state)  # whatever a failed test left: shims, mounts, then the files
 
 
 def test_a_containerd_that_exits_at_start_fails_with_its_log(
@@ -80,3 +81,6 @@ def test_pods_that_outlive_a_killed_containerd_are_removed_on_stop(runtime: Cont
     runtime.stop()
     assert pids_with_args(["-address", str(runtime.socket)]) == []
     assert list((runtime.dir / "runc" / "k8s.io").iterdir()) == []
+    # The sandbox's network namespace, its /dev/shm and its rootfs were mounted by the dead containerd.
+    assert mount_points_under(runtime.dir) == []
+    assert processes_under(runtime.dir) == []
