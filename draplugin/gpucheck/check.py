@@ -37,24 +37,20 @@ run in `tests/unit/test_gpucheck.py` against a fake NVML and a fake document.
 
     python -m draplugin.gpucheck [--driver-root /] [--runc runc] [--nvidia-smi nvidia-smi]
 
-Size: one file on purpose: the whole GPU check is one entry point to read before running it on a GPU
-(the sharing checks, which drive prepare's modules, are in sharing.py, mig.py and pod.py next to this one)..
+This module is the entry point and steps 1 and 2; the rows and their table are
+`draplugin.gpucheck.table`, what `nvidia-smi` prints is read by
+`draplugin.gpucheck.smi`, step 3 is `draplugin.gpucheck.container`.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import re
 import shutil
-import stat
 import subprocess
 import sys
 import tempfile
 import xml.etree.ElementTree as ET
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -62,97 +58,15 @@ from dracommon.drivername import DEFAULT_DRIVER_NAME
 from dracommon.quantity import parse_quantity
 from draplugin.cdi import driverfiles
 from draplugin.cdi.driverlayout import DriverRoot, DriverRootError, host_arch
-from draplugin.cdi.elf import read_elf
-from draplugin.cdi.spec import Spec, claim_device_name
+from draplugin.cdi.spec import Spec
 from draplugin.devices.model import Device
+from draplugin.gpucheck.container import container_rows
+from draplugin.gpucheck.smi import SmiGpu, parse_smi_xml
+from draplugin.gpucheck.table import MISMATCH, NODE, SKIPPED, Row, compared, format_table
 
-OK, MISMATCH, SKIPPED = "ok", "MISMATCH", "skipped"
-NODE = "gpu-check"
 MiB = 1 << 20
 # NVML's total and nvidia-smi's differ by rounding (and by reserved memory on some drivers).
 MEMORY_TOLERANCE = 0.01
-CONTAINER_TIMEOUT_S = 60
-_LISTED_UUID = re.compile(r"\(UUID: ((?:GPU|MIG)-[^)\s]+)\)")
-
-
-@dataclass(frozen=True, slots=True)
-class Row:
-    check: str
-    subject: str
-    ours: str
-    theirs: str
-    status: str
-
-
-@dataclass(frozen=True, slots=True)
-class SmiMig:
-    gpu_instance: int
-    compute_instance: int
-    multiprocessors: int | None
-    memory_mib: int | None
-
-
-@dataclass(frozen=True, slots=True)
-class SmiGpu:
-    uuid: str
-    name: str
-    bus_id: str  # sysfs form: 0000:18:00.0
-    memory_mib: int | None
-    mig_enabled: bool
-    migs: tuple[SmiMig, ...] = field(default=())
-    # MIG mode reads Enabled or Disabled on a GPU that has MIG at all, N/A on one that has not.
-    mig_capable: bool = False
-
-
-# --- nvidia-smi -q -x -----------------------------------------------------------------------------
-
-
-def parse_smi_xml(text: str) -> list[SmiGpu]:
-    """The GPUs of an `nvidia-smi -q -x` document."""
-    root = ET.fromstring(text)
-    gpus = []
-    for gpu in root.iter("gpu"):
-        migs = tuple(
-            SmiMig(
-                gpu_instance=int(_text(mig, "gpu_instance_id") or -1),
-                compute_instance=int(_text(mig, "compute_instance_id") or -1),
-                multiprocessors=_int(_text(mig, "device_attributes/shared/multiprocessor_count")),
-                memory_mib=_mib(_text(mig, "fb_memory_usage/total")),
-            )
-            for mig in gpu.iter("mig_device")
-        )
-        gpus.append(
-            SmiGpu(
-                uuid=_text(gpu, "uuid"),
-                name=_text(gpu, "product_name"),
-                bus_id=_bus_id(_text(gpu, "pci/pci_bus_id") or gpu.get("id", "")),
-                memory_mib=_mib(_text(gpu, "fb_memory_usage/total")),
-                mig_enabled=_text(gpu, "mig_mode/current_mig") == "Enabled",
-                migs=migs,
-                mig_capable=_text(gpu, "mig_mode/current_mig") in ("Enabled", "Disabled"),
-            )
-        )
-    return gpus
-
-
-def _text(element: ET.Element, path: str) -> str:
-    found = element.find(path)
-    return (found.text or "").strip() if found is not None else ""
-
-
-def _int(text: str) -> int | None:
-    return int(text) if text.isdigit() else None
-
-
-def _mib(text: str) -> int | None:
-    number, _, unit = text.partition(" ")
-    return int(number) if number.isdigit() and unit == "MiB" else None
-
-
-def _bus_id(text: str) -> str:
-    """nvidia-smi's '00000000:18:00.0' → sysfs's '0000:18:00.0', as our attribute has it."""
-    domain, _, rest = text.strip().lower().partition(":")
-    return f"{int(domain, 16):04x}:{rest}" if rest and domain else text.lower()
 
 
 # --- 1. discovery -----------------------------------------------------------------------------------
@@ -191,43 +105,40 @@ def compare_discovery(
         empty_mig = not (full or migs) and modes.get(gpu.uuid) is True
         if empty_mig:
             published = "nothing: MIG mode on, no MIG devices yet"
-        rows.append(_row("published", subject, published, "present", bool(full or migs) or empty_mig))
+        rows.append(compared("published", subject, published, "present", bool(full or migs) or empty_mig))
         if empty_mig:
             on = "on" if gpu.mig_enabled else "off"
-            rows.append(_row("MIG mode", subject, "on", on))
-            rows.append(_row("MIG devices", subject, "0", str(len(gpu.migs))))
+            rows.append(compared("MIG mode", subject, "on", on))
+            rows.append(compared("MIG devices", subject, "0", str(len(gpu.migs))))
             continue
         if not (full or migs):
             continue
         sample = (full + migs)[0]
-        rows.append(_row("name", subject, str(sample.attributes.get("productName")), gpu.name))
+        rows.append(compared("name", subject, str(sample.attributes.get("productName")), gpu.name))
         rows.append(
-            _row(
+            compared(
                 "PCI bus ID",
                 subject,
                 str(sample.attributes.get("resource.kubernetes.io/pciBusID")),
                 gpu.bus_id,
             )
         )
-        rows.append(_row("MIG mode", subject, "on" if migs else "off", "on" if gpu.mig_enabled else "off"))
+        rows.append(
+            compared("MIG mode", subject, "on" if migs else "off", "on" if gpu.mig_enabled else "off")
+        )
         if full and gpu.memory_mib is not None:
             ours = parse_quantity(full[0].capacity.get("memory", "0")).value() // MiB
             close = abs(ours - gpu.memory_mib) <= max(1, gpu.memory_mib * MEMORY_TOLERANCE)
-            rows.append(_row("memory MiB", subject, str(ours), str(gpu.memory_mib), close))
+            rows.append(compared("memory MiB", subject, str(ours), str(gpu.memory_mib), close))
         if gpu.mig_enabled or migs:
-            rows.append(_row("MIG devices", subject, str(len(migs)), str(len(gpu.migs))))
+            rows.append(compared("MIG devices", subject, str(len(migs)), str(len(gpu.migs))))
             ours_sm = sorted(int(d.capacity.get("multiprocessors", "0")) for d in migs)
             theirs_sm = sorted(m.multiprocessors or 0 for m in gpu.migs)
-            rows.append(_row("MIG SMs", subject, str(ours_sm), str(theirs_sm)))
+            rows.append(compared("MIG SMs", subject, str(ours_sm), str(theirs_sm)))
     for device in devices:
         if device.name not in seen:
-            rows.append(_row("published", device.name, device.uuid, "not in nvidia-smi", False))
+            rows.append(compared("published", device.name, device.uuid, "not in nvidia-smi", False))
     return rows
-
-
-def _row(check: str, subject: str, ours: str, theirs: str, ok: bool | None = None) -> Row:
-    same = ours == theirs if ok is None else ok
-    return Row(check, subject, ours, theirs, OK if same else MISMATCH)
 
 
 # --- 2. CDI specs -----------------------------------------------------------------------------------
@@ -263,211 +174,11 @@ def render_specs(
         wanted = [f"{lib_dir}/{name}" for name in REQUIRED_MOUNTS] + ["/usr/bin/nvidia-smi"]
         missing = [path for path in wanted if path not in mounted]
         ours = f"{len(spec.edits.mounts)} mounts" + (f", missing {', '.join(missing)}" if missing else "")
-        rows.append(_row("CDI spec", device.name, ours, "libcuda, libnvidia-ml, nvidia-smi", not missing))
+        rows.append(compared("CDI spec", device.name, ours, "libcuda, libnvidia-ml, nvidia-smi", not missing))
     return rows, specs
 
 
-# --- 3. a container -----------------------------------------------------------------------------------
-
-
-def container_edits(spec: Mapping[str, Any], device_name: str) -> dict[str, list[Any]]:
-    """The spec's edits for one of its devices, merged as the CDI library does: the spec's own
-    edits, then the device's; a later device node or mount at the same path replaces an earlier one."""
-    device = next(d for d in spec["devices"] if d["name"] == device_name)
-    env: list[str] = []
-    nodes: dict[str, Mapping[str, Any]] = {}
-    mounts: dict[str, Mapping[str, Any]] = {}
-    for edits in (spec.get("containerEdits", {}), device["containerEdits"]):
-        env += edits.get("env", [])
-        nodes.update({n["path"]: n for n in edits.get("deviceNodes", [])})
-        mounts.update({m["containerPath"]: m for m in edits.get("mounts", [])})
-    return {"env": env, "deviceNodes": list(nodes.values()), "mounts": list(mounts.values())}
-
-
-def oci_config(
-    edits: Mapping[str, list[Any]], args: Sequence[str], stat_node: Callable[[str], os.stat_result] = os.stat
-) -> dict[str, Any]:
-    """An OCI runtime config with `edits` applied: the process, the standard mounts and the device
-    cgroup rules a runtime would write, and nothing of the host beyond what the edits name."""
-    devices: list[dict[str, Any]] = []
-    allow: list[dict[str, Any]] = [{"allow": False, "access": "rwm"}]
-    for node in edits["deviceNodes"]:
-        if node.get("type") == "c" and node.get("major") is not None:
-            # As the CDI library does: a node with its numbers is made from them, no host file read
-            # (a MIG access node the plugin made in its own container is in no host /dev).
-            major, minor = int(node["major"]), int(node["minor"])
-        else:
-            info = stat_node(node.get("hostPath") or node["path"])
-            if not stat.S_ISCHR(info.st_mode):
-                raise ValueError(f"{node.get('hostPath') or node['path']} is not a character device")
-            major, minor = os.major(info.st_rdev), os.minor(info.st_rdev)
-        devices.append(
-            {
-                "path": node["path"],
-                "type": "c",
-                "major": major,
-                "minor": minor,
-                "fileMode": 0o666,
-                "uid": 0,
-                "gid": 0,
-            }
-        )
-        allow.append({"allow": True, "type": "c", "major": major, "minor": minor, "access": "rwm"})
-    standard = [
-        {"destination": "/proc", "type": "proc", "source": "proc"},
-        {
-            "destination": "/dev",
-            "type": "tmpfs",
-            "source": "tmpfs",
-            "options": ["nosuid", "strictatime", "mode=755"],
-        },
-        {
-            "destination": "/sys",
-            "type": "sysfs",
-            "source": "sysfs",
-            "options": ["nosuid", "noexec", "nodev", "ro"],
-        },
-        {"destination": "/tmp", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev"]},
-    ]
-    spec_mounts = [
-        {"destination": m["containerPath"], "source": m["hostPath"], "options": list(m.get("options", []))}
-        for m in edits["mounts"]
-    ]
-    return {
-        "ociVersion": "1.0.2",
-        "process": {
-            "terminal": False,
-            "user": {"uid": 0, "gid": 0},
-            "args": list(args),
-            # The edits' own PATH (a driver tool's environment) replaces the default one.
-            "env": [
-                *([] if any(e.startswith("PATH=") for e in edits["env"]) else ["PATH=/usr/bin:/bin"]),
-                *edits["env"],
-            ],
-            "cwd": "/",
-            "noNewPrivileges": True,
-        },
-        "root": {"path": "rootfs", "readonly": True},
-        "hostname": NODE,
-        "mounts": standard + spec_mounts,
-        "linux": {
-            "namespaces": [{"type": t} for t in ("pid", "ipc", "uts", "mount", "network")],
-            "devices": devices,
-            "resources": {"devices": allow},
-        },
-    }
-
-
-def minimal_rootfs(rootfs: Path, executable: Path) -> list[str]:
-    """Copy `executable`'s loader and C libraries (DT_NEEDED, transitively) from the host into
-    `rootfs` at the paths the loader searches. Returns the copied paths."""
-    arch = host_arch()
-    search = [
-        Path(p) for p in (f"/lib/{arch.multiarch}", f"/usr/lib/{arch.multiarch}", "/lib64", "/usr/lib64")
-    ]
-    info = read_elf(executable)
-    copied: list[str] = []
-    if info.interpreter:
-        copied.append(_copy_in(rootfs, Path(info.interpreter)))
-    pending, done = list(info.needed), set[str]()
-    while pending:
-        name = pending.pop()
-        if name in done:
-            continue
-        done.add(name)
-        host = next((d / name for d in search if (d / name).exists()), None)
-        if host is None:
-            continue  # the spec provides it (libnvidia-ml is dlopen'ed, not needed) or it is optional
-        for target in (Path("/usr/lib") / arch.multiarch / name, Path("/lib64") / name):
-            copied.append(_copy_in(rootfs, host, target))
-        pending += read_elf(host).needed
-    return copied
-
-
-def _copy_in(rootfs: Path, host: Path, target: Path | None = None) -> str:
-    destination = rootfs / (target or host).relative_to("/")
-    destination.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(host.resolve(), destination)
-    destination.chmod(0o755)
-    return str(target or host)
-
-
-def listed_uuids(output: str) -> list[str]:
-    """UUIDs of the GPUs and MIG devices `nvidia-smi -L` lists."""
-    return _LISTED_UUID.findall(output)
-
-
-def run_bundle(runc: str, bundle: Path, config: Mapping[str, Any]) -> subprocess.CompletedProcess[str]:
-    """Run the OCI bundle at `bundle` (its `rootfs` made already) with `config`, to completion;
-    raises `subprocess.TimeoutExpired` after `CONTAINER_TIMEOUT_S`."""
-    (bundle / "config.json").write_text(json.dumps(config))
-    argv = [runc, "--root", str(bundle / "state"), "run", "--bundle", str(bundle), f"gpu-check-{os.getpid()}"]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=CONTAINER_TIMEOUT_S, check=False)
-
-
-def run_container(
-    runc: str, spec: Spec, device: Device, nvidia_smi: Path, *, check: str = "container nvidia-smi -L"
-) -> Row:
-    from draplugin.cdi.preview import PREVIEW_CLAIM  # loaded by render_specs already
-
-    subject = device.name
-    expected = [device.parent_uuid, device.uuid] if device.parent_uuid else [device.uuid]
-    with tempfile.TemporaryDirectory(prefix="gpu-check-") as work:
-        bundle = Path(work)
-        try:
-            minimal_rootfs(bundle / "rootfs", nvidia_smi)
-            edits = container_edits(spec.to_json(), claim_device_name(PREVIEW_CLAIM.uid, device.name))
-            config = oci_config(edits, ["/usr/bin/nvidia-smi", "-L"])
-        except (OSError, ValueError) as err:
-            return Row(check, subject, f"no bundle: {err}", " ".join(expected), MISMATCH)
-        try:
-            done = run_bundle(runc, bundle, config)
-        except subprocess.TimeoutExpired:
-            return Row(check, subject, "timed out", " ".join(expected), MISMATCH)
-    listed = listed_uuids(done.stdout)
-    ours = " ".join(listed) or f"exit {done.returncode}: {(done.stderr or done.stdout).strip()[:200]}"
-    return _row(
-        check,
-        subject,
-        ours,
-        " ".join(expected),
-        done.returncode == 0 and listed == expected,
-    )
-
-
-def container_rows(
-    runc: str | None, specs: Mapping[str, Spec], devices: Sequence[Device], nvidia_smi: Path | None
-) -> Iterator[Row]:
-    reason = ""
-    if runc is None:
-        reason = "no runc on PATH"
-    elif os.geteuid() != 0:
-        reason = "needs root (device nodes, mounts)"
-    elif nvidia_smi is None:
-        reason = "the spec mounts no nvidia-smi"
-    for device in devices:
-        spec = specs.get(device.name)
-        if spec is None:
-            continue
-        if reason:
-            yield Row("container nvidia-smi -L", device.name, reason, "", SKIPPED)
-        else:
-            assert runc is not None and nvidia_smi is not None
-            yield run_container(runc, spec, device, nvidia_smi)
-
-
 # --- the whole check ----------------------------------------------------------------------------------
-
-
-def format_table(rows: Sequence[Row]) -> str:
-    header = Row("check", "subject", "ours", "driver's tools", "status")
-    table = [header, *rows]
-    widths = [max(len(getattr(r, f)) for r in table) for f in ("check", "subject", "ours", "theirs")]
-    lines = []
-    for row in table:
-        cells = (row.check, row.subject, row.ours, row.theirs)
-        lines.append("  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)) + "  " + row.status)
-    return "\n".join(lines)
 
 
 def check(

@@ -16,7 +16,7 @@ before destroying it, hands it to `MigInspector`, which checks:
   numbers are the host kernel's. A node the spec has beyond those two (another
   instance's, `mig/config`, `mig/monitor`) is a mismatch.
 - `MIG container nvidia-smi -L`: a runc container with exactly that spec's
-  edits (the container row of `draplugin.gpucheck.check`) lists the parent GPU and
+  edits (the container row of `draplugin.gpucheck.container`) lists the parent GPU and
   the MIG device, with NVIDIA's own `nvidia-smi`.
 - `MIG UUID`: the UUID prepare reports (`nvmlComputeInstanceGetInfo(ci).device`
   -> `nvmlDeviceGetUUID`) is the MIG UUID that appeared in the driver root's
@@ -40,16 +40,9 @@ from draplugin.cdi import driverfiles
 from draplugin.cdi.driverlayout import DriverRootError
 from draplugin.cdi.spec import claim_device_name
 from draplugin.devices.model import Device
-from draplugin.gpucheck.check import (
-    MISMATCH,
-    NODE,
-    OK,
-    SKIPPED,
-    Row,
-    container_edits,
-    listed_uuids,
-    run_container,
-)
+from draplugin.gpucheck.container import container_edits, run_container
+from draplugin.gpucheck.smi import listed_uuids
+from draplugin.gpucheck.table import MISMATCH, NODE, OK, SKIPPED, Row
 from draplugin.prepare.errors import PlanError
 
 CAPS_DIR = "/dev/nvidia-caps"

@@ -47,8 +47,9 @@ from typing import Any
 from draplugin.cdi.driverfiles import DriverFiles
 from draplugin.cdi.driverlayout import DriverRoot, DriverRootError
 from draplugin.devices.model import Device
-from draplugin.gpucheck.check import MISMATCH, OK, SKIPPED, Row, minimal_rootfs, oci_config, run_bundle
+from draplugin.gpucheck.container import minimal_rootfs, oci_config, run_bundle
 from draplugin.gpucheck.sharing import CLAIM_UID, TOOL_TIMEOUT_S, _error, _ledger, subject_of
+from draplugin.gpucheck.table import MISMATCH, OK, SKIPPED, Row
 from draplugin.prepare import mps, timeslice
 from draplugin.prepare.drivertools import DriverTools
 from draplugin.prepare.errors import PlanError

@@ -36,8 +36,9 @@ from pathlib import Path
 from draplugin.devices.mig import MigOperationError, MigPartitioner
 from draplugin.devices.model import Device
 from draplugin.devices.schema import KIND_GPU
-from draplugin.gpucheck.check import MISMATCH, OK, SKIPPED, Row, SmiGpu, listed_uuids
 from draplugin.gpucheck.mig import CreatedDevice
+from draplugin.gpucheck.smi import SmiGpu, listed_uuids
+from draplugin.gpucheck.table import MISMATCH, OK, SKIPPED, Row
 from draplugin.prepare import mig, mps, timeslice
 from draplugin.prepare.drivertools import DriverTools
 from draplugin.prepare.errors import PlanError

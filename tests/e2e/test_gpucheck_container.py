@@ -21,7 +21,8 @@ from draplugin.cdi.driverfiles import DriverFiles
 from draplugin.cdi.driverlayout import DriverRoot, host_arch
 from draplugin.cdi.preview import preview_spec
 from draplugin.devices import load_backend
-from draplugin.gpucheck import check as gpucheck
+from draplugin.gpucheck.container import run_container
+from draplugin.gpucheck.table import MISMATCH, NODE, OK
 from tests.driverroot_layout import debian_layout
 
 STAND_IN = r"""
@@ -77,18 +78,14 @@ def test_container_gets_exactly_the_claimed_gpu_and_the_driver_files(tmp_path: P
     subprocess.run(
         ["cc", f'-DLIBDIR="/usr/lib/{arch.multiarch}"', "-o", str(nvidia_smi), str(source)], check=True
     )
-    backend = load_backend("fake", gpucheck.NODE, gpus=2, device_dir=str(tmp_path / "dev"))
+    backend = load_backend("fake", NODE, gpus=2, device_dir=str(tmp_path / "dev"))
     devices = {d.name: d for d in backend.discover()}
     files = DriverFiles(DriverRoot.at(str(root)))
-    spec = preview_spec(
-        devices, ["gpu-0"], driver="gpu.draplugin.dev", node=gpucheck.NODE, driver_files=files
-    )
+    spec = preview_spec(devices, ["gpu-0"], driver="gpu.draplugin.dev", node=NODE, driver_files=files)
     assert runc is not None
-    row = gpucheck.run_container(runc, spec, devices["gpu-0"], nvidia_smi)
-    assert (row.status, row.ours) == (gpucheck.OK, devices["gpu-0"].uuid), row
+    row = run_container(runc, spec, devices["gpu-0"], nvidia_smi)
+    assert (row.status, row.ours) == (OK, devices["gpu-0"].uuid), row
     # A claim of gpu-1 has no /dev/nvidia0: the stand-in fails inside, and the check says so.
-    other = preview_spec(
-        devices, ["gpu-1"], driver="gpu.draplugin.dev", node=gpucheck.NODE, driver_files=files
-    )
-    wrong = gpucheck.run_container(runc, other, devices["gpu-1"], nvidia_smi)
-    assert wrong.status == gpucheck.MISMATCH and "exit 3" in wrong.ours, wrong
+    other = preview_spec(devices, ["gpu-1"], driver="gpu.draplugin.dev", node=NODE, driver_files=files)
+    wrong = run_container(runc, other, devices["gpu-1"], nvidia_smi)
+    assert wrong.status == MISMATCH and "exit 3" in wrong.ours, wrong

@@ -12,6 +12,9 @@ import pytest
 
 from draplugin.cdi.driverlayout import DriverRoot, host_arch
 from draplugin.gpucheck import check as gpucheck
+from draplugin.gpucheck.container import container_edits, minimal_rootfs, oci_config
+from draplugin.gpucheck.smi import listed_uuids, parse_smi_xml
+from draplugin.gpucheck.table import MISMATCH, OK, SKIPPED, Row, format_table
 from tests.driverroot_layout import debian_layout
 from tests.unit.fakenvml import FakeNvml, a10g, h100_with_mig
 from tests.unit.test_mig_nvml import write_caps
@@ -83,7 +86,7 @@ def mig_caps_root(tmp_path: Path) -> str:
 
 def rows_for(
     tmp_path: Path, xml: str = SMI_XML, runc: str | None = None, nvml: FakeNvml | None = None
-) -> list[gpucheck.Row]:
+) -> list[Row]:
     nvml = nvml or FakeNvml([h100_with_mig(), a10g()])
     return gpucheck.check(
         nvml=nvml,
@@ -96,18 +99,18 @@ def rows_for(
     )
 
 
-def by_check(rows: list[gpucheck.Row], check: str) -> list[gpucheck.Row]:
+def by_check(rows: list[Row], check: str) -> list[Row]:
     return [row for row in rows if row.check == check]
 
 
-def mismatches(rows: list[gpucheck.Row]) -> list[gpucheck.Row]:
+def mismatches(rows: list[Row]) -> list[Row]:
     """The mismatches but the MIG caps node rows: the fake /proc has no `devices`, this machine no
     such nodes (those rows have their tests in tests/unit/test_gpucheck_mig.py)."""
-    return [r for r in rows if r.status == gpucheck.MISMATCH and r.check != "MIG caps node"]
+    return [r for r in rows if r.status == MISMATCH and r.check != "MIG caps node"]
 
 
 def test_parse_nvidia_smi_document() -> None:
-    h100, a10 = gpucheck.parse_smi_xml(SMI_XML)
+    h100, a10 = parse_smi_xml(SMI_XML)
     assert (h100.uuid, h100.bus_id, h100.memory_mib, h100.mig_enabled) == (
         "GPU-11111111-2222-3333-4444-555555555555",
         "0000:18:00.0",
@@ -139,10 +142,10 @@ def test_matching_discovery_passes_and_container_is_skipped_without_runc(tmp_pat
     # One spec per published device (two MIG devices of the H100, the A10G), each with the driver files.
     specs = by_check(rows, "CDI spec")
     assert [r.subject for r in specs] == ["gpu-0-mig-3g40gb-9-0", "gpu-0-mig-1g10gb-19-6", "gpu-1"]
-    assert all(r.status == gpucheck.OK for r in specs)
+    assert all(r.status == OK for r in specs)
     containers = by_check(rows, "container nvidia-smi -L")
-    assert [(r.status, r.ours) for r in containers] == [(gpucheck.SKIPPED, "no runc on PATH")] * 3
-    table = gpucheck.format_table(rows)
+    assert [(r.status, r.ours) for r in containers] == [(SKIPPED, "no runc on PATH")] * 3
+    table = format_table(rows)
     assert table.splitlines()[0].split() == ["check", "subject", "ours", "driver's", "tools", "status"]
     assert len(table.splitlines()) == len(rows) + 1
 
@@ -154,7 +157,7 @@ def test_every_difference_is_a_mismatch(tmp_path: Path) -> None:
     )
     xml = xml.replace("NVIDIA A10G", "NVIDIA A10")
     xml = xml.replace("GPU-99999999-0000-0000-0000-000000000000", "GPU-77777777-0000-0000-0000-000000000000")
-    bad = {(r.check, r.subject) for r in rows_for(tmp_path, xml) if r.status == gpucheck.MISMATCH}
+    bad = {(r.check, r.subject) for r in rows_for(tmp_path, xml) if r.status == MISMATCH}
     h100 = "GPU-11111111-2222-3333-4444-555555555555 (0000:18:00.0)"
     assert ("MIG SMs", h100) in bad
     # The A10G's UUID is unknown to nvidia-smi: it is missing there, and nvidia-smi's GPU is missing here.
@@ -162,7 +165,7 @@ def test_every_difference_is_a_mismatch(tmp_path: Path) -> None:
     assert ("published", "GPU-77777777-0000-0000-0000-000000000000 (0000:3b:00.0)") in bad
     memory = SMI_XML.replace("<total>23028 MiB</total>", "<total>24576 MiB</total>")
     memory_rows = by_check(rows_for(tmp_path / "m", memory), "memory MiB")
-    assert [(r.ours, r.theirs, r.status) for r in memory_rows] == [("23028", "24576", gpucheck.MISMATCH)]
+    assert [(r.ours, r.theirs, r.status) for r in memory_rows] == [("23028", "24576", MISMATCH)]
 
 
 def test_spec_without_driver_files_is_a_mismatch(tmp_path: Path) -> None:
@@ -174,7 +177,7 @@ def test_spec_without_driver_files_is_a_mismatch(tmp_path: Path) -> None:
         runc=None,
     )
     (spec,) = by_check(rows, "CDI spec")
-    assert spec.status == gpucheck.MISMATCH and "no NVIDIA driver libraries" in spec.ours
+    assert spec.status == MISMATCH and "no NVIDIA driver libraries" in spec.ours
 
 
 def spec_json() -> dict[str, Any]:
@@ -207,7 +210,7 @@ def spec_json() -> dict[str, Any]:
 
 
 def test_container_edits_are_merged_like_the_cdi_library() -> None:
-    edits = gpucheck.container_edits(spec_json(), "uid-gpu-0")
+    edits = container_edits(spec_json(), "uid-gpu-0")
     assert edits["env"] == ["NVIDIA_VISIBLE_DEVICES=void", "A=1"]
     assert [n["path"] for n in edits["deviceNodes"]] == ["/dev/nvidiactl", "/dev/nvidia0"]
     assert [m["containerPath"] for m in edits["mounts"]] == ["/usr/lib/x/libcuda.so.1"]
@@ -220,9 +223,7 @@ def test_oci_config_allows_exactly_the_spec_devices() -> None:
             (stat.S_IFCHR | 0o666, 0, 0, 1, 0, 0, 0, 0, 0, 0), {"st_rdev": os.makedev(195, minor)}
         )
 
-    config = gpucheck.oci_config(
-        gpucheck.container_edits(spec_json(), "uid-gpu-0"), ["/usr/bin/nvidia-smi", "-L"], fake_stat
-    )
+    config = oci_config(container_edits(spec_json(), "uid-gpu-0"), ["/usr/bin/nvidia-smi", "-L"], fake_stat)
     assert config["process"]["args"] == ["/usr/bin/nvidia-smi", "-L"]
     assert "NVIDIA_VISIBLE_DEVICES=void" in config["process"]["env"]
     assert config["root"] == {"path": "rootfs", "readonly": True}
@@ -247,7 +248,7 @@ def test_oci_config_refuses_a_node_that_is_not_a_device(tmp_path: Path) -> None:
         "deviceNodes": [{"path": "/dev/nvidia0", "hostPath": str(tmp_path / "plain")}],
     }
     with pytest.raises(ValueError, match="is not a character device"):
-        gpucheck.oci_config(edits, ["true"])
+        oci_config(edits, ["true"])
 
 
 def test_listed_uuids_of_nvidia_smi_l() -> None:
@@ -255,14 +256,14 @@ def test_listed_uuids_of_nvidia_smi_l() -> None:
         "GPU 0: NVIDIA H200 (UUID: GPU-11111111-2222-3333-4444-555555555555)\n"
         "  MIG 1g.18gb     Device  0: (UUID: MIG-aaaaaaaa-0000-0000-0000-000000000001)\n"
     )
-    assert gpucheck.listed_uuids(output) == [
+    assert listed_uuids(output) == [
         "GPU-11111111-2222-3333-4444-555555555555",
         "MIG-aaaaaaaa-0000-0000-0000-000000000001",
     ]
 
 
 def test_minimal_rootfs_holds_the_loader_and_c_library(tmp_path: Path) -> None:
-    copied = gpucheck.minimal_rootfs(tmp_path / "rootfs", Path("/usr/bin/ls"))
+    copied = minimal_rootfs(tmp_path / "rootfs", Path("/usr/bin/ls"))
     assert any(path.endswith("libc.so.6") for path in copied)
     interpreter = next(p for p in copied if "ld-linux" in p)
     assert (tmp_path / "rootfs" / interpreter.lstrip("/")).is_file()
@@ -288,6 +289,6 @@ def test_mig_mode_on_without_mig_devices_is_no_mismatch(tmp_path: Path) -> None:
     h100 = "GPU-11111111-2222-3333-4444-555555555555 (0000:18:00.0)"
     mine = {r.check: r for r in rows if r.subject == h100}
     assert mismatches(rows) == []
-    assert mine["published"].status == gpucheck.OK and "no MIG devices yet" in mine["published"].ours
+    assert mine["published"].status == OK and "no MIG devices yet" in mine["published"].ours
     assert (mine["MIG mode"].ours, mine["MIG mode"].theirs) == ("on", "on")
     assert (mine["MIG devices"].ours, mine["MIG devices"].theirs) == ("0", "0")

@@ -18,7 +18,7 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from draplugin.gpucheck import check as gpucheck
+from draplugin.gpucheck.table import OK, SKIPPED
 from tests.unit.test_gpucheck import SMI_XML
 
 REPO = Path(__file__).resolve().parents[2]
@@ -77,19 +77,20 @@ def test_the_discovery_comparison_runs_with_nothing_but_nvidia_ml_py(tmp_path: P
 import json
 from pathlib import Path
 from draplugin.gpucheck import check as gpucheck
+from draplugin.gpucheck.smi import parse_smi_xml
 from draplugin.devices.nvml import NvmlBackend
 # Python fake: gpu-check's fixtures, whose A10G without MIG support the NVML double has no model of.
 from tests.unit.fakenvml import FakeNvml, a10g, h100_with_mig
 
 devices = NvmlBackend("n", nvml=FakeNvml([h100_with_mig(), a10g()])).discover()
-rows = gpucheck.compare_discovery(devices, gpucheck.parse_smi_xml(Path("smi.xml").read_text()))
+rows = gpucheck.compare_discovery(devices, parse_smi_xml(Path("smi.xml").read_text()))
 print(json.dumps({"rows": [[r.check, r.status] for r in rows], "refused": refused}))
 """,
     )
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout.splitlines()[-1])
     assert result["refused"] == []
-    assert len(result["rows"]) > 5 and {status for _, status in result["rows"]} == {gpucheck.OK}
+    assert len(result["rows"]) > 5 and {status for _, status in result["rows"]} == {OK}
 
 
 @pytest.mark.xfail(
@@ -162,4 +163,4 @@ print(json.dumps({"sharing": sharing, "refused": sorted(set(refused))}))
     checks = {check for check, _ in result["sharing"]}
     assert {"MPS start", "MPS thread %", "MPS pinned memory", "MPS stop", "time-slice set",
             "time-slice reset", "MIG create", "MIG destroy"} <= checks, result  # fmt: skip
-    assert {status for _, status in result["sharing"]} == {gpucheck.OK, gpucheck.SKIPPED}, result
+    assert {status for _, status in result["sharing"]} == {OK, SKIPPED}, result

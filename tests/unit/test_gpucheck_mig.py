@@ -20,9 +20,10 @@ from types import ModuleType
 import pytest
 
 from draplugin.devices.nvml import NvmlBackend
-from draplugin.gpucheck import check as gpucheck
 from draplugin.gpucheck import sharing as gpucheck_sharing
 from draplugin.gpucheck.mig import CreatedDevice, MigInspector, caps_rows, expected_caps, uuid_row
+from draplugin.gpucheck.smi import SmiGpu
+from draplugin.gpucheck.table import MISMATCH, OK, SKIPPED, Row
 from tests import nvidia_roots as nr
 from tests.nvmldouble import Gpu, NvmlDouble, NvmlDoubleUnavailable, library_dir
 
@@ -61,15 +62,15 @@ def make_nodes(dev: Path, nodes: dict[str, tuple[int | None, int]]) -> None:
 
 def run_mig_rows(
     tmp_path: Path, made: NvmlDouble, nvml: ModuleType, *, dev_nodes: bool
-) -> tuple[list[gpucheck.Row], list[str]]:
+) -> tuple[list[Row], list[str]]:
     backend = NvmlBackend("n", nvml=nvml, partitionable=True, proc_root=str(made.proc_root))
     parent = next(d for d in backend.discover() if d.kind == "gpu")
-    smi = gpucheck.SmiGpu(parent.uuid, "H100", "0000:00:00.0", None, True, mig_capable=True)
+    smi = SmiGpu(parent.uuid, "H100", "0000:00:00.0", None, True, mig_capable=True)
     listing = real_listing(tmp_path, made)
     inspector = MigInspector(None, listing, proc_root=str(made.proc_root), dev_root=str(tmp_path / "dev"))
     seen: list[str] = []
 
-    def inspect(created: CreatedDevice) -> list[gpucheck.Row]:
+    def inspect(created: CreatedDevice) -> list[Row]:
         seen.append(created.device.uuid)
         if dev_nodes:  # what nvidia-modprobe makes on the host when a host process opens the device
             wanted = expected_caps(made.proc_root or "", 0, created.gpu_instance, created.compute_instance)
@@ -88,12 +89,12 @@ def test_a_created_mig_devices_nodes_and_uuid_match_the_drivers(
     made, nvml = double
     rows, seen = run_mig_rows(tmp_path, made, nvml, dev_nodes=True)
     caps = [r for r in rows if r.check == "MIG caps node"]
-    assert len(caps) == 2 and all(r.status == gpucheck.OK for r in caps), caps
+    assert len(caps) == 2 and all(r.status == OK for r in caps), caps
     assert all(r.ours.startswith("c 235:") for r in caps), caps  # the double's nvidia-caps major
     (uuid,) = [r for r in rows if r.check == "MIG UUID"]
-    assert uuid.status == gpucheck.OK and uuid.ours == uuid.theirs == seen[0] and seen[0].startswith("MIG-")
-    assert [r.status for r in rows if r.check == "MIG container nvidia-smi -L"] == [gpucheck.SKIPPED]
-    assert [(r.status, r.ours) for r in rows if r.check == "MIG destroy"] == [(gpucheck.OK, "gone")]
+    assert uuid.status == OK and uuid.ours == uuid.theirs == seen[0] and seen[0].startswith("MIG-")
+    assert [r.status for r in rows if r.check == "MIG container nvidia-smi -L"] == [SKIPPED]
+    assert [(r.status, r.ours) for r in rows if r.check == "MIG destroy"] == [(OK, "gone")]
 
 
 def test_caps_nodes_the_host_lacks_are_a_mismatch(
@@ -102,9 +103,9 @@ def test_caps_nodes_the_host_lacks_are_a_mismatch(
     made, nvml = double
     rows, _ = run_mig_rows(tmp_path, made, nvml, dev_nodes=False)
     caps = [r for r in rows if r.check == "MIG caps node"]
-    assert len(caps) == 2 and {r.status for r in caps} == {gpucheck.MISMATCH}
+    assert len(caps) == 2 and {r.status for r in caps} == {MISMATCH}
     assert all(r.theirs.endswith("host has none") for r in caps)
-    assert [r.status for r in rows if r.check == "MIG destroy"] == [gpucheck.OK]  # destroyed all the same
+    assert [r.status for r in rows if r.check == "MIG destroy"] == [OK]  # destroyed all the same
 
 
 def made_device(uuid: str = "MIG-1") -> CreatedDevice:
@@ -134,9 +135,9 @@ def test_a_spec_with_other_numbers_or_other_caps_is_a_mismatch(tmp_path: Path) -
     spec = {"devices": [{"name": "d", "containerEdits": {"deviceNodes": [node, stray]}}]}
     rows = caps_rows(spec, "d", made_device(), proc_root=proc, dev_root=tmp_path / "dev")
     assert [(r.subject.rpartition(" ")[2], r.status) for r in rows] == [
-        ("/dev/nvidia-caps/nvidia-cap66", gpucheck.MISMATCH),  # minor 99, and no host node
-        ("/dev/nvidia-caps/nvidia-cap67", gpucheck.MISMATCH),  # not in the spec
-        ("/dev/nvidia-caps/nvidia-cap1", gpucheck.MISMATCH),  # mig/config: never a claim's
+        ("/dev/nvidia-caps/nvidia-cap66", MISMATCH),  # minor 99, and no host node
+        ("/dev/nvidia-caps/nvidia-cap67", MISMATCH),  # not in the spec
+        ("/dev/nvidia-caps/nvidia-cap1", MISMATCH),  # mig/config: never a claim's
     ]
     assert rows[1].ours == "not in the spec" and rows[2].theirs == "not this device's"
 
@@ -144,5 +145,5 @@ def test_a_spec_with_other_numbers_or_other_caps_is_a_mismatch(tmp_path: Path) -
 def test_a_uuid_nvidia_smi_does_not_list_is_a_mismatch() -> None:
     after = "GPU 0: H100 (UUID: GPU-0)\n  MIG 1g.10gb Device 0: (UUID: MIG-2)\n"
     row = uuid_row(made_device("MIG-1"), after)
-    assert (row.status, row.ours, row.theirs) == (gpucheck.MISMATCH, "MIG-1", "MIG-2")
-    assert uuid_row(made_device("MIG-2"), after).status == gpucheck.OK
+    assert (row.status, row.ours, row.theirs) == (MISMATCH, "MIG-1", "MIG-2")
+    assert uuid_row(made_device("MIG-2"), after).status == OK

@@ -23,8 +23,8 @@ from draplugin.cdi.driverfiles import DriverFiles
 from draplugin.cdi.driverlayout import DriverRoot
 from draplugin.devices.model import Device
 from draplugin.devices.schema import KIND_GPU
-from draplugin.gpucheck import check as gpucheck
 from draplugin.gpucheck import pod as gpucheck_pod
+from draplugin.gpucheck.table import MISMATCH, OK, SKIPPED
 from draplugin.prepare import mps
 from draplugin.prepare.drivertools import DriverTools
 from tests import nvidia_roots as nr
@@ -56,7 +56,7 @@ def host_smi(root: nr.NvidiaRoot) -> gpucheck_pod.HostSmi:
 def test_compute_policy_in_the_plugin_image_answers_as_on_the_host(tmp_path: Path) -> None:
     root = nr.tool_root(tmp_path / "driver", "flat")
     row = gpucheck_pod.compute_policy_row(DriverRoot.at(str(root.path)), needs("runc"), host_smi(root))
-    assert row.status == gpucheck.OK, row
+    assert row.status == OK, row
     assert row.ours == row.theirs and row.ours.startswith(f"exit {nr.SMI_POLICY_ON_DOUBLE}: ")
     assert "Uninitialized" in row.ours and "libnvidia-ml" not in row.ours
 
@@ -69,7 +69,7 @@ def test_compute_policy_that_differs_from_the_hosts_is_a_mismatch(tmp_path: Path
         return subprocess.CompletedProcess(list(args), 0, "GPU 0  Timeslice  Default\n", "")
 
     row = gpucheck_pod.compute_policy_row(DriverRoot.at(str(root.path)), needs("runc"), other)
-    assert row.status == gpucheck.MISMATCH and row.theirs == "GPU 0  Timeslice  Default"
+    assert row.status == MISMATCH and row.theirs == "GPU 0  Timeslice  Default"
 
 
 def test_compute_policy_needs_runc_and_root(tmp_path: Path) -> None:
@@ -77,7 +77,7 @@ def test_compute_policy_needs_runc_and_root(tmp_path: Path) -> None:
     never = host_smi  # not called when skipped
     assert gpucheck_pod.compute_policy_row(root, None, never).ours == "no runc on PATH"  # type: ignore[arg-type]
     row = gpucheck_pod.compute_policy_row(root, "runc", never, is_root=lambda: False)  # type: ignore[arg-type]
-    assert (row.status, row.ours) == (gpucheck.SKIPPED, "needs root (runc)")
+    assert (row.status, row.ours) == (SKIPPED, "needs root (runc)")
 
 
 @AS_ROOT
@@ -91,7 +91,7 @@ def test_an_mps_client_in_another_pid_namespace_reaches_the_real_daemon(tmp_path
     before = set(os.listdir("/proc"))
     (row,) = gpucheck_pod.mps_client_rows(gpu, tools)
     # No GPU: the root's libcuda, loaded in the other PID namespace, says so at its first call.
-    assert row.status == gpucheck.MISMATCH and row.ours.startswith("client: cuInit returned "), row
+    assert row.status == MISMATCH and row.ours.startswith("client: cuInit returned "), row
     left = [p for p in set(os.listdir("/proc")) - before if p.isdigit() and mps.process_start_time(int(p))]
     assert not [
         p for p in left if "nvidia-cuda-mps" in Path(f"/proc/{p}/cmdline").read_text(errors="replace")

@@ -20,8 +20,9 @@ from draplugin.cdi.driverfiles import DriverFiles
 from draplugin.cdi.driverlayout import DriverRoot
 from draplugin.devices.model import Device
 from draplugin.devices.nvml import NvmlBackend
-from draplugin.gpucheck import check as gpucheck
 from draplugin.gpucheck import sharing as gpucheck_sharing
+from draplugin.gpucheck.smi import parse_smi_xml
+from draplugin.gpucheck.table import MISMATCH, OK, SKIPPED, Row
 from draplugin.prepare import mps
 from draplugin.prepare.drivertools import DriverTools
 from tests.driverroot_layout import TOOL_STATE, command_log
@@ -36,7 +37,7 @@ A10G = "GPU-99999999-0000-0000-0000-000000000000"
 H100 = "GPU-11111111-2222-3333-4444-555555555555"
 
 
-def statuses(rows: list[gpucheck.Row], *checks: str) -> list[tuple[str, str]]:
+def statuses(rows: list[Row], *checks: str) -> list[tuple[str, str]]:
     return [(r.check, r.status) for r in rows if r.check in checks]
 
 
@@ -63,7 +64,7 @@ def test_mps_timeslice_and_mig_rows_pass_on_the_fake_and_leave_nothing(tmp_path:
     rows = rows_for(tmp_path, nvml=nvml)
     root = driver_root_of(tmp_path)
     sharing = [r for r in rows if r.check.startswith(("MPS", "time-slice", "MIG create", "MIG destroy"))]
-    assert [r for r in sharing if r.status == gpucheck.MISMATCH] == []
+    assert [r for r in sharing if r.status == MISMATCH] == []
     # MPS and time-slice on the whole GPU (the H100 runs MIG: it has no whole-GPU device).
     assert [(r.check, r.subject, r.ours) for r in sharing if r.check.startswith("MPS")] == [
         ("MPS start", f"gpu-1 ({A10G})", "answered"),
@@ -77,8 +78,8 @@ def test_mps_timeslice_and_mig_rows_pass_on_the_fake_and_leave_nothing(tmp_path:
     ]
     # MIG on the H100 (MIG mode on); the A10G has none, and its row says so.
     create, destroy = by_check(rows, "MIG create")[0], by_check(rows, "MIG destroy")[0]
-    assert create.status == gpucheck.OK and create.ours.startswith("MIG-") and destroy.ours == "gone"
-    (skipped,) = [r for r in by_check(rows, "MIG create") if r.status == gpucheck.SKIPPED]
+    assert create.status == OK and create.ours.startswith("MIG-") and destroy.ours == "gone"
+    (skipped,) = [r for r in by_check(rows, "MIG create") if r.status == SKIPPED]
     assert A10G in skipped.subject and skipped.ours == "this GPU does not support MIG"
     # Through prepare's code, as the stand-ins recorded it: the daemon for the GPU with both limits,
     # then quit; the time-slice set and back to the default.
@@ -119,10 +120,10 @@ def test_a_daemon_that_ignores_the_limits_is_a_mismatch_and_is_still_stopped(tmp
     control.chmod(0o755)
     rows = gpucheck_sharing.mps_rows(gpu_1(), tools_of(root))
     assert statuses(rows, "MPS start", "MPS thread %", "MPS pinned memory", "MPS stop") == [
-        ("MPS start", gpucheck.OK),
-        ("MPS thread %", gpucheck.MISMATCH),
-        ("MPS pinned memory", gpucheck.MISMATCH),
-        ("MPS stop", gpucheck.OK),
+        ("MPS start", OK),
+        ("MPS thread %", MISMATCH),
+        ("MPS pinned memory", MISMATCH),
+        ("MPS stop", OK),
     ]
     assert by_check(rows, "MPS thread %")[0].ours == "100.0"
     assert running_daemons(root) == []
@@ -135,11 +136,9 @@ def test_a_daemon_that_does_not_start_is_a_mismatch_with_the_tools_words(tmp_pat
     )
     rows = gpucheck_sharing.mps_rows(gpu_1(), tools_of(root))
     (start,) = by_check(rows, "MPS start")
-    assert (
-        start.status == gpucheck.MISMATCH and "MpsStartFailed" in start.ours and "not supported" in start.ours
-    )
+    assert start.status == MISMATCH and "MpsStartFailed" in start.ours and "not supported" in start.ours
     (stop,) = by_check(rows, "MPS stop")
-    assert stop.status == gpucheck.OK  # the half-started daemon's record was undone
+    assert stop.status == OK  # the half-started daemon's record was undone
 
 
 def test_a_time_slice_that_does_not_take_is_a_mismatch_and_is_reset(tmp_path: Path) -> None:
@@ -149,8 +148,8 @@ def test_a_time_slice_that_does_not_take_is_a_mismatch_and_is_reset(tmp_path: Pa
     smi.write_text(smi.read_text().replace('echo "$level" > "$STATE/timeslice-$gpu"', "true"))
     rows = gpucheck_sharing.timeslice_rows(gpu_1(), tools_of(root))
     assert statuses(rows, "time-slice set", "time-slice reset") == [
-        ("time-slice set", gpucheck.MISMATCH),
-        ("time-slice reset", gpucheck.OK),
+        ("time-slice set", MISMATCH),
+        ("time-slice reset", OK),
     ]
     assert by_check(rows, "time-slice set")[0].ours == "Default (0)"
     assert [line for line in command_log(root) if "--set-timeslice" in line][-1].endswith("--set-timeslice 0")
@@ -162,7 +161,7 @@ def test_a_gpu_that_runs_another_time_slice_is_left_alone(tmp_path: Path) -> Non
     state.mkdir(parents=True, exist_ok=True)
     (state / f"timeslice-{A10G}").write_text("3\n")
     rows = gpucheck_sharing.timeslice_rows(gpu_1(), tools_of(root))
-    assert [(r.status, r.ours) for r in rows] == [(gpucheck.SKIPPED, "runs Long (3) already: left alone")]
+    assert [(r.status, r.ours) for r in rows] == [(SKIPPED, "runs Long (3) already: left alone")]
     assert (state / f"timeslice-{A10G}").read_text().strip() == "3"
     assert not [line for line in command_log(root) if "--set-timeslice" in line]
 
@@ -170,17 +169,17 @@ def test_a_gpu_that_runs_another_time_slice_is_left_alone(tmp_path: Path) -> Non
 def test_time_slice_needs_root(tmp_path: Path) -> None:
     tools = tools_of(native_root(tmp_path).mounted)
     (row,) = gpucheck_sharing.timeslice_rows(gpu_1(), tools, is_root=lambda: False)
-    assert (row.status, row.ours) == (gpucheck.SKIPPED, "needs root (nvidia-smi compute-policy)")
+    assert (row.status, row.ours) == (SKIPPED, "needs root (nvidia-smi compute-policy)")
 
 
 def test_mig_mode_off_is_a_skipped_row_that_says_so(tmp_path: Path) -> None:
     off = SMI_XML.replace("<current_mig>Enabled</current_mig>", "<current_mig>Disabled</current_mig>")
     nvml = FakeNvml([h100_with_mig(), a10g()])
-    (gpu, _) = gpucheck.parse_smi_xml(off)
+    (gpu, _) = parse_smi_xml(off)
     rows = gpucheck_sharing.mig_rows(
         [gpu], [], NvmlBackend("n", nvml=nvml, partitionable=True), fake_listing(nvml)
     )
-    assert [(r.status, r.ours.split(" (")[0]) for r in rows] == [(gpucheck.SKIPPED, "MIG mode is off")]
+    assert [(r.status, r.ours.split(" (")[0]) for r in rows] == [(SKIPPED, "MIG mode is off")]
 
 
 def test_a_mig_device_that_nvidia_smi_still_lists_after_destroy_is_a_mismatch(tmp_path: Path) -> None:
@@ -194,11 +193,11 @@ def test_a_mig_device_that_nvidia_smi_still_lists_after_destroy_is_a_mismatch(tm
             seen.append(listing())
         return seen[0]
 
-    smi = gpucheck.parse_smi_xml(SMI_XML)
+    smi = parse_smi_xml(SMI_XML)
     rows = gpucheck_sharing.mig_rows(smi, backend.discover(), backend, stale)
     assert statuses(rows, "MIG create", "MIG destroy")[:2] == [
-        ("MIG create", gpucheck.OK),
-        ("MIG destroy", gpucheck.MISMATCH),
+        ("MIG create", OK),
+        ("MIG destroy", MISMATCH),
     ]
     assert "still there" in by_check(rows, "MIG destroy")[0].ours
 
@@ -208,11 +207,9 @@ def test_a_mig_create_that_fails_is_a_mismatch_and_leaves_no_instance(tmp_path: 
     before = [m.uuid for m in nvml.gpus[0].migs if m is not None]
     # No nvidia-caps access files: a container could not use the instance, so the create is undone.
     backend = NvmlBackend("n", nvml=nvml, partitionable=True, proc_root=str(tmp_path / "empty-proc"))
-    rows = gpucheck_sharing.mig_rows(
-        gpucheck.parse_smi_xml(SMI_XML), backend.discover(), backend, fake_listing(nvml)
-    )
-    (create,) = [r for r in by_check(rows, "MIG create") if r.status != gpucheck.SKIPPED]
-    assert create.status == gpucheck.MISMATCH and "nvidia-caps" in create.ours
+    rows = gpucheck_sharing.mig_rows(parse_smi_xml(SMI_XML), backend.discover(), backend, fake_listing(nvml))
+    (create,) = [r for r in by_check(rows, "MIG create") if r.status != SKIPPED]
+    assert create.status == MISMATCH and "nvidia-caps" in create.ours
     assert [m.uuid for m in nvml.gpus[0].migs if m is not None] == before
 
 
@@ -242,7 +239,7 @@ def gpu_1() -> Device:
 def test_mig_mode_off_says_hopper_needs_no_reset() -> None:
     off = SMI_XML.replace("<current_mig>Enabled</current_mig>", "<current_mig>Disabled</current_mig>")
     nvml = FakeNvml([h100_with_mig(), a10g()])
-    (gpu, _) = gpucheck.parse_smi_xml(off)
+    (gpu, _) = parse_smi_xml(off)
     (row,) = gpucheck_sharing.mig_rows(
         [gpu], [], NvmlBackend("n", nvml=nvml, partitionable=True), fake_listing(nvml)
     )
