@@ -1,1 +1,1 @@
-"""The cluster side of the GPU DRA driver: CEL, allocation, explain, lint."""
+"""The cluster side of the GPU DRA driver: CEL, allocation, the scheduler model, and the commands."""

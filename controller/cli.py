@@ -28,12 +28,12 @@ __all__ = [
 
 # Modules that register subcommands when imported, in the order `--help` lists them.
 SUBCOMMAND_MODULES: tuple[str, ...] = (
-    "controller.cel.cli",
-    "controller.commands_simulate",
-    "controller.commands_explain",
-    "controller.commands_lint",
-    "controller.commands_run",
-    "controller.commands_top",
+    "controller.cel.command",
+    "controller.simulate.command",
+    "controller.explain.command",
+    "controller.lint.command",
+    "controller.run.command",
+    "controller.top.command",
     "controller.migrate.command",
 )
 

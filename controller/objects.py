@@ -22,7 +22,7 @@ RESOURCE_API = "/apis/resource.k8s.io/v1"
 # DeviceTaintRules: served from 1.37 (or with the gate on); a 404 before that.
 TAINT_RULES = f"{RESOURCE_API}/devicetaintrules"
 MANIFEST_SUFFIXES = (".yaml", ".yml", ".json")
-# Workload kinds whose pod template lint judges as a pod (`controller.lint_workloads`).
+# Workload kinds whose pod template lint judges as a pod (`controller.lint.workloads`).
 WORKLOAD_KINDS = ("Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job", "CronJob")
 # Namespaced kinds we keep; a manifest without a namespace lands in "default", as with kubectl.
 NAMESPACED_KINDS = ("ResourceClaim", "ResourceClaimTemplate", "Pod", *WORKLOAD_KINDS)

@@ -4,7 +4,7 @@ scheduler_perf-shaped work (default 500 nodes x 10 GPUs, 5,000 claims of one GPU
 CEL selector; the variant: claims of two GPUs that must share a NUMA node, `matchAttribute`),
 decisions only on both sides, on the same snapshot in this run:
 
-- ours: controller.allocator.Allocator, one `allocate` per node (a Filter call), `commit`
+- ours: controller.scheduler.allocator.Allocator, one `allocate` per node (a Filter call), `commit`
   of the chosen allocation (Reserve).
 - upstream: the allocpeer harness (tests/cluster/peers) around
   k8s.io/dynamic-resource-allocation/structured v0.37.2, called as kube-scheduler's
@@ -48,7 +48,7 @@ from bench.peers import PeerError, run_measured, run_peer, run_peer_measured
 from bench.summary import Row, record
 from controller.allocation.builders import claim, device, device_class, exactly, resource_slice
 from controller.allocation.nodes import Node
-from controller.allocator import Allocator
+from controller.scheduler.allocator import Allocator
 from dracommon.quantity import parse_quantity
 
 D = "gpu.draplugin.dev"

@@ -80,7 +80,7 @@ class Features:
     prioritized_list_scoring: bool = True
     # 1.35 (up to 1.35.4) and 1.36.0/1.36.1 pair the pod's claims by index with the allocations
     # of its pending claims only, so a pod that also has an allocated claim fails Score with an
-    # error wherever more than one node fits; 1.36.3 and 1.37 fixed it (see controller.nodescore).
+    # error wherever more than one node fits; 1.36.3 and 1.37 fixed it (see controller.scheduler.nodescore).
     score_fails_with_allocated_claims: bool = False
     # Up to 1.36 a device that a taint or a constraint rejects after its counters were
     # checked keeps them taken for the rest of the search (its counters leak); 1.37.2's

@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from controller.commands_simulate import ClaimResult
-from controller.nodefilter import scheduling_error_message
+from controller.scheduler.nodefilter import scheduling_error_message
+from controller.simulate.command import ClaimResult
 from tests.differential.scenario import Scenario
 
 PLACED, UNSCHEDULABLE, ERROR, UNDECIDED, INVALID = "placed", "unschedulable", "error", "undecided", "invalid"

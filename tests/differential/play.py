@@ -24,10 +24,10 @@ from typing import Any
 
 from controller.allocation.features import Features
 from controller.allocation.nodes import Node
-from controller.allocator import Allocator
-from controller.commands_common import selector_compiler
-from controller.commands_simulate import simulate
 from controller.objects import RESOURCE_API, ClusterObjects
+from controller.options import selector_compiler
+from controller.scheduler.allocator import Allocator
+from controller.simulate.command import simulate
 from devcluster.controlplane import ControlPlane
 from devcluster.objects import create_fake_node
 from dracommon.kubeapi import ApiError, KubeApi

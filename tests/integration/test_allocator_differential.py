@@ -35,9 +35,9 @@ from controller.allocation.features import Features
 from controller.allocation.nodes import Node
 from controller.allocation.pools import DeviceID
 from controller.allocation.requests import Request, blocking_taint
-from controller.allocator import Allocator
 from controller.cel import compile_selector
 from controller.objects import RESOURCE_API
+from controller.scheduler.allocator import Allocator
 from devcluster.controlplane import ControlPlane
 from dracommon.kubeapi import ApiError, KubeApi
 from tests.integration.release import cluster_features

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from controller import cli as controller_cli
-from controller.commands_run import resolve as resolve_controller_settings
+from controller.run.command import resolve as resolve_controller_settings
 from draplugin import cli as plugin_cli
 from draplugin import config as plugin_config
 from tests.integration.test_chart import NON_DEFAULT_VALUES, by_kind, render_chart

@@ -27,10 +27,10 @@ from controller.allocation.builders import device, device_class, first_available
 from controller.allocation.builders import exactly as exact_request
 from controller.allocation.nodes import Node
 from controller.cli import main
-from controller.commands_common import build_allocator
-from controller.commands_simulate import simulate
 from controller.objects import RESOURCE_API, ClusterObjects
-from controller.podclaims import claim_generate_name, is_generated_name
+from controller.options import build_allocator
+from controller.scheduler.podclaims import claim_generate_name, is_generated_name
+from controller.simulate.command import simulate
 from devcluster.controlplane import ControlPlane
 from devcluster.wait import wait_for
 from dracommon.kubeapi import KubeApi

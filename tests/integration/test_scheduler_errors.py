@@ -21,8 +21,8 @@ import pytest
 
 from controller.allocation.builders import claim, device, exactly, resource_slice
 from controller.cli import main
-from controller.nodefilter import FILTER_ERROR_PREFIX
 from controller.objects import RESOURCE_API
+from controller.scheduler.nodefilter import FILTER_ERROR_PREFIX
 from devcluster.controlplane import ControlPlane
 from devcluster.wait import wait_for
 from dracommon.kubeapi import KubeApi

@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry
 
 from controller.allocation.builders import claim, device_class, exactly
 from controller.allocation.nodes import Node
-from controller.allocator import Allocator
+from controller.scheduler.allocator import Allocator
 from devcluster.controlplane import ControlPlane
 from devcluster.wait import wait_for
 from dracommon.kubeapi import KubeApi

@@ -17,7 +17,7 @@ from controller.allocation.builders import (
     results_of,
     with_allocation,
 )
-from controller.allocator import AllocationOutcome, Allocator, Features, Node
+from controller.scheduler.allocator import AllocationOutcome, Allocator, Features, Node
 
 D = "gpu.draplugin.dev"
 NODE = Node("node-a", {"zone": "z1"})

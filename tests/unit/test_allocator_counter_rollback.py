@@ -18,7 +18,7 @@ from controller.allocation.builders import (
     resource_slice,
     results_of,
 )
-from controller.allocator import AllocationOutcome, Allocator, Features, Node
+from controller.scheduler.allocator import AllocationOutcome, Allocator, Features, Node
 
 D = "gpu.draplugin.dev"
 NODE = Node("node-a")

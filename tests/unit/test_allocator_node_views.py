@@ -12,7 +12,7 @@ from controller.allocation.builders import claim, device, device_class, exactly,
 from controller.allocation.capacity import request_fits
 from controller.allocation.search import has_plain_capacity
 from controller.allocation.selectors import SelectorProgram
-from controller.allocator import AllocationOutcome, Allocator, Node
+from controller.scheduler.allocator import AllocationOutcome, Allocator, Node
 
 D = "gpu.draplugin.dev"
 CLASSES = [device_class("gpu", [f'device.driver == "{D}"'])]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from controller.allocation.builders import claim, device, device_class, exactly, resource_slice, results_of
-from controller.allocator import AllocationOutcome, Allocator, Features, Node
+from controller.scheduler.allocator import AllocationOutcome, Allocator, Features, Node
 
 D = "gpu.draplugin.dev"
 NODE = Node("node-a", {"zone": "z1", "rack": "r7"})

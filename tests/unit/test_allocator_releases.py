@@ -19,7 +19,7 @@ from controller.allocation.builders import (
     results_of,
 )
 from controller.allocation.features import DistinctRule, parse_feature_gates
-from controller.allocator import AllocationOutcome, Allocator, Features, Node
+from controller.scheduler.allocator import AllocationOutcome, Allocator, Features, Node
 
 D = "gpu.draplugin.dev"
 NODE = Node("node-a")

@@ -6,7 +6,7 @@ import itertools
 from typing import Any
 
 from controller.allocation.builders import claim, device, device_class, exactly, resource_slice, results_of
-from controller.allocator import Allocator, Features, Node
+from controller.scheduler.allocator import Allocator, Features, Node
 
 D = "gpu.draplugin.dev"
 NODE = Node("node-a")

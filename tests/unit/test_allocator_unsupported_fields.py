@@ -18,9 +18,9 @@ from controller.allocation.builders import (
     first_available,
     resource_slice,
 )
-from controller.allocator import Allocator, Node
 from controller.cli import main
-from controller.nodefilter import filter_nodes
+from controller.scheduler.allocator import Allocator, Node
+from controller.scheduler.nodefilter import filter_nodes
 
 Mutation = Callable[[dict[str, Any], dict[str, Any]], None]  # (slice, claim) edited in place
 

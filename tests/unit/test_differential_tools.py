@@ -108,8 +108,8 @@ def test_every_reduction_is_smaller_and_the_printed_case_is_python() -> None:
 
 
 def test_an_error_in_one_claims_explanation_is_not_the_pods_error() -> None:
-    from controller.commands_simulate import ClaimResult
-    from controller.nodefilter import scheduling_error_message
+    from controller.scheduler.nodefilter import scheduling_error_message
+    from controller.simulate.command import ClaimResult
 
     explained = "the claims of pod ns/p do not fit together on one node (... CEL runtime error ...)"
     assert ours_outcome([ClaimResult("ns", "c", False, reason=explained)]).kind == UNSCHEDULABLE

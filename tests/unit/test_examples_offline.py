@@ -18,9 +18,9 @@ import pytest
 import yaml
 
 from controller.cli import main
-from controller.commands_common import build_allocator, cluster_nodes
-from controller.commands_simulate import ClaimResult, simulate
 from controller.objects import load_manifests
+from controller.options import build_allocator, cluster_nodes
+from controller.simulate.command import ClaimResult, simulate
 from dracommon.drivername import DEFAULT_DRIVER_NAME, config_api_version
 from draplugin.devices import load_backend
 from draplugin.devices.shared import SharedGpus

@@ -10,8 +10,8 @@ from controller.allocation.builders import (
     resource_slice,
     with_allocation,
 )
-from controller.allocator import Allocator, Node
-from controller.explain import explain_claim
+from controller.explain.explanation import explain_claim
+from controller.scheduler.allocator import Allocator, Node
 
 D = "gpu.draplugin.dev"
 

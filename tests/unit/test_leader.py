@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from controller.leader import LeaderConfig, LeaderElector, LeaseConflict
+from controller.run.leader import LeaderConfig, LeaderElector, LeaseConflict
 
 JSON = dict[str, Any]
 

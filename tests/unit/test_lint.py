@@ -15,11 +15,11 @@ import yaml
 
 from controller.allocation.builders import claim, device, device_class, exactly, resource_slice
 from controller.allocation.nodes import Node
-from controller.allocator import allocate
 from controller.cli import main
-from controller.lint import Finding, lint
-from controller.lint_reads import attribute_reads, is_guarded
+from controller.lint.linter import Finding, lint
+from controller.lint.reads import attribute_reads, is_guarded
 from controller.objects import ClusterObjects
+from controller.scheduler.allocator import allocate
 
 D = "gpu.draplugin.dev"
 SLICES = [

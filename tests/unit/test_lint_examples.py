@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from controller.cli import main
-from controller.lint import lint
+from controller.lint.linter import lint
 from controller.objects import load_manifests
 
 REPO = Path(__file__).resolve().parents[2]

@@ -16,9 +16,9 @@ from controller.allocation.builders import (
     resource_slice,
     with_allocation,
 )
-from controller.commands_common import build_allocator
-from controller.lint import Finding, lint
+from controller.lint.linter import Finding, lint
 from controller.objects import ClusterObjects
+from controller.options import build_allocator
 
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
 GPU_CLASS = device_class("gpu", ['device.attributes["gpu.draplugin.dev"].type == "gpu"'])

@@ -21,10 +21,10 @@ from controller.allocation.builders import (
 )
 from controller.allocation.features import Features
 from controller.allocation.nodes import Node
-from controller.allocator import allocate
-from controller.commands_common import build_allocator
-from controller.lint import Finding, lint
+from controller.lint.linter import Finding, lint
 from controller.objects import ClusterObjects
+from controller.options import build_allocator
+from controller.scheduler.allocator import allocate
 
 D = "gpu.draplugin.dev"
 GPU = device_class("gpu")

@@ -12,10 +12,10 @@ import pytest
 import yaml
 
 from controller.allocation.builders import claim, device, device_class, exactly, resource_slice
-from controller.commands_common import build_allocator
-from controller.lint import Finding, lint
-from controller.lint_workloads import pod_template, template_pod
+from controller.lint.linter import Finding, lint
+from controller.lint.workloads import pod_template, template_pod
 from controller.objects import ClusterObjects, load_from_cluster, load_manifests
+from controller.options import build_allocator
 
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
@@ -235,7 +235,7 @@ class _Client:
 def test_only_lint_lists_workloads_from_a_cluster(
     command: str, lists_workloads: bool, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import controller.commands_common as common
+    import controller.options as common
     import dracommon.kubeapi as kubeapi
     from controller.cli import main
 

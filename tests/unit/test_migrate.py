@@ -17,12 +17,12 @@ import yaml
 from controller.allocation.nodes import Node
 from controller.cel import compile_selector
 from controller.cli import main
-from controller.commands_common import build_allocator
-from controller.commands_simulate import simulate
 from controller.migrate.command import migrate
 from controller.migrate.convert import Converter, parse_mapping
 from controller.migrate.documents import read_documents, split_documents
 from controller.objects import load_manifests
+from controller.options import build_allocator
+from controller.simulate.command import simulate
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples" / "device-plugin"

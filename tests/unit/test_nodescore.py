@@ -19,10 +19,10 @@ from controller.allocation.builders import (
 )
 from controller.allocation.features import Features
 from controller.cli import main
-from controller.commands_common import build_allocator, cluster_nodes
-from controller.commands_simulate import ClaimResult, simulate, to_text
-from controller.nodescore import dra_score, normalize
 from controller.objects import ClusterObjects
+from controller.options import build_allocator, cluster_nodes
+from controller.scheduler.nodescore import dra_score, normalize
+from controller.simulate.command import ClaimResult, simulate, to_text
 
 
 def template(name: str, requests: list[dict[str, Any]]) -> dict[str, Any]:

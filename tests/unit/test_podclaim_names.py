@@ -16,7 +16,7 @@ import yaml
 
 from controller.allocation.builders import claim, device_class, exactly
 from controller.cli import main
-from controller.podclaims import (
+from controller.scheduler.podclaims import (
     ClaimIndex,
     claim_generate_name,
     is_generated_name,

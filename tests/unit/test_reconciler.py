@@ -20,9 +20,9 @@ from controller.allocation.builders import (
     first_available,
     resource_slice,
 )
-from controller.metrics import ControllerMetrics
-from controller.reconcile_api import Conflict, NotFound
-from controller.reconciler import (
+from controller.run.api import Conflict, NotFound
+from controller.run.metrics import ControllerMetrics
+from controller.run.reconciler import (
     FINALIZER,
     Reconciler,
     ReconcilerSettings,

@@ -9,8 +9,8 @@ import urllib.request
 import pytest
 from prometheus_client import CollectorRegistry
 
-from controller.commands_run import SettingError, add_arguments, resolve
-from controller.metrics import ControllerMetrics, MetricsServer
+from controller.run.command import SettingError, add_arguments, resolve
+from controller.run.metrics import ControllerMetrics, MetricsServer
 
 
 def parse(*argv: str) -> argparse.Namespace:

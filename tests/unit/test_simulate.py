@@ -9,9 +9,9 @@ import pytest
 import yaml
 
 from controller.allocation.builders import claim, device, device_class, exactly, resource_slice
-from controller.allocator import Allocator, Node
 from controller.cli import main
-from controller.commands_simulate import Simulator, pending_claims
+from controller.scheduler.allocator import Allocator, Node
+from controller.simulate.command import Simulator, pending_claims
 
 
 def objects() -> list[dict[str, object]]:

@@ -22,12 +22,12 @@ from controller.allocation.builders import (
     resource_slice,
     with_allocation,
 )
-from controller.allocator import Allocator, Node
 from controller.cli import main
-from controller.commands_common import build_allocator, cluster_nodes
-from controller.commands_simulate import ClaimResult, simulate
-from controller.nodefilter import FILTER_ERROR_PREFIX, filter_nodes
 from controller.objects import ClusterObjects
+from controller.options import build_allocator, cluster_nodes
+from controller.scheduler.allocator import Allocator, Node
+from controller.scheduler.nodefilter import FILTER_ERROR_PREFIX, filter_nodes
+from controller.simulate.command import ClaimResult, simulate
 from tests.unit.test_reconciler import World
 
 D = "gpu.draplugin.dev"

@@ -12,15 +12,15 @@ import pytest
 
 from controller.allocation.nodes import Node
 from controller.cli import main
-from controller.commands_common import build_allocator
-from controller.commands_simulate import simulate
-from controller.extendedclaim import (
+from controller.objects import load_manifests
+from controller.options import build_allocator
+from controller.scheduler.extendedclaim import (
     EXTENDED_RESOURCE_CLAIM_ANNOTATION,
     build_extended_claim,
     class_mappings,
     is_extended_resource_name,
 )
-from controller.objects import load_manifests
+from controller.simulate.command import simulate
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "device-plugin" / "extended-resource"

@@ -12,10 +12,10 @@ from controller.allocation.builders import (
     resource_slice,
     with_allocation,
 )
-from controller.commands_common import build_allocator, cluster_nodes
-from controller.commands_simulate import ClaimResult, simulate
 from controller.objects import ClusterObjects
-from controller.podclaims import POD_CLAIM_NAME_ANNOTATION, resolve_pods
+from controller.options import build_allocator, cluster_nodes
+from controller.scheduler.podclaims import POD_CLAIM_NAME_ANNOTATION, resolve_pods
+from controller.simulate.command import ClaimResult, simulate
 
 D = "gpu.draplugin.dev"
 

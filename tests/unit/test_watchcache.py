@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from controller.watchcache import WatchCache
+from controller.run.watchcache import WatchCache
 from dracommon.kubeapi import Gone
 
 JSON = dict[str, Any]

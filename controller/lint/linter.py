@@ -16,12 +16,12 @@ Findings (errors fail `dra-controller lint`; warnings too with --strict):
 * no-match (warning): the class, or the class with the request's selectors, selects nothing;
 * unknown-class (error): the request names a DeviceClass that is not there;
 * untolerated-taint, all-mode-incomplete-pool, no-device-on-pod-nodes (warnings): where the
-  scheduler cannot place a request on the objects given (`controller.lint_placement`);
+  scheduler cannot place a request on the objects given (`controller.lint.placement`);
 * untolerated-node-taint (warning): a class whose devices are all on nodes with taints the pods
-  using it do not tolerate (`controller.lint_node_taints`).
+  using it do not tolerate (`controller.lint.node_taints`).
 
 Pod-level findings judge Pods and the pod templates of Deployments, StatefulSets, DaemonSets,
-ReplicaSets, Jobs and CronJobs alike, naming the workload (`controller.lint_workloads`).
+ReplicaSets, Jobs and CronJobs alike, naming the workload (`controller.lint.workloads`).
 """
 
 from __future__ import annotations
@@ -32,22 +32,22 @@ from typing import Any
 
 from controller.allocation.requests import Request, alternatives, claim_ref, claim_requests
 from controller.allocation.selectors import SelectorCache, SelectorError, SelectorStep, request_steps
-from controller.allocator import Allocator
 from controller.cel.selector import MAX_COST
-from controller.commands_common import build_allocator, cluster_nodes
-from controller.lint_model import (
+from controller.lint.model import (
     Finding,
     PublishedDevice,
     Report,
     RequestOutcome,
     published_devices,
 )
-from controller.lint_node_taints import node_taint_findings
-from controller.lint_placement import NodeView, placement_findings
-from controller.lint_reads import attribute_reads, device_has, is_guarded
-from controller.lint_workloads import with_template_pods
+from controller.lint.node_taints import node_taint_findings
+from controller.lint.placement import NodeView, placement_findings
+from controller.lint.reads import attribute_reads, device_has, is_guarded
+from controller.lint.workloads import with_template_pods
 from controller.objects import ClusterObjects
-from controller.podclaims import claim_from_template
+from controller.options import build_allocator, cluster_nodes
+from controller.scheduler.allocator import Allocator
+from controller.scheduler.podclaims import claim_from_template
 
 JSON = Mapping[str, Any]
 

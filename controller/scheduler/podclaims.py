@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from controller.allocation.nodes import Node, NodeSelectorError, selector_matches
-from controller.extendedclaim import (
+from controller.scheduler.extendedclaim import (
     ClassMapping,
     Mapped,
     build_extended_claim,
@@ -347,7 +347,7 @@ def resolve_pods(
     """Every pod that is not finished or being deleted, with its claims; pods without claims left out.
 
     With `device_classes` (pass them where the DRAExtendedResource gate is on), a pod's extended
-    resources that a class maps become its implicit claim (`controller.extendedclaim`).
+    resources that a class maps become its implicit claim (`controller.scheduler.extendedclaim`).
     """
     index = ClaimIndex(claims, templates)
     mappings = class_mappings(device_classes) if device_classes else None

@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry
 
-from controller.leader import KubeLeaseApi, LeaderConfig, LeaderElector
-from controller.metrics import ControllerMetrics, MetricsServer
 from controller.objects import RESOURCE_API, TAINT_RULES
-from controller.reconcile_api import KubeClaimApi
-from controller.reconciler import Reconciler, ReconcilerSettings, Snapshot
-from controller.watchcache import KubeListWatch, WatchCache
+from controller.run.api import KubeClaimApi
+from controller.run.leader import KubeLeaseApi, LeaderConfig, LeaderElector
+from controller.run.metrics import ControllerMetrics, MetricsServer
+from controller.run.reconciler import Reconciler, ReconcilerSettings, Snapshot
+from controller.run.watchcache import KubeListWatch, WatchCache
 from dracommon.drivername import DEFAULT_DRIVER_NAME
 from dracommon.kubeapi import ApiError, KubeApi
 from dracommon.kubeversion import NEWEST_KNOWN, KubernetesVersion

@@ -18,8 +18,8 @@ from controller.allocation.pools import DeviceID, pool_generation, pool_key
 from controller.allocation.requests import ALL, alternatives, blocking_taint, claim_ref, claim_requests
 from controller.allocation.search import RequestPlan, Search, pool_candidates
 from controller.allocation.selectors import SelectorError, request_steps
-from controller.allocator import Allocator
-from controller.nodefilter import scheduling_error_message
+from controller.scheduler.allocator import Allocator
+from controller.scheduler.nodefilter import scheduling_error_message
 
 JSON = Mapping[str, Any]
 

@@ -25,12 +25,12 @@ from controller.allocation.nodes import Node, NodeSelectorError
 from controller.allocation.pools import DeviceID, Pool
 from controller.allocation.requests import ALL, blocking_taint
 from controller.allocation.search import all_mode_blocker, available_on_node, pool_candidates
-from controller.allocator import Allocator
-from controller.commands_common import cluster_nodes
-from controller.lint_model import Finding, PublishedDevice, RequestOutcome
-from controller.lint_workloads import pod_subject
+from controller.lint.model import Finding, PublishedDevice, RequestOutcome
+from controller.lint.workloads import pod_subject
 from controller.objects import ClusterObjects
-from controller.podclaims import candidate_nodes, pod_node_constraints, resolve_pods
+from controller.options import cluster_nodes
+from controller.scheduler.allocator import Allocator
+from controller.scheduler.podclaims import candidate_nodes, pod_node_constraints, resolve_pods
 
 JSON = Mapping[str, Any]
 _SHOWN = 3  # devices or nodes named in a message before "..."

@@ -7,19 +7,19 @@ together on one node, as in one scheduler Filter call, on a node the pod may
 run on (spec.nodeName, nodeSelector, required node affinity) and that every
 already allocated claim of the pod can be used on. Claims a pod makes from a
 ResourceClaimTemplate are generated here when the cluster has not made them
-yet (see `controller.podclaims`).
+yet (see `controller.scheduler.podclaims`).
 
 Without a fixed node, a claim on its own goes to the first node (in name
 order, starting after the node used last) where it fits, as dra-controller
 pre-allocates. A pod goes to the node kube-scheduler would pick for a pod with
-no other constraints (`controller.nodescore`: the DynamicResources score for
+no other constraints (`controller.scheduler.nodescore`: the DynamicResources score for
 prioritized lists from 1.35 on); where several nodes score the same the
 scheduler picks one at random, so the result lists them all
 (`possibleNodes`) and the simulation continues with the first in rotating
 order. As in kube-scheduler, every node the pod may run on is
 filtered first, and a Filter error on any of them (a CEL runtime error, All
 mode over an incomplete pool, ...) leaves the pod unscheduled, naming that
-node (see `controller.nodefilter`). Claims annotated for pre-allocation to a
+node (see `controller.scheduler.nodefilter`). Claims annotated for pre-allocation to a
 node only try that node.
 """
 
@@ -32,9 +32,10 @@ from typing import Any
 
 from controller.allocation.nodes import Node, NodeSelectorError
 from controller.allocation.requests import claim_ref
-from controller.allocator import AllocationOutcome, Allocator, Failure
 from controller.cli import EXIT_FAILURE, EXIT_OK, Subcommand, register_subcommand
-from controller.commands_common import (
+from controller.explain.explanation import explain_claim
+from controller.objects import ClusterObjects
+from controller.options import (
     add_source_arguments,
     build_allocator,
     cluster_nodes,
@@ -45,12 +46,12 @@ from controller.commands_common import (
     release_of,
     with_objects,
 )
-from controller.explain import explain_claim
-from controller.extendedclaim import Mapped
-from controller.nodefilter import filter_nodes
-from controller.nodescore import ScoreError, choose_node
-from controller.objects import ClusterObjects
-from controller.podclaims import (
+from controller.run.reconciler import ANY_NODE_SYNONYMS, preallocate_annotation
+from controller.scheduler.allocator import AllocationOutcome, Allocator, Failure
+from controller.scheduler.extendedclaim import Mapped
+from controller.scheduler.nodefilter import filter_nodes
+from controller.scheduler.nodescore import ScoreError, choose_node
+from controller.scheduler.podclaims import (
     PodClaim,
     PodClaims,
     allocations_fit_node,
@@ -59,7 +60,6 @@ from controller.podclaims import (
     reachable_nodes,
     resolve_pods,
 )
-from controller.reconciler import ANY_NODE_SYNONYMS, preallocate_annotation
 from dracommon.drivername import DEFAULT_DRIVER_NAME
 
 JSON = Mapping[str, Any]

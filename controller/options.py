@@ -13,14 +13,14 @@ from typing import Any
 
 import yaml
 
-from controller import extendedclaim
 from controller.allocation.features import Features, parse_feature_gates
 from controller.allocation.nodes import Node
 from controller.allocation.selectors import Compiler
-from controller.allocator import Allocator
 from controller.cel import compile_selector, versions
 from controller.cel.versions import VERSION_ENV
 from controller.objects import ClusterObjects, ManifestError, load_from_cluster, load_manifests
+from controller.scheduler import extendedclaim
+from controller.scheduler.allocator import Allocator
 from dracommon.kubeversion import (
     NEWEST_KNOWN,
     KubernetesVersion,

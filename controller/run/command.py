@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from controller.allocation.features import parse_feature_gates
 from controller.cli import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, Subcommand, register_subcommand
-from controller.leader import LeaderConfig
+from controller.run.leader import LeaderConfig
 from dracommon.drivername import DEFAULT_DRIVER_NAME, check_driver_name
 from dracommon.duration import parse_duration
 from dracommon.kubeversion import KubernetesVersion, format_version, parse_kubernetes_version
@@ -248,7 +248,7 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     setup_logging(values["log_format"], values["log_level"])
 
-    from controller.reconcile_daemon import ControllerDaemon, DaemonSettings
+    from controller.run.daemon import ControllerDaemon, DaemonSettings
     from dracommon.kubeapi import KubeApi, KubeConfigError, load_api_client
 
     try:

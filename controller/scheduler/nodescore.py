@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from controller.allocation.features import Features
-from controller.nodefilter import NodeOutcome
+from controller.scheduler.nodefilter import NodeOutcome
 
 JSON = Mapping[str, Any]
 

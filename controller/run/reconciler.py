@@ -10,7 +10,7 @@ Pre-allocation
     driver name, `gpu.draplugin.dev/preallocate` by default) with
     a node name (or `any` / `true`: the first node that fits, unless a Filter
     error on any node would fail the scheduler's attempt, see
-    `controller.nodefilter`) is allocated by us before any pod exists, with
+    `controller.scheduler.nodefilter`) is allocated by us before any pod exists, with
     our copy of kube-scheduler's allocator, treating every claim that already
     has `status.allocation` as in use. Pods that reference the claim then share
     it: the scheduler reuses an allocated claim as is and only adds the pod to
@@ -56,7 +56,7 @@ Events
     one-line summary (which filter removed how many devices); at most one per
     claim per `event_interval_s`.
 
-Size: one module because the decisions of one pass share one snapshot; API writes live in reconcile_api.py.
+Size: one module because the decisions of one pass share one snapshot; API writes live in api.py.
 """
 
 from __future__ import annotations
@@ -73,14 +73,14 @@ from controller.allocation.features import Features
 from controller.allocation.nodes import Node
 from controller.allocation.pools import DeviceID
 from controller.allocation.requests import claim_ref
-from controller.allocator import Allocator
 from controller.cel import compile_selector
-from controller.explain import explain_claim
-from controller.metrics import ControllerMetrics
-from controller.nodefilter import filter_nodes
-from controller.nodescore import choose_node
-from controller.reconcile_api import ClaimApi, Conflict, NotFound
-from controller.reconcile_events import REASON, EventLimiter, cannot_allocate_event
+from controller.explain.explanation import explain_claim
+from controller.run.api import ClaimApi, Conflict, NotFound
+from controller.run.events import REASON, EventLimiter, cannot_allocate_event
+from controller.run.metrics import ControllerMetrics
+from controller.scheduler.allocator import Allocator
+from controller.scheduler.nodefilter import filter_nodes
+from controller.scheduler.nodescore import choose_node
 from dracommon.drivername import DEFAULT_DRIVER_NAME, annotation_key, reporting_controller
 from dracommon.kubeversion import NEWEST_KNOWN, KubernetesVersion
 

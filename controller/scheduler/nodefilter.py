@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from controller.allocation.nodes import Node
-from controller.allocator import AllocationOutcome, Allocator, Failure
+from controller.scheduler.allocator import AllocationOutcome, Allocator, Failure
 
 JSON = Mapping[str, Any]
 

@@ -6,7 +6,7 @@ A pod's template claims are found as kube-scheduler finds them: by the name in
 where no such claim exists yet, it is named after kube-controller-manager's
 generateName without the random suffix (`<pod>-<podClaimName>` for short names;
 long names are cut as upstream cuts them, and the uncut `<pod>-<podClaimName>`
-finds the claim too; see `controller.podclaims`). `pod/NAME` explains every
+finds the claim too; see `controller.scheduler.podclaims`). `pod/NAME` explains every
 claim of the pod on the nodes the pod may run on.
 
 JSON: one claim is `Explanation.to_json()` (`claim`, `allocated`, `summary`,
@@ -14,9 +14,9 @@ JSON: one claim is `Explanation.to_json()` (`claim`, `allocated`, `summary`,
 here; a pod is `{"pod", "nodes": [names], "schedulingError", "claims": [one claim
 as above, plus "podClaimName"]}`. `schedulingError` (`{"node", "message"}` or
 null) is a kube-scheduler Filter error on some node, which fails the pod's whole
-scheduling attempt (see `controller.nodefilter`). Without one, a pod also has
+scheduling attempt (see `controller.scheduler.nodefilter`). Without one, a pod also has
 `nodeChoice` (`{"chosen", "candidates", "deterministic", "scores"}`, see
-`controller.nodescore`): the node(s) kube-scheduler may pick; more than one
+`controller.scheduler.nodescore`): the node(s) kube-scheduler may pick; more than one
 candidate means it picks one of them at random.
 """
 
@@ -28,9 +28,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from controller.allocation.nodes import Node, NodeSelectorError
-from controller.allocator import Allocator
 from controller.cli import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, Subcommand, register_subcommand
-from controller.commands_common import (
+from controller.explain.explanation import Explanation, explain_claim
+from controller.objects import ClusterObjects
+from controller.options import (
     add_source_arguments,
     build_allocator,
     cluster_nodes,
@@ -41,12 +42,15 @@ from controller.commands_common import (
     release_of,
     with_objects,
 )
-from controller.explain import Explanation, explain_claim
-from controller.extendedclaim import class_mappings, device_plugin_nodes, unmapped_extended_resources
-from controller.nodefilter import FilterResult, filter_nodes
-from controller.nodescore import NodeChoice, ScoreError, choose_node
-from controller.objects import ClusterObjects
-from controller.podclaims import (
+from controller.scheduler.allocator import Allocator
+from controller.scheduler.extendedclaim import (
+    class_mappings,
+    device_plugin_nodes,
+    unmapped_extended_resources,
+)
+from controller.scheduler.nodefilter import FilterResult, filter_nodes
+from controller.scheduler.nodescore import NodeChoice, ScoreError, choose_node
+from controller.scheduler.podclaims import (
     PodClaim,
     PodClaims,
     allocations_fit_node,

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from controller.cli import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, Subcommand, register_subcommand
-from controller.commands_common import emit
+from controller.options import emit
 from controller.top import sources
 from controller.top.snapshot import ClaimedDevice, ExpositionError, read_exposition
 from controller.top.table import by_waste, render, select

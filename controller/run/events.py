@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from controller.leader import micro_time
+from controller.run.leader import micro_time
 
 NOTE_LIMIT = 1024  # events.k8s.io/v1 rejects longer notes
 REASON = "CannotAllocate"

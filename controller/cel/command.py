@@ -21,8 +21,8 @@ import yaml
 
 from controller.cel import ENGINES, CompileError, EvaluationError, compile_selector
 from controller.cli import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, Subcommand, register_subcommand
-from controller.commands_common import add_version_argument
 from controller.objects import ManifestError, flatten_document
+from controller.options import add_version_argument
 from dracommon.kubeversion import KubernetesVersion
 
 

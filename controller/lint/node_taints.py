@@ -9,7 +9,7 @@ pod waits Pending with "untolerated taint" from the scheduler, far from the clai
 
 Judged from the objects given: Node objects (their `spec.taints`), ResourceSlices (which node
 has which device, with the allocator's per-node pools), DeviceClasses and Pods (workloads' pod
-templates among them, `controller.lint_workloads`). For each pod
+templates among them, `controller.lint.workloads`). For each pod
 that is not bound yet, each unallocated claim it uses (claims, templates, and the scheduler's
 implicit claim for mapped extended resources) and each request: when every node that has a
 device the request's class selects carries a NoSchedule/NoExecute taint the pod does not
@@ -23,12 +23,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from controller.allocation.requests import alternatives, claim_requests, tolerates
-from controller.extendedclaim import container_requests, is_extended_resource_name
-from controller.lint_model import Finding, PublishedDevice
-from controller.lint_placement import NodeView
-from controller.lint_workloads import pod_noun, pod_subject
+from controller.lint.model import Finding, PublishedDevice
+from controller.lint.placement import NodeView
+from controller.lint.workloads import pod_noun, pod_subject
 from controller.objects import ClusterObjects
-from controller.podclaims import resolve_pods
+from controller.scheduler.extendedclaim import container_requests, is_extended_resource_name
+from controller.scheduler.podclaims import resolve_pods
 
 JSON = Mapping[str, Any]
 SCHEDULING_EFFECTS = ("NoSchedule", "NoExecute")

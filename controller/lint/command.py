@@ -7,7 +7,9 @@ from __future__ import annotations
 import argparse
 
 from controller.cli import EXIT_FAILURE, EXIT_OK, Subcommand, register_subcommand
-from controller.commands_common import (
+from controller.lint.linter import lint
+from controller.objects import ClusterObjects
+from controller.options import (
     add_source_arguments,
     build_allocator,
     emit,
@@ -16,8 +18,6 @@ from controller.commands_common import (
     release_of,
     with_objects,
 )
-from controller.lint import lint
-from controller.objects import ClusterObjects
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -1,0 +1,1 @@
+"""`dra-controller run`, the daemon: reconciler, API writes and Events, leader election, caches, metrics."""

@@ -1,0 +1,1 @@
+"""`dra-controller simulate`: pending claims allocated one after the other, as the cluster would."""
