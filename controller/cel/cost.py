@@ -13,7 +13,7 @@ apply each macro's expansion (cel-go parser/macro.go, ext/comprehensions.go, ext
 sortByMacro) in closed form. Only the maximum of upstream's (min, max) cost is tracked, since
 only it is compared with the limit; sizes keep both bounds, which some rules (replace) use.
 
-Hand-written because the estimator exists only in Go; one module, as it is one walk.
+Size: hand-written because the estimator exists only in Go; one module, as it is one walk.
 """
 
 from __future__ import annotations

@@ -12,6 +12,8 @@ declares to the checker but does not implement at run time (and will not let a s
 implementation be declared beside its own). So such a program is checked in the usual
 environment and then planned, from its serialized checked form, in a runtime environment
 that adds our implementation (`map_insert`) under upstream's overload ids.
+
+Size: one engine; conversions, declarations and two-environment planning all meet in `compile`.
 """
 
 from __future__ import annotations

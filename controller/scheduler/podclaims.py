@@ -24,6 +24,8 @@ random suffix (`offline_claim_name`: `<pod>-<podClaimName>` while short) and
 `generated=True`.
 
 Pure: API objects (JSON dicts) in, resolved claims out; no I/O.
+
+Size: naming, lookup and node reach of a pod's claims follow one upstream flow and share its rules.
 """
 
 from __future__ import annotations

@@ -4,6 +4,8 @@ Backends (NVML, fake) build `Device` values; the slice publisher renders them
 with `Device.to_api()`. Validation mirrors the API server's ResourceSlice
 limits so a bad device is reported here, naming the device and the field,
 instead of as a rejected write that would take the whole slice down with it.
+
+Size: each field of the device shape sits next to the API server limit it is checked against.
 """
 
 from __future__ import annotations

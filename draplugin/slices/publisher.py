@@ -27,6 +27,8 @@ Rules, following the upstream ResourceSlice controller:
   deleted first, with UID and resourceVersion preconditions.
 - Conflicts (409), vanished objects (404) and API errors are retried with
   exponential backoff after a fresh list.
+
+Size: sync, resync, watch and backoff are one loop around one record of what was last verified.
 """
 
 from __future__ import annotations
