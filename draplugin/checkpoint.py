@@ -87,19 +87,32 @@ class ClaimRecord:
     name: str
     state: ClaimState
     devices: tuple[DeviceRecord, ...] = ()
+    # Rebuilt at start-up from the claim's surviving CDI spec alone (checkpoint lost, API server
+    # unreachable): `PrepareStarted`, since we cannot say how it was prepared, but its pod may be
+    # running, so start-up keeps its sharing state (MIG instance, MPS daemon, time-slice) until the
+    # kubelet prepares or unprepares it. Stored as an extra key, which older v2 readers ignore.
+    from_spec: bool = False
 
     @property
     def completed(self) -> bool:
         return self.state is ClaimState.PREPARE_COMPLETED
 
+    @property
+    def holds_sharing_state(self) -> bool:
+        """Start-up keeps this claim's sharing state: it is prepared, or may be in use by a pod."""
+        return self.completed or self.from_spec
+
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "uid": self.uid,
             "namespace": self.namespace,
             "name": self.name,
             "state": self.state.value,
             "devices": [device.to_json() for device in self.devices],
         }
+        if self.from_spec:
+            out["rebuiltFromSpec"] = True
+        return out
 
 
 class CheckpointFormatError(ValueError):
@@ -164,6 +177,10 @@ class CheckpointStore:
     def __len__(self) -> int:
         return len(self._claims)
 
+    def durable(self, uid: str) -> bool:
+        """Whether the file holds what memory says of the claim (no change of it is unwritten)."""
+        return uid not in self._unwritten
+
     def put(self, record: ClaimRecord) -> None:
         self._claims[record.uid] = record
         self._version += 1
@@ -183,7 +200,9 @@ class CheckpointStore:
     # --- persistence ------------------------------------------------------------------------------
 
     async def commit(self) -> None:
-        """Make every change made so far durable."""
+        """Make every change made so far durable. Raises OSError when the write fails: the changes
+        stay unwritten (the next commit of anyone writes them) and the caller decides what memory
+        must say meanwhile."""
         target = self._version
         async with self._write_lock:
             if self._written >= target:
@@ -236,7 +255,7 @@ class CheckpointStore:
         for record in records:
             if new_boot or version == 1:
                 # After a reboot nothing we did survives; v1 lacks the config to redo it offline.
-                record = replace(record, state=ClaimState.PREPARE_STARTED)
+                record = replace(record, state=ClaimState.PREPARE_STARTED, from_spec=False)
             self._claims[record.uid] = record
         for uid, (_, change) in self._unwritten.items():
             if change is None:
@@ -352,6 +371,9 @@ def _parse_v2(doc: Mapping[str, Any]) -> list[ClaimRecord]:
                     config=config,
                 )
             )
+        from_spec = entry.get("rebuiltFromSpec", False)
+        if not isinstance(from_spec, bool):
+            raise CheckpointFormatError(f"{where}.rebuiltFromSpec is not a boolean")
         records.append(
             ClaimRecord(
                 uid=_str(entry.get("uid"), f"{where}.uid"),
@@ -359,6 +381,7 @@ def _parse_v2(doc: Mapping[str, Any]) -> list[ClaimRecord]:
                 name=_str(entry.get("name"), f"{where}.name"),
                 state=state,
                 devices=tuple(devices),
+                from_spec=from_spec,
             )
         )
     return records

@@ -6,11 +6,16 @@ never runs two calls for one claim UID at once, so there is no lock here):
   1. GET the ResourceClaim as raw JSON and plan it (`prepare_plan`): UID check,
      allocation, our results, opaque config, CDI names.
   2. If the checkpoint already has the same plan completed, re-create its CDI
-     spec and sharing state if they vanished and return the same answer.
+     spec and sharing state if they vanished and return the same answer (after
+     writing the record, if the file does not hold it yet).
   3. Otherwise check no other claim holds the devices, record the claim as
      `PrepareStarted` (in memory; in the file first only for a redo), create
      sharing state, write the CDI spec (atomic, not fsynced), record it as
      `PrepareCompleted` (the one durable write), answer.
+
+No claim is answered as prepared unless its record is durable: a failed
+checkpoint write (ENOSPC, EIO, a read-only state filesystem) fails the call and
+leaves memory saying what the file may say (`_prepare`, `_unprepare`).
 
 Unprepare: remove the CDI spec first (a runtime must never resolve a device
 we are about to give away), then release sharing state, then forget the claim.
@@ -218,9 +223,24 @@ class GpuDriver:
                 report.specs_removed.append(uid)
         if loaded.corrupt_reason is None:
             # MIG instances, MPS daemons, time-slices of claims that are not prepared: orphans. With
-            # the records lost they may serve running pods: kept, as their CDI specs are.
-            self.sharing.release_orphans({r.uid for r in self.checkpoint.records() if r.completed})
-        self.checkpoint.save()
+            # the records lost they may serve running pods: kept, as their CDI specs are; and so are
+            # those of a claim an earlier recovery rebuilt from its spec alone, until the kubelet
+            # prepares or unprepares it (the API server decides, not a second restart).
+            self.sharing.release_orphans({r.uid for r in self.checkpoint.records() if r.holds_sharing_state})
+        try:
+            self.checkpoint.save()
+        except OSError as err:
+            # Serve anyway: unprepare must keep working on a full disk. What the file lacks stays
+            # unwritten, and no claim is answered as prepared before a write of it succeeds.
+            log.error(
+                "cannot write the checkpoint at start-up: prepares fail until it can be written",
+                extra={"path": str(self.checkpoint.path), "error": str(err)},
+            )
+            self.events.node_event(
+                "CheckpointWriteFailed",
+                f"checkpoint {self.checkpoint.path} cannot be written ({err}); claims cannot be prepared "
+                "until it can",
+            )
         self.metrics.prepared_claims.set(len(self.checkpoint))
         log.info(
             "checkpoint loaded",
@@ -336,7 +356,9 @@ class GpuDriver:
         )
         if not devices:
             return False
-        self.checkpoint.put(ClaimRecord(uid, UNKNOWN_NAME, UNKNOWN_NAME, ClaimState.PREPARE_STARTED, devices))
+        self.checkpoint.put(
+            ClaimRecord(uid, UNKNOWN_NAME, UNKNOWN_NAME, ClaimState.PREPARE_STARTED, devices, from_spec=True)
+        )
         log.warning(
             "claim rebuilt from its CDI spec alone: its devices stay taken until the kubelet "
             "prepares or unprepares it",
@@ -467,6 +489,9 @@ class GpuDriver:
             # Repeated prepare (kubelet retry or restart): same answer, and put back
             # anything a reboot or a cleaner took away.
             realized = await asyncio.to_thread(self._materialize, plan)
+            if not self.checkpoint.durable(claim.uid):
+                # Completed in memory only (a start-up rebuild whose save failed): write it first.
+                await self._commit(claim)
             self._report_status(realized, doc)
             return plan.prepared_devices()
 
@@ -487,7 +512,8 @@ class GpuDriver:
         self.metrics.prepared_claims.set(len(self.checkpoint))
         if record is not None:
             # A redo: the file must stop saying what the old record said before anything changes.
-            await self.checkpoint.commit()
+            # Not written: nothing changed yet, so memory goes back to the old record (the file's).
+            await self._commit(claim, rollback=record)
         # A new claim's `PrepareStarted` is only held in memory (it takes the devices at once) and
         # reaches the file with the next commit of any claim: one checkpoint write (two fsyncs) per
         # prepare instead of two. Crash-safe because nothing on disk needs it: until the record
@@ -498,8 +524,10 @@ class GpuDriver:
         # no spec.
         crashpoints.reach(crashpoints.AFTER_CHECKPOINT_STARTED)
 
-        if record is not None and not plan.uses_mps:
-            # A redo whose config dropped MPS must not leave the old MPS directory behind.
+        if record is not None and not plan.uses_mps and record.devices != records and not record.from_spec:
+            # A redo whose config dropped MPS must not leave the old MPS directory behind. Not for a
+            # redo of the same plan (the state is what `apply` reuses), nor for a claim rebuilt from
+            # its spec alone: its pod may be running on that state, which `apply` reuses too.
             await asyncio.to_thread(self.sharing.release, claim.uid)
         realized = await asyncio.to_thread(self._materialize, plan)
         crashpoints.reach(crashpoints.AFTER_CDI_WRITE)
@@ -507,10 +535,36 @@ class GpuDriver:
         self.checkpoint.put(
             ClaimRecord(claim.uid, claim.namespace, claim.name, ClaimState.PREPARE_COMPLETED, records)
         )
-        await self.checkpoint.commit()
+        # Not written: the claim goes back to `PrepareStarted` in memory, so the kubelet's retry
+        # does the whole prepare again, this write included, instead of finding it completed. Its
+        # CDI spec and sharing state stay, and so do its devices (no other claim may take them
+        # while the spec exists): the retry reuses both (`_materialize` is idempotent), an
+        # unprepare removes both by UID, and a restart whose file lacks the record removes them as
+        # a never-answered claim's. Undoing them here instead would take more writes on the disk
+        # that just failed (the sharing ledger lives next to the checkpoint), and half an undo is
+        # worse than none. If another claim's commit got the completed record into the file first,
+        # the file says more than memory, the safe way round: the devices stay taken either way.
+        await self._commit(
+            claim,
+            rollback=ClaimRecord(claim.uid, claim.namespace, claim.name, ClaimState.PREPARE_STARTED, records),
+        )
         crashpoints.reach(crashpoints.AFTER_CHECKPOINT_COMPLETED)
         self._report_status(realized, doc)
         return plan.prepared_devices()
+
+    async def _commit(self, claim: ClaimRef, rollback: ClaimRecord | None = None) -> None:
+        """Write the checkpoint; on failure put `rollback` back in memory and fail the prepare."""
+        try:
+            await self.checkpoint.commit()
+        except OSError as err:
+            if rollback is not None:
+                self.checkpoint.put(rollback)
+                self.metrics.prepared_claims.set(len(self.checkpoint))
+            raise PlanError(
+                "CheckpointWriteFailed",
+                f"claim {claim.namespace}/{claim.name} is not prepared: the checkpoint "
+                f"{self.checkpoint.path} could not be written ({err}); the kubelet's retry tries again",
+            ) from None
 
     def _report_status(self, realized: ClaimPlan, doc: dict[str, object]) -> None:
         """Queue the claim's status.devices write; it never delays or fails the prepare."""
@@ -555,10 +609,20 @@ class GpuDriver:
             crashpoints.reach(crashpoints.UNPREPARE_AFTER_CDI_REMOVE)
             await asyncio.to_thread(self.sharing.release, claim.uid)
             crashpoints.reach(crashpoints.UNPREPARE_AFTER_RELEASE)
+        record = self.checkpoint.get(claim.uid)
         known = self.checkpoint.forget(claim.uid)
-        if known:
+        if record is not None:
             self.metrics.prepared_claims.set(len(self.checkpoint))
-            await self.checkpoint.commit()
+            try:
+                await self.checkpoint.commit()
+            except OSError:
+                # The file still holds the claim: so must memory, or the kubelet's retry would
+                # find nothing to forget, answer success without a write, and the next start
+                # would bring the claim back from the file and hold its devices for good. Its
+                # spec and sharing state are gone already; the retry's removal is a no-op.
+                self.checkpoint.put(record)
+                self.metrics.prepared_claims.set(len(self.checkpoint))
+                raise
             if self.status is not None:
                 # Only a claim we prepared can carry our entries; the rest cost no API call.
                 self.status.unprepared(claim)
