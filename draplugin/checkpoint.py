@@ -31,14 +31,12 @@ import asyncio
 import enum
 import json
 import logging
-import os
-import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from draplugin.cdi.spec import atomic_write, remove_stale_temp_files
+from draplugin.statefile import StateFormatError, atomic_write, read_state, remove_stale_temp_files
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +113,7 @@ class ClaimRecord:
         return out
 
 
-class CheckpointFormatError(ValueError):
+class CheckpointFormatError(StateFormatError):
     """The file exists but cannot be understood."""
 
 
@@ -219,7 +217,7 @@ class CheckpointStore:
 
     def remove_stale_temp_files(self, before: float) -> list[Path]:
         """Temp files of our interrupted writes (`.checkpoint.json.*.tmp`) older than `before`."""
-        return remove_stale_temp_files(self.path.parent, f".{self.path.name}.", "", before)
+        return remove_stale_temp_files(self.path.parent, before, names=(self.path.name,))
 
     def _render(self) -> bytes:
         doc = {
@@ -232,17 +230,16 @@ class CheckpointStore:
         return (json.dumps(doc) + "\n").encode()
 
     def load(self) -> LoadResult:
-        """Read the file. A missing file is an empty checkpoint; a corrupt one is moved aside."""
-        try:
-            raw = self.path.read_bytes()
-        except FileNotFoundError:
+        """Read the file. A missing file is an empty checkpoint; a corrupt one (any content, or
+        something else in its place: `draplugin.statefile.read_state`) is moved aside."""
+        found = read_state(self.path, parse, what="checkpoint")
+        if found.problem is not None:
+            self._claims = {}
+            self._version += 1
+            return LoadResult(corrupt_reason=found.problem, moved_to=found.moved_to)
+        if found.value is None:
             return LoadResult()
-        except OSError as err:
-            return self._set_aside(f"cannot read: {err}")
-        try:
-            version, boot_id, records = parse(raw)
-        except CheckpointFormatError as err:
-            return self._set_aside(str(err))
+        version, boot_id, records = found.value
         newer = version > CURRENT_VERSION
         if newer:
             log.warning(
@@ -264,21 +261,6 @@ class CheckpointStore:
                 self._claims[uid] = change
         self._version += 1
         return LoadResult(version=version, claims=len(records), new_boot=new_boot, newer_version=newer)
-
-    def _set_aside(self, reason: str) -> LoadResult:
-        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-        target = self.path.with_name(f"{self.path.name}.corrupt-{stamp}-{os.getpid()}")
-        moved: Path | None = target
-        try:
-            os.replace(self.path, target)
-        except OSError as err:
-            log.error(
-                "cannot move corrupt checkpoint aside", extra={"path": str(self.path), "error": str(err)}
-            )
-            moved = None
-        self._claims = {}
-        self._version += 1
-        return LoadResult(corrupt_reason=reason, moved_to=moved)
 
 
 # --- parsing (pure) -----------------------------------------------------------------------------------

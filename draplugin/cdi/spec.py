@@ -16,10 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import re
-import stat
-import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -28,6 +25,11 @@ from typing import Any
 
 from dracommon.drivername import DEFAULT_DRIVER_NAME, cdi_kind, cdi_vendor
 from dracommon.kubenames import uid_problem
+
+# The one atomic writer and temp-file sweep of every state the plugin keeps; named here too because
+# the CDI store was their first user and callers still import them from this module.
+from draplugin.statefile import atomic_write as atomic_write
+from draplugin.statefile import fsync_dir, remove_stale_temp_files
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +48,6 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Wall-clock time this module was loaded, about when the process started: a temp file of ours older
 # than that belongs to a write that a dead process never finished.
 PROCESS_STARTED = time.time()
-TEMP_SUFFIX = ".tmp"
 
 
 class CdiError(ValueError):
@@ -268,7 +269,7 @@ class SpecStore:
 
     def remove_stale_temp_files(self, before: float) -> list[Path]:
         """Our temp files (`.<prefix><uid>.json.*.tmp`) last changed before `before`: interrupted writes."""
-        return remove_stale_temp_files(self.root, f".{self._prefix}", ".json.", before)
+        return remove_stale_temp_files(self.root, before, prefix=self._prefix, suffix=".json")
 
     def write(self, claim_uid: str, spec: Spec) -> bool:
         """Write the claim's spec unless an identical file is already there. Returns True if written.
@@ -302,7 +303,7 @@ class SpecStore:
             path.unlink()
         except FileNotFoundError:
             return False
-        _fsync_dir(self.root)
+        fsync_dir(self.root)
         return True
 
     def claim_uids(self) -> Iterator[str]:
@@ -314,64 +315,3 @@ class SpecStore:
         for entry in entries:
             if entry.name.startswith(self._prefix) and entry.name.endswith(".json"):
                 yield entry.name[len(self._prefix) : -len(".json")]
-
-
-def atomic_write(path: Path, content: bytes, mode: int = 0o644, *, durable: bool = True) -> None:
-    """Replace `path` with `content` all at once: temp file, rename. `durable`: also fsync the file
-    before the rename and the directory after it, so the new content survives a power loss too.
-
-    Without `durable` the write is still atomic for every reader and survives the writer being
-    killed (-9 included: the page cache outlives the process); only a kernel crash or power loss,
-    which always comes back as a new boot, may undo it.
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TEMP_SUFFIX)
-    try:
-        with os.fdopen(fd, "wb") as tmp:
-            tmp.write(content)
-            tmp.flush()
-            os.fchmod(tmp.fileno(), mode)
-            if durable:
-                os.fsync(tmp.fileno())
-        os.replace(tmp_name, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp_name)
-        raise
-    if durable:
-        _fsync_dir(path.parent)
-
-
-def remove_stale_temp_files(directory: Path, prefix: str, infix: str, before: float) -> list[Path]:
-    """Remove the temp files `atomic_write` left in `directory` for targets named `prefix...`
-    (`infix` is the end of the target's name plus the dot `mkstemp` adds), if last changed before
-    `before`. Younger ones may be writes in flight of the other plugin process in a rolling update."""
-    removed: list[Path] = []
-    try:
-        entries = list(directory.iterdir())
-    except FileNotFoundError:
-        return removed
-    for entry in entries:
-        name = entry.name
-        if not (name.startswith(prefix) and name.endswith(TEMP_SUFFIX) and infix in name[len(prefix) :]):
-            continue
-        try:
-            info = entry.lstat()
-            if not stat.S_ISREG(info.st_mode) or info.st_mtime >= before:
-                continue
-            entry.unlink()
-        except FileNotFoundError:
-            continue
-        removed.append(entry)
-    if removed:
-        _fsync_dir(directory)
-    return removed
-
-
-def _fsync_dir(directory: Path) -> None:
-    # The rename or unlink is only durable once the directory entry is on disk.
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -15,6 +15,10 @@ INSUFFICIENT_RESOURCES. Each MIG device gets the `nvidia-caps` nodes of its GPU
 instance and compute instance, as real character devices (1:3, like
 `/dev/null`) in the fake device directory, so containers can be checked for
 exactly the nodes they were given.
+
+A state file that is not of this shape (an edit gone wrong, garbage) is moved
+aside and read as a GPU without instances (`draplugin.statefile.read_state`),
+logged: the plugin never crash-loops on it, and MIG operations go on.
 """
 
 from __future__ import annotations
@@ -26,7 +30,6 @@ import uuid as uuidlib
 from pathlib import Path
 from typing import Any
 
-from draplugin.cdi.spec import atomic_write
 from draplugin.devices.fake import make_device_nodes
 from draplugin.devices.mig import (
     MIG_ERROR,
@@ -36,6 +39,7 @@ from draplugin.devices.mig import (
     MigOperationError,
     MigPlacement,
 )
+from draplugin.statefile import StateFormatError, atomic_write, decode_json, read_state
 
 log = logging.getLogger(__name__)
 
@@ -168,18 +172,49 @@ class FakeMigHardware:
         )
 
     def _load(self) -> dict[str, Any]:
-        try:
-            state = json.loads(self.state_file.read_bytes())
-        except FileNotFoundError:
-            state = {}
-        except (OSError, ValueError) as err:
-            raise MigOperationError(
-                MIG_ERROR, f"fake MIG state {self.state_file} unreadable: {err}"
-            ) from None
-        if not isinstance(state, dict):
-            raise MigOperationError(MIG_ERROR, f"fake MIG state {self.state_file} is not an object")
-        state.setdefault("instances", [])
-        return state
+        state = read_state(self.state_file, parse_state, what="fake MIG state").value
+        return state if state is not None else {"instances": []}
 
     def _save(self, state: dict[str, Any]) -> None:
         atomic_write(self.state_file, (json.dumps(state, indent=1) + "\n").encode())
+
+
+# The instance fields and their types, as `mig_create` writes them; those with a default are optional.
+_INSTANCE_FIELDS: dict[str, tuple[type, bool]] = {
+    "parent": (str, True),
+    "profile": (str, True),
+    "start": (int, True),
+    "gi": (int, True),
+    "ci": (int, True),
+    "uuid": (str, True),
+    "minor": (int, False),
+    "slices": (list, False),
+    "computeInstance": (bool, False),
+}
+
+
+def parse_state(raw: bytes) -> dict[str, Any]:
+    """The state document, checked to be of the shape the operations above read (StateFormatError)."""
+    state = decode_json(raw)
+    if not isinstance(state, dict):
+        raise StateFormatError("top level is not an object")
+    state.setdefault("instances", [])
+    if not isinstance(state["instances"], list):
+        raise StateFormatError("instances is not a list")
+    for i, instance in enumerate(state["instances"]):
+        if not isinstance(instance, dict):
+            raise StateFormatError(f"instances[{i}] is not an object")
+        for name, (wanted, required) in _INSTANCE_FIELDS.items():
+            if name not in instance and not required:
+                continue
+            value = instance.get(name)
+            if not isinstance(value, wanted) or (wanted is int and isinstance(value, bool)):
+                raise StateFormatError(f"instances[{i}].{name} is missing or not a {wanted.__name__}")
+        if not all(isinstance(s, int) and not isinstance(s, bool) for s in instance.get("slices", [])):
+            raise StateFormatError(f"instances[{i}].slices is not a list of integers")
+    mode_off = state.get("migModeOff", [])
+    if not isinstance(mode_off, list) or not all(isinstance(u, str) for u in mode_off):
+        raise StateFormatError("migModeOff is not a list of GPU UUIDs")
+    if not isinstance(state.get("failCreate"), str | None):
+        raise StateFormatError("failCreate is not a string")
+    return state

@@ -13,7 +13,6 @@ inside one prepare) and older plugin releases read the checkpoint unchanged.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import threading
@@ -22,12 +21,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from draplugin.cdi.spec import atomic_write
+from draplugin.statefile import StateFormatError, atomic_write, decode_json, read_state
 
 log = logging.getLogger(__name__)
 
 FILE_NAME = "sharing-ledger.json"
 VERSION = 1
+WHAT = "sharing ledger"
+
+# The fields each kind's undo reads without a default (`draplugin.prepare.mig`, `.mps`, `.timeslice`
+# own the kinds; named here because they import this module): an entry without them, or with another
+# type, would make start-up's orphan release raise on it. Such a file is corrupt as a whole.
+_REQUIRED: Mapping[str, Mapping[str, type]] = {
+    "mig": {"parent": str, "minor": int, "profile": str, "start": int},
+    "mps": {"pipe": str, "log": str},
+    "timeslice": {"device": str, "level": int},
+}
+# Optional fields read with a default, by type: present means well-typed.
+_OPTIONAL: Mapping[str, Mapping[str, type]] = {
+    "mig": {"slices": list, "gi": int, "ci": int, "uuid": str},
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,8 +62,8 @@ class SharingLedger:
 
     Re-reading keeps two plugin processes (a rolling update) consistent: the
     protocol layer serializes their calls, and each sees what the other wrote.
-    A corrupt file is moved aside and treated as empty (logged): a daemon never
-    crashes on its own state.
+    A corrupt file (any content: `draplugin.statefile.read_state`) is moved aside
+    and treated as empty (logged): a daemon never crashes on its own state.
     """
 
     def __init__(self, path: Path) -> None:
@@ -85,20 +98,7 @@ class SharingLedger:
                 self._save(kept)
 
     def _load(self) -> list[LedgerEntry]:
-        try:
-            doc = json.loads(self.path.read_bytes())
-            return [_parse(item) for item in doc["entries"]]
-        except FileNotFoundError:
-            return []
-        except (OSError, ValueError, KeyError, TypeError) as err:
-            aside = self.path.with_name(self.path.name + ".corrupt")
-            log.error(
-                "sharing ledger unreadable: moved aside, starting empty",
-                extra={"path": str(self.path), "error": str(err), "moved_to": str(aside)},
-            )
-            with contextlib.suppress(OSError):
-                self.path.replace(aside)
-            return []
+        return read_state(self.path, parse, what=WHAT).value or []
 
     def _save(self, entries: list[LedgerEntry]) -> None:
         ordered = sorted(entries, key=_ident)
@@ -110,12 +110,37 @@ def _ident(entry: LedgerEntry) -> tuple[str, str, str]:
     return (entry.claim_uid, entry.kind, entry.key)
 
 
-def _parse(item: Any) -> LedgerEntry:
+def parse(raw: bytes) -> list[LedgerEntry]:
+    """The entries of a ledger file; `StateFormatError` for anything this release did not write."""
+    doc = decode_json(raw)
+    if not isinstance(doc, dict):
+        raise StateFormatError("top level is not an object")
+    items = doc.get("entries")
+    if not isinstance(items, list):
+        raise StateFormatError("entries is missing or not a list")
+    return [_parse(i, item) for i, item in enumerate(items)]
+
+
+def _parse(i: int, item: Any) -> LedgerEntry:
+    where = f"entries[{i}]"
     if not isinstance(item, dict):
-        raise ValueError("entry is not an object")
-    data = {k: v for k, v in item.items() if k not in ("claim", "kind", "key", "state")}
+        raise StateFormatError(f"{where} is not an object")
     fields = [item.get(k) for k in ("claim", "kind", "key", "state")]
     if not all(isinstance(f, str) and f for f in fields):
-        raise ValueError(f"entry lacks claim/kind/key/state: {item!r}")
+        raise StateFormatError(f"{where} lacks a string claim, kind, key or state")
     claim, kind, key, state = (str(f) for f in fields)
+    data = {k: v for k, v in item.items() if k not in ("claim", "kind", "key", "state")}
+    for name, wanted in _REQUIRED.get(kind, {}).items():
+        if not _typed(data.get(name), wanted):
+            raise StateFormatError(f"{where} ({kind}): {name} is missing or not a {wanted.__name__}")
+    for name, wanted in _OPTIONAL.get(kind, {}).items():
+        if name in data and not _typed(data[name], wanted):
+            raise StateFormatError(f"{where} ({kind}): {name} is not a {wanted.__name__}")
+    if kind == "mig" and not all(_typed(s, int) for s in data.get("slices", [])):
+        raise StateFormatError(f"{where} (mig): slices is not a list of integers")
     return LedgerEntry(claim, kind, key, state, data)
+
+
+def _typed(value: Any, wanted: type) -> bool:
+    # bool is an int to isinstance; no field of ours is ever a boolean where a number is meant.
+    return isinstance(value, wanted) and not (wanted is int and isinstance(value, bool))
