@@ -37,7 +37,12 @@ Start-up deletes every daemon Pod on this node whose claim UID no prepared
 claim of the checkpoint has.
 
 RBAC: pods get, list, create, delete in the plugin's namespace only (a Role
-of the chart: `kubeletplugin-rbac.yaml`).
+of the chart: `kubeletplugin-rbac.yaml`). RBAC cannot say which Pods, so the
+chart's ValidatingAdmissionPolicy (`kubeletplugin-pod-policy.yaml`) admits
+only Pods of the shape `PodRunner.pod` builds, on the node the plugin's token
+is bound to, and deletes of those only: a change of that shape here needs the
+same change there (tests/integration/test_faults_plugin_powers.py applies the
+policy to the Pod this module builds).
 """
 
 from __future__ import annotations
@@ -246,6 +251,9 @@ class PodRunner:
             "enableServiceLinks": False,
             "terminationGracePeriodSeconds": TERMINATION_GRACE_S,
             "tolerations": [{"operator": "Exists"}],
+            # The runtime's default syscall filter (a privileged container runs without one anyway);
+            # the chart's admission policy (kubeletplugin-pod-policy.yaml) admits no other.
+            "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
             "containers": [
                 {
                     "name": CONTAINER,

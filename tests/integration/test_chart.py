@@ -484,6 +484,7 @@ def test_components_can_be_switched_off(helm_home: Path) -> None:
         {
             "controller": {"enabled": False},
             "resourceSlicePolicy": {"enabled": False},
+            "mpsDaemonPodPolicy": {"enabled": False},
             "claimConfigPolicy": {"enabled": False},
             "deviceClasses": {"enabled": False},
         },
