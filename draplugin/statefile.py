@@ -169,6 +169,16 @@ def remove_stale_temp_files(
     return removed  # the caller logs them, once for all its directories
 
 
+def sweep_state_dirs(directories: Collection[Path], before: float) -> list[Path]:
+    """Start-up: the temp files every writer of ours left in each state directory (and in
+    `mps/<claim uid>/` below it), older than `before`."""
+    return [
+        path
+        for directory in sorted(set(directories))
+        for path in remove_stale_temp_files(directory, before, names=STATE_FILE_NAMES, depth=SWEEP_DEPTH)
+    ]
+
+
 def _folders(directory: Path, device: int, depth: int) -> Iterator[Path]:
     yield directory
     if depth <= 0:

@@ -49,7 +49,7 @@ from pathlib import Path
 
 from dracommon.kubeapi import ApiError
 from dracommon.kubenames import is_safe_uid
-from draplugin import crashpoints
+from draplugin import crashpoints, statefile
 from draplugin.cdi import spec as cdi
 from draplugin.cdi.driverfiles import DriverFiles
 from draplugin.cdi.driverlayout import DriverRootError
@@ -160,7 +160,8 @@ class GpuDriver:
         report.temp_files_removed = [
             str(path)
             for path in self.cdi.remove_stale_temp_files(self.started_at)
-            + self.checkpoint.remove_stale_temp_files(self.started_at)
+            # Checkpoint, sharing ledger, fake MIG state, each MPS claim's mps.json: one sweep.
+            + statefile.sweep_state_dirs({self.checkpoint.path.parent, self.sharing.root}, self.started_at)
         ]
         if report.temp_files_removed:
             log.info(
