@@ -20,13 +20,13 @@ from datetime import UTC, datetime
 from typing import Any, Final, Protocol
 from urllib.parse import quote
 
+from dracommon.eventnote import event_note
 from dracommon.kubeapi import ApiError, KubeApi
 from dracommon.kubenames import DNS_SUBDOMAIN_MAX
 from draplugin.kubelet.interface import ClaimRef
 
 log = logging.getLogger(__name__)
 
-NOTE_LIMIT = 1024  # events.k8s.io/v1 rejects longer notes
 REPEAT_WINDOW_S = 300.0
 # Event names are `<object name>.<16 hex>` like the kubelet's; the object part is cut to fit the
 # DNS subdomain limit (a claim name may use all 253 characters).
@@ -164,7 +164,7 @@ class KubeEvents:
             "reason": reason,
             "type": "Warning" if warning else "Normal",
             "regarding": regarding,
-            "note": note if len(note) <= NOTE_LIMIT else note[: NOTE_LIMIT - 3] + "...",
+            "note": event_note(note),  # cut at the API's 1,024 bytes, not characters
         }
         try:
             self._pool.submit(self._post, namespace, body)

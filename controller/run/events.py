@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from controller.run.leader import micro_time
+from dracommon.eventnote import event_note
 
-NOTE_LIMIT = 1024  # events.k8s.io/v1 rejects longer notes
 REASON = "CannotAllocate"
 
 
@@ -77,5 +77,5 @@ def cannot_allocate_event(claim: dict[str, Any], note: str, instance: str, contr
             "uid": str(meta.get("uid", "")),
             "resourceVersion": str(meta.get("resourceVersion", "")),
         },
-        "note": note if len(note) <= NOTE_LIMIT else note[: NOTE_LIMIT - 3] + "...",
+        "note": event_note(note),  # cut at the API's 1,024 bytes, not characters
     }
