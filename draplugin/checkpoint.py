@@ -16,7 +16,9 @@ claim without a completed record left behind (`draplugin.prepare.driver`).
 Formats:
   v1 (older releases): `preparedClaims` keyed by UID, every claim completed,
      no per-device config. Read as "needs a fresh prepare".
-  v2 (current): `claims` list with state, devices and per-device config.
+  v2 (current): `claims` list with state, devices and per-device config; a claim
+     rebuilt from its CDI spec alone carries `rebuiltFromSpec: true` (older v2
+     readers ignore the key and read it as an ordinary `PrepareStarted`).
   v3+ (newer releases): read as v2 when the v2 core is present, with a warning.
 
 The boot ID ties the record to one boot of the node: after a reboot the
