@@ -20,8 +20,6 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Final, Protocol
 
-from prometheus_client import start_http_server
-
 from dracommon.logs import setup_logging
 from dracommon.subcommands import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, CommandLine, Subcommand
 from draplugin import config
@@ -29,6 +27,7 @@ from draplugin.config import ConfigError, Settings
 from draplugin.kubelet.interface import Driver
 from draplugin.kubelet.server import KubeletPluginServer, PluginServerError, PluginServerOptions
 from draplugin.kubelet.sockets import SocketPathError
+from draplugin.metrics import serve_metrics
 
 __all__ = [
     "EXIT_FAILURE",
@@ -114,21 +113,19 @@ def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 @contextlib.contextmanager
-def _metrics_endpoint(port: int) -> Iterator[None]:
+def _metrics_endpoint(host: str, port: int) -> Iterator[None]:
     if port == 0:
         yield
         return
     try:
-        httpd, thread = start_http_server(port)
+        endpoint = serve_metrics(host, port)
     except OSError as exc:
-        raise PluginServerError(f"cannot serve metrics on port {port}: {exc}") from exc
-    log.info("serving Prometheus metrics", extra={"port": port})
+        raise PluginServerError(f"cannot serve metrics on {host} port {port}: {exc}") from exc
+    log.info("serving Prometheus metrics", extra={"address": host, "port": port})
     try:
         yield
     finally:
-        httpd.shutdown()
-        httpd.server_close()
-        thread.join(timeout=5)
+        endpoint.close()
 
 
 class Service(Protocol):
@@ -146,6 +143,7 @@ async def serve(settings: Settings, driver: Driver, stop: asyncio.Event | None =
         kubelet_root_dir=settings.kubelet_root_dir,
         pod_uid=settings.pod_uid,
         healthcheck_port=settings.healthcheck_port,
+        healthcheck_host=settings.healthcheck_address,
     )
     return await serve_service(settings, KubeletPluginServer(driver, options), stop)
 
@@ -160,7 +158,7 @@ async def serve_service(settings: Settings, service: Service, stop: asyncio.Even
             loop.add_signal_handler(signum, stop.set)
             handled.append(signum)
     try:
-        with _metrics_endpoint(settings.metrics_port):
+        with _metrics_endpoint(settings.metrics_address, settings.metrics_port):
             await service.start()
             try:
                 await stop.wait()

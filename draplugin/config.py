@@ -9,6 +9,7 @@ the others.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from collections.abc import Mapping
@@ -37,6 +38,8 @@ DEFAULT_KUBELET_ROOT_DIR: Final = "/var/lib/kubelet"
 DEFAULT_STATE_DIR: Final = "/var/lib/draplugin"
 DEFAULT_CDI_ROOT: Final = "/var/run/cdi"
 DEFAULT_METRICS_PORT: Final = 8080
+# Where the TCP listeners bind unless told (`--healthcheck-address`, `--metrics-address`).
+DEFAULT_LISTEN_ADDRESS: Final = "127.0.0.1"
 BACKENDS: Final = ("nvml", "fake")
 # Devices are re-read this often (and at once on NVML events that signal a change).
 DEFAULT_REDISCOVER_INTERVAL: Final = "60s"
@@ -93,6 +96,19 @@ RUN_OPTIONS: Final = (
     Option("--metrics-port", "METRICS_PORT", str(DEFAULT_METRICS_PORT), "Prometheus port; 0 disables"),
     Option("--pod-uid", "POD_UID", None, "this pod's UID, for per-pod sockets during rolling updates"),
     Option("--healthcheck-port", "HEALTHCHECK_PORT", None, "TCP port for gRPC liveness; 0/unset disables"),
+    # Under host networking both ports are the node's: one address, never every one by default.
+    Option(
+        "--healthcheck-address",
+        "HEALTHCHECK_ADDRESS",
+        DEFAULT_LISTEN_ADDRESS,
+        "IP address the gRPC liveness port binds (the chart: the pod's IP, where the kubelet probes)",
+    ),
+    Option(
+        "--metrics-address",
+        "METRICS_ADDRESS",
+        DEFAULT_LISTEN_ADDRESS,
+        "IP address the Prometheus port binds (the chart: the pod's IP, where scrapers connect)",
+    ),
     Option(
         "--delete-slices-on-shutdown",
         "DELETE_SLICES_ON_SHUTDOWN",
@@ -295,6 +311,8 @@ class Settings:
     metrics_port: int
     pod_uid: str | None
     healthcheck_port: int | None
+    healthcheck_address: str = DEFAULT_LISTEN_ADDRESS
+    metrics_address: str = DEFAULT_LISTEN_ADDRESS
     delete_slices_on_shutdown: bool = False
     fake_gpus: int | None = None
     fake_model: str | None = None
@@ -394,6 +412,14 @@ def _port(dest: str, raw: str) -> int:
     if not 0 <= port <= 65535:
         raise ConfigError(f"{_name_of(dest)}: {port} is outside 0-65535")
     return port
+
+
+def _ip_address(dest: str, raw: str) -> str:
+    """An IPv4 or IPv6 address literal, as the listener binds it (no names: nothing to resolve)."""
+    try:
+        return str(ipaddress.ip_address(raw))
+    except ValueError:
+        raise ConfigError(f"{_name_of(dest)}: {raw!r} is not an IP address") from None
 
 
 def _absolute_dir(dest: str, raw: str) -> Path:
@@ -663,6 +689,8 @@ def validate(values: Mapping[str, str | None]) -> Settings:
         metrics_port=_port("metrics_port", required("metrics_port")),
         pod_uid=pod_uid,
         healthcheck_port=healthcheck_port or None,
+        healthcheck_address=_ip_address("healthcheck_address", required("healthcheck_address")),
+        metrics_address=_ip_address("metrics_address", required("metrics_address")),
         delete_slices_on_shutdown=_boolean("delete_slices_on_shutdown", delete_raw),
         partitionable_mig=_boolean("partitionable_mig", values.get("partitionable_mig") or "false"),
         shared_gpus=SharedGpus(

@@ -1,16 +1,30 @@
-"""Prometheus metrics for prepare and unprepare.
+"""Prometheus metrics for prepare and unprepare, and the endpoint that serves them.
 
 Labels are bounded sets (operation, result, error reason); claim names and
 UIDs never become labels, so the series count does not grow with the cluster.
+
+The endpoint (`serve_metrics`) binds one address (the chart gives the pod's
+IP: under host networking the node's, where scrapers connect), and sets
+SO_REUSEPORT: during a rolling update the new plugin pod binds the node port
+the old one still serves, as both pods' gRPC health listeners do (gRPC sets
+it by default), instead of failing on "Address already in use". While both
+run, the kernel hands each scrape to one of them; the kernel lets only
+sockets of the same user share the port.
 """
 
 from __future__ import annotations
 
+import ipaddress
+import socket
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any, Final
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
+from prometheus_client.exposition import ThreadingWSGIServer
 
 OPERATIONS = ("prepare", "unprepare")
 # Seconds; prepare is normally a few milliseconds, the tail covers a slow API server.
@@ -73,3 +87,50 @@ class ClaimMetrics:
 
     def error(self, operation: str, reason: str) -> None:
         self.errors.labels(operation, reason).inc()
+
+
+JOIN_TIMEOUT_S: Final = 5.0
+
+
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """Scrapes are not worth a log line each."""
+
+
+class _SharedPortServer(ThreadingWSGIServer):
+    allow_reuse_port = True  # socketserver sets SO_REUSEPORT before bind (module docstring)
+
+
+class MetricsEndpoint:
+    """`/metrics` on `host:port` in a background thread, until `close`."""
+
+    def __init__(self, host: str, port: int, registry: CollectorRegistry = REGISTRY) -> None:
+        server_class = type(
+            "_Server",
+            (_SharedPortServer,),
+            {
+                "address_family": socket.AF_INET6
+                if ipaddress.ip_address(host).version == 6
+                else socket.AF_INET
+            },
+        )
+        app = make_wsgi_app(registry)
+        self._server: WSGIServer = make_server(host, port, app, server_class, handler_class=_Quiet)
+        self.port: int = self._server.server_address[1]
+        self._thread = threading.Thread(target=self._server.serve_forever, name="metrics", daemon=True)
+        self._thread.start()
+        self._closed = False
+
+    def close(self) -> None:
+        """Stop serving and release the port; safe to call more than once."""
+        if self._closed:
+            return
+        self._closed = True
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=JOIN_TIMEOUT_S)
+
+
+def serve_metrics(host: str, port: int, registry: CollectorRegistry = REGISTRY) -> MetricsEndpoint:
+    """Serve `registry` on `host:port` (0: any free port); OSError when the address cannot be bound."""
+    return MetricsEndpoint(host, port, registry)

@@ -173,6 +173,7 @@ def plugin_server_options(settings: Settings) -> PluginServerOptions:
         kubelet_root_dir=settings.kubelet_root_dir,
         pod_uid=settings.pod_uid,
         healthcheck_port=settings.healthcheck_port,
+        healthcheck_host=settings.healthcheck_address,
     )
 
 

@@ -36,6 +36,7 @@ from draplugin.kubelet.registration import RegistrationServicer, RegistrationSta
 from draplugin.kubelet.serialize import FileLockSerializer, lock_path
 
 DEFAULT_GRACE_SECONDS: Final = 5.0
+DEFAULT_HEALTHCHECK_HOST: Final = "127.0.0.1"
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +55,10 @@ class PluginServerOptions:
     # None: no TCP listener. 0: any free port (tests). The TCP listener carries
     # only the gRPC health service, for kubelet liveness probes, which cannot reach a Unix socket.
     healthcheck_port: int | None = None
-    healthcheck_host: str = "[::]"
+    # One IP address, never every one: under host networking the port is the node's. The chart gives
+    # the pod's IP (the node's then), where the kubelet probes. gRPC sets SO_REUSEPORT, so a rolling
+    # update's new pod binds the same port beside the old one.
+    healthcheck_host: str = DEFAULT_HEALTHCHECK_HOST
     grace_seconds: float = DEFAULT_GRACE_SECONDS
 
 
@@ -163,7 +167,8 @@ class KubeletPluginServer:
     async def _start_tcp_health(self, port: int) -> grpc.aio.Server:
         server = grpc.aio.server()
         health_pb2_grpc.add_HealthServicer_to_server(self.liveness.servicer, server)
-        address = f"{self.options.healthcheck_host}:{port}"
+        host = self.options.healthcheck_host
+        address = f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
         try:
             bound = server.add_insecure_port(address)
         except RuntimeError as exc:
