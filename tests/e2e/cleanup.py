@@ -3,11 +3,28 @@
 Every end-to-end test shares one kubelet and its GPUs. A test that fails
 half-way must not leave a claim holding a device, or a prepared claim in the
 plugin, for the tests after it.
+
+An upstream difference the clean-up models: kube-controller-manager 1.34's
+resourceclaim controller ignores events of pods without
+`spec.resourceClaims` (pkg/controller/resourceclaim/controller.go at v1.34.4,
+enqueuePod returns at once), so the implicit claim of an extended-resource
+pod (named only in `status.extendedResourceClaimStatus`) is looked at again
+only on an event of the claim itself. When the claim's deletion (by the
+garbage collector, or by us) reaches the controller while its pod informer
+still has the pod, the reservation is kept, and the pod's later removal
+never brings the claim back: it stays allocated and reserved for a pod that
+is gone until the next resync (hours). 1.35 and later enqueue the claims of
+`status.extendedResourceClaimStatus` too (v1.37.2: resourceclaim.PodClaims).
+On 1.34 the clean-up therefore touches such a claim (an annotation) once its
+pods are gone from the API, which is the claim event the controller waits
+for; on newer releases it does not, so a controller that fails to release a
+claim still fails the clean-up there.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -17,6 +34,10 @@ from dracommon.kubeapi import ApiError, KubeApi
 
 RESOURCE = "/apis/resource.k8s.io/v1"
 POLL_SECONDS = 0.1
+EXTENDED_CLAIM_ANNOTATION = "resource.kubernetes.io/extended-resource-claim"
+# Set on a claim to give kube-controller-manager 1.34 the claim event it needs (module docstring).
+RESYNC_ANNOTATION = "e2e.draplugin.dev/resync"
+RESYNC_EVERY_S = 2.0
 
 
 def release_namespace(api: KubeApi, plugin: PluginProcess, namespace: str, timeout_s: float) -> None:
@@ -66,12 +87,65 @@ def release_namespace(api: KubeApi, plugin: PluginProcess, namespace: str, timeo
     step("deleting pods", lambda: delete_all(pods, {"gracePeriodSeconds": "0"}))
     step("waiting for the pods", lambda: wait_empty(pods))
     step("deleting claims", lambda: delete_all(claims, {}))  # standalone claims outlive their pods
-    step("waiting for the claims", lambda: wait_empty(claims))
+    step("waiting for the claims", lambda: wait_claims_gone(api, namespace, timeout_s))
     if failures:  # the failure is reported below; the next test still finds the devices free
         step("removing the finalizers of claims stuck in deletion", force_claims_away)
     step("waiting for unprepare", lambda: wait_unprepared(plugin, namespace, timeout_s))
     if failures:
         raise AssertionError(f"cleaning up namespace {namespace} failed: " + "; ".join(failures))
+
+
+def wait_claims_gone(api: KubeApi, namespace: str, timeout_s: float) -> None:
+    """Wait until the namespace has no claims; on 1.34, touch those reserved for gone pods meanwhile.
+
+    The touch is repeated (every RESYNC_EVERY_S of waiting) because the
+    controller's pod informer may still hold a pod the API has removed when
+    the first touch arrives; each touch is one more claim event, never a
+    change of the claim's status, so a claim the controller will not release
+    still times out here.
+    """
+    claims = f"{RESOURCE}/namespaces/{namespace}/resourceclaims"
+    resync = needs_claim_resync(api)
+    last_touch = [0.0]
+
+    def gone() -> bool:
+        if not api.get(claims)["items"]:
+            return True
+        if resync and time.monotonic() - last_touch[0] >= RESYNC_EVERY_S:
+            last_touch[0] = time.monotonic()
+            resync_orphaned_claims(api, namespace)
+        return False
+
+    try:
+        wait_for(f"{claims} to be empty", gone, timeout_s, POLL_SECONDS)
+    except AssertionError as err:
+        raise AssertionError(f"{err}; left: {describe(api.get(claims)['items'])}") from None
+
+
+def needs_claim_resync(api: KubeApi) -> bool:
+    """Whether the cluster's controller-manager misses extended-resource pods' removal (1.34 and older)."""
+    version = api.get("/version")
+    minor = int("".join(ch for ch in str(version["minor"]) if ch.isdigit()))
+    return int(version["major"]) == 1 and minor <= 34
+
+
+def resync_orphaned_claims(api: KubeApi, namespace: str) -> list[str]:
+    """Annotate the namespace's extended-resource claims still reserved for pods that no longer exist.
+
+    Only claims whose every reserving pod is gone from the API (by UID) are
+    touched: one still reserved for a live pod is the controller's business.
+    Returns the names of the claims touched.
+    """
+    live = {p["metadata"]["uid"] for p in api.get(f"/api/v1/namespaces/{namespace}/pods")["items"]}
+    touched = []
+    for claim in api.get(f"{RESOURCE}/namespaces/{namespace}/resourceclaims")["items"]:
+        meta, reserved = claim["metadata"], (claim.get("status") or {}).get("reservedFor") or []
+        extended = (meta.get("annotations") or {}).get(EXTENDED_CLAIM_ANNOTATION) == "true"
+        if extended and reserved and not {r["uid"] for r in reserved} & live:
+            patch = {"metadata": {"annotations": {RESYNC_ANNOTATION: meta["resourceVersion"]}}}
+            merge_patch(api, f"{RESOURCE}/namespaces/{namespace}/resourceclaims/{meta['name']}", patch)
+            touched.append(meta["name"])
+    return touched
 
 
 def describe(items: list[dict[str, Any]]) -> list[str]:

@@ -229,3 +229,23 @@ def test_a_pod_mixing_a_claim_and_the_extended_resource_gets_both_each_container
         assert f"DRAPLUGIN_DEVICE_{env_key(other)}_NAME" not in envs[container], envs[container]
         found = inside.device_nodes_in(api, namespace, "mixed", container, [nodes[other]])
         assert found == {nodes[other]: "bad"}, (container, found)
+
+
+def test_a_device_plugin_pods_claim_deleted_before_its_pod_is_released_once_the_pod_is_gone(
+    kubelet_node: KubeletNode, api: KubeApi, namespace: str, plugin: PluginProcess, extended_class: str
+) -> None:
+    """The order of events that 1.34's controller-manager never resolves alone (tests/e2e/cleanup.py):
+    the implicit claim is deleted while its pod runs, then the pod goes. The clean-up must still free
+    both GPUs and leave nothing prepared, on every release."""
+    pod_doc = example_pods(kubelet_node)["two-gpus-a"]
+    api.create(collection_path(pod_doc, namespace), pod_doc)
+    pod = pods.wait_running(api, namespace, "two-gpus-a", POD_TIMEOUT, kubelet_node.cdi_root)
+    claim = extended_claim(api, namespace, pod)
+    claim_path = f"{RESOURCE}/namespaces/{namespace}/resourceclaims/{claim['metadata']['name']}"
+    api.delete(claim_path)
+    deleting = api.get(claim_path)  # the finalizer keeps it while the pod holds it
+    assert deleting["metadata"].get("deletionTimestamp") and deleting["status"]["reservedFor"], deleting
+
+    release_namespace(api, plugin, namespace, POD_TIMEOUT)
+    assert api.get(f"{RESOURCE}/namespaces/{namespace}/resourceclaims")["items"] == []
+    assert prepared_claims(plugin, namespace) == []
