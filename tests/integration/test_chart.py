@@ -259,6 +259,35 @@ def test_daemonset_defaults(helm_home: Path) -> None:
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
 
 
+@pytest.mark.parametrize("host_network", [False, True], ids=["pod-network", "host-network"])
+def test_plugin_listeners_bind_the_pods_ip_and_roll_with_surge(helm_home: Path, host_network: bool) -> None:
+    """Health and metrics bind the pod's IP (the node's under host networking: where the kubelet
+    probes and scrapers connect), not every address; the rollout keeps its surge pod on any node: no
+    host port is declared for the scheduler to refuse it, and the listeners share their ports."""
+    values = {"kubeletPlugin": {"hostNetwork": host_network}, "metrics": {"port": 8080}}
+    ds = only(render_chart(helm_home, values), "DaemonSet")
+    pod = ds["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    env = container_env(container)
+    assert env["HEALTHCHECK_ADDRESS"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    assert env["METRICS_ADDRESS"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    assert ds["spec"]["updateStrategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+    ports = container.get("ports") or []
+    assert not [p for p in ports if "hostPort" in p]
+    if host_network:
+        assert pod["hostNetwork"] is True
+        assert ports == []
+
+
+@pytest.mark.parametrize("values_file", [None, FAKE_GPU_VALUES], ids=["defaults", "values-fake-gpus"])
+def test_plugin_pod_has_the_runtime_default_seccomp_profile(helm_home: Path, values_file: Path | None) -> None:
+    values = yaml.safe_load(values_file.read_text()) if values_file else None
+    pod = only(render_chart(helm_home, values), "DaemonSet")["spec"]["template"]["spec"]
+    assert pod["securityContext"] == {"seccompProfile": {"type": "RuntimeDefault"}}
+    (container,) = pod["containers"]
+    assert "seccompProfile" not in container["securityContext"]
+
+
 def test_non_default_values_reach_every_object(helm_home: Path) -> None:
     objects = render_chart(helm_home, NON_DEFAULT_VALUES)
     ds = only(objects, "DaemonSet")
