@@ -15,7 +15,10 @@ from `exec` into it (`kubectl logs` / `kubectl exec`). A second claim holds
 the one fake GPU that stays idle (devcluster.demo_usage), and `dra-controller
 top` shows both claims' moving utilization, then the idle one flagged after the
 demo's short idle threshold. Then it stays up for your own specs until Ctrl-C
-(or exits with --once).
+(or exits with --once). On exit it removes its state but the control plane's
+logs (the exit message names the folder); a watchdog does it if the demo is
+killed, and the next start cleans what an earlier run could not
+(devcluster.rundir).
 
 Run from a source checkout: the binaries come from tests/cluster/build.sh and
 build_helm.sh (`make demo` builds them). Anything that keeps the demo from
@@ -27,10 +30,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
@@ -38,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from devcluster.manifests import EXAMPLES, apply, load_manifests
+from devcluster.stopping import StopOnSignal, StopRequested
 
 SHARED_CLAIM_EXAMPLE = EXAMPLES / "02-shared-claim-two-containers" / "shared-claim.yaml"
 DEMO_NAMESPACE = "demo"
@@ -99,17 +101,49 @@ def run_demo(args: argparse.Namespace) -> int:
     from devcluster.pods import PodError
     from devcluster.procs import ComponentError
 
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    stopper = StopOnSignal("demo")
+    stopper.install()
     try:
-        return _demo(args, stop)
+        return _demo(args, stopper)
+    except StopRequested:
+        return 0
     except (MissingBinariesError, ComponentError, ImageError, ChartError, PodError, DemoUsageError) as err:
         print(f"demo: {err}", file=sys.stderr)
         return 1
 
 
-def _demo(args: argparse.Namespace, stop: threading.Event) -> int:
+# What stays of the demo's state directory after it (relative paths).
+KEPT_LOGS = ("control-plane/logs",)
+
+
+def _demo(args: argparse.Namespace, stopper: StopOnSignal) -> int:
+    """The demo in its run directories: cleaned on any exit down to the logs (devcluster.rundir)."""
+    from devcluster import chart, rundir
+
+    chart.helm_binary()  # before anything starts: a missing helm is a build command away
+    for pruned in rundir.prune():
+        print(f"    removed what an earlier run left in {pruned}", flush=True)
+    state_dir: Path = args.state_dir or Path(tempfile.mkdtemp(prefix="draplugin-demo-"))
+    # Unix socket paths are short: the kubelet root goes in a short temp dir.
+    node_dir = Path(tempfile.mkdtemp(prefix="dra-demo-"))
+    rundir.claim(state_dir, KEPT_LOGS)
+    rundir.claim(node_dir)
+    watchdog = rundir.Watchdog([state_dir, node_dir])
+    try:
+        with ExitStack() as cleanup:
+            try:
+                return _demo_steps(args, cleanup, state_dir, node_dir)
+            finally:
+                stopper.cleaning()  # a second Ctrl-C no longer interrupts the stop
+    finally:
+        for directory in (node_dir, state_dir):
+            rundir.finish(directory)
+        kept = [str(state_dir / k) for k in KEPT_LOGS if (state_dir / k).exists()]
+        print(f"demo stopped; logs kept in {' '.join(kept) or 'nowhere (none written)'}", flush=True)
+        watchdog.close()
+
+
+def _demo_steps(args: argparse.Namespace, cleanup: ExitStack, state_dir: Path, node_dir: Path) -> int:
     from devcluster import chart, demo_usage, pods
     from devcluster.binaries import REPO_ROOT
     from devcluster.controlplane import ControlPlane, free_port
@@ -117,87 +151,81 @@ def _demo(args: argparse.Namespace, stop: threading.Event) -> int:
     from devcluster.kubelet import KubeletNode
     from dracommon.kubeapi import KubeApi
 
-    chart.helm_binary()  # before anything starts: a missing helm is a build command away
-    state_dir: Path = args.state_dir or Path(tempfile.mkdtemp(prefix="draplugin-demo-"))
-    with ExitStack() as cleanup:
-        done = _step("starting the control plane (etcd, apiserver, scheduler, controller-manager)")
-        cluster = ControlPlane(state_dir / "control-plane")
-        cleanup.callback(cluster.stop)
-        cluster.start()
-        done()
-        done = _step("starting containerd (runc) and a kubelet on it")
-        # Unix socket paths are short: the kubelet root goes in a short temp dir.
-        node = KubeletNode(cluster, Path(tempfile.mkdtemp(prefix="dra-demo-")))
-        cleanup.callback(node.stop)
-        node.start()
-        done()
-        api = cluster.api_client()
-        cleanup.callback(api.close)
-        rest = KubeApi(api)
+    done = _step("starting the control plane (etcd, apiserver, scheduler, controller-manager)")
+    cluster = ControlPlane(state_dir / "control-plane")
+    cleanup.callback(cluster.stop)
+    cluster.start()
+    done()
+    done = _step("starting containerd (runc) and a kubelet on it")
+    node = KubeletNode(cluster, node_dir)
+    cleanup.callback(node.stop)
+    node.start()
+    done()
+    api = cluster.api_client()
+    cleanup.callback(api.close)
+    rest = KubeApi(api)
 
-        done = _step(
-            f"building our image from deploy/Dockerfile ({OUR_IMAGE_BUILD_COMMAND}) and importing it"
-        )
-        image = chart.import_our_image(node)
-        done()
-        print(f"    {image.name} is in the node's containerd")
-        metrics_port = free_port()
-        metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
-        release = chart.local_release(
-            cluster, node, rest, image, home=state_dir / "helm", state_dir=node.state_dir / "plugin-state",
-            plugin_metrics_port=metrics_port, overrides=demo_usage.demo_values(),
-        )  # fmt: skip
-        done = _step(
-            f"helm install {release.name} {chart.CHART.relative_to(REPO_ROOT)} -n {release.namespace} "
-            f"(fake GPUs from {chart.FAKE_GPU_VALUES.name})"
-        )
-        release.install()
-        slices = release.wait_published(node.name)
-        done()
-        plugin_pod = release.plugin_pods()[0]
-        controller_pod = release.controller_pods()[0]
-        print(f"    the kubelet plugin runs as {_describe_daemon(plugin_pod)}")
-        print(f"    the controller runs as {_describe_daemon(controller_pod)}")
-        devices = [d["name"] for s in slices for d in s["spec"].get("devices", [])]
-        print(f"    the plugin published {len(devices)} devices: {', '.join(devices)}")
+    done = _step(f"building our image from deploy/Dockerfile ({OUR_IMAGE_BUILD_COMMAND}) and importing it")
+    image = chart.import_our_image(node)
+    done()
+    print(f"    {image.name} is in the node's containerd")
+    metrics_port = free_port()
+    metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
+    release = chart.local_release(
+        cluster, node, rest, image, home=state_dir / "helm", state_dir=node.state_dir / "plugin-state",
+        plugin_metrics_port=metrics_port, overrides=demo_usage.demo_values(),
+    )  # fmt: skip
+    done = _step(
+        f"helm install {release.name} {chart.CHART.relative_to(REPO_ROOT)} -n {release.namespace} "
+        f"(fake GPUs from {chart.FAKE_GPU_VALUES.name})"
+    )
+    release.install()
+    slices = release.wait_published(node.name)
+    done()
+    plugin_pod = release.plugin_pods()[0]
+    controller_pod = release.controller_pods()[0]
+    print(f"    the kubelet plugin runs as {_describe_daemon(plugin_pod)}")
+    print(f"    the controller runs as {_describe_daemon(controller_pod)}")
+    devices = [d["name"] for s in slices for d in s["spec"].get("devices", [])]
+    print(f"    the plugin published {len(devices)} devices: {', '.join(devices)}")
 
-        done = _step(f"applying {SHARED_CLAIM_EXAMPLE.relative_to(REPO_ROOT)} in namespace {DEMO_NAMESPACE}")
-        apply(
-            api,
-            [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": DEMO_NAMESPACE}}],
-            "",
-            sys.stdout,
-        )
-        _wait(
-            "the namespace's default ServiceAccount",
-            lambda: rest.get(f"/api/v1/namespaces/{DEMO_NAMESPACE}/serviceaccounts/default"),
-            30,
-        )
-        # First the claim for the one GPU that stays idle, so the example's claim gets another.
-        apply(api, demo_usage.idle_claim_objects(node.name, node.workload_image), DEMO_NAMESPACE, sys.stdout)
-        pods.wait_running(rest, DEMO_NAMESPACE, demo_usage.IDLE_CLAIM, 120, node.cdi_root)
-        docs = [use_local_image(doc, node.workload_image) for doc in load_manifests(SHARED_CLAIM_EXAMPLE)]
-        for doc in docs:
-            if doc["kind"] == "Pod":
-                doc["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node.name}
-        apply(api, docs, DEMO_NAMESPACE, sys.stdout)
-        pod_name = next(d["metadata"]["name"] for d in docs if d["kind"] == "Pod")
-        pod = pods.wait_running(rest, DEMO_NAMESPACE, pod_name, 120, node.cdi_root)
-        done()
+    done = _step(f"applying {SHARED_CLAIM_EXAMPLE.relative_to(REPO_ROOT)} in namespace {DEMO_NAMESPACE}")
+    apply(
+        api,
+        [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": DEMO_NAMESPACE}}],
+        "",
+        sys.stdout,
+    )
+    _wait(
+        "the namespace's default ServiceAccount",
+        lambda: rest.get(f"/api/v1/namespaces/{DEMO_NAMESPACE}/serviceaccounts/default"),
+        30,
+    )
+    # First the claim for the one GPU that stays idle, so the example's claim gets another.
+    apply(api, demo_usage.idle_claim_objects(node.name, node.workload_image), DEMO_NAMESPACE, sys.stdout)
+    pods.wait_running(rest, DEMO_NAMESPACE, demo_usage.IDLE_CLAIM, 120, node.cdi_root)
+    docs = [use_local_image(doc, node.workload_image) for doc in load_manifests(SHARED_CLAIM_EXAMPLE)]
+    for doc in docs:
+        if doc["kind"] == "Pod":
+            doc["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node.name}
+    apply(api, docs, DEMO_NAMESPACE, sys.stdout)
+    pod_name = next(d["metadata"]["name"] for d in docs if d["kind"] == "Pod")
+    pod = pods.wait_running(rest, DEMO_NAMESPACE, pod_name, 120, node.cdi_root)
+    done()
 
-        claim_name = pod["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
-        claim = rest.get(f"/apis/resource.k8s.io/v1/namespaces/{DEMO_NAMESPACE}/resourceclaims/{claim_name}")
-        _show(f"allocation of claim {DEMO_NAMESPACE}/{claim_name}", claim["status"]["allocation"]["devices"])
-        for spec_path in sorted(node.cdi_root.glob(f"*{claim['metadata']['uid']}*")):
-            _show(f"CDI spec {spec_path}", spec_path.read_text())
-        _show(
-            "what the containers got (their own logs, and exec: ls -l /dev/nvidia*)",
-            [_container_view(rest, pod, c["name"]) for c in pod["spec"]["containers"]],
-        )
-        _show_usage(metrics_url, claim_name)
-        plugin = plugin_pod["metadata"]
-        print(
-            f"""
+    claim_name = pod["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
+    claim = rest.get(f"/apis/resource.k8s.io/v1/namespaces/{DEMO_NAMESPACE}/resourceclaims/{claim_name}")
+    _show(f"allocation of claim {DEMO_NAMESPACE}/{claim_name}", claim["status"]["allocation"]["devices"])
+    for spec_path in sorted(node.cdi_root.glob(f"*{claim['metadata']['uid']}*")):
+        _show(f"CDI spec {spec_path}", spec_path.read_text())
+    _show(
+        "what the containers got (their own logs, and exec: ls -l /dev/nvidia*)",
+        [_container_view(rest, pod, c["name"]) for c in pod["spec"]["containers"]],
+    )
+    _show_usage(metrics_url, claim_name)
+    plugin = plugin_pod["metadata"]
+    print(
+        f"""
 --- try your own specs
   export KUBECONFIG={cluster.kubeconfig}
   kubectl logs -n {DEMO_NAMESPACE} {pod_name} -c {pod["spec"]["containers"][0]["name"]}
@@ -213,14 +241,15 @@ def _demo(args: argparse.Namespace, stop: threading.Event) -> int:
   How busy is each claimed GPU? {" ".join(demo_usage.top_command(metrics_url))}
   (the plugin's metrics: {metrics_url}; in a real cluster `dra-controller top` finds the plugin pods itself)
   Cluster logs: {cluster.logs}""",
-            flush=True,
-        )
-        if args.once:
-            return 0
-        print("\nThe cluster stays up; Ctrl-C stops everything.", flush=True)
-        while not stop.wait(1.0):
-            cluster.processes.check_alive()
-            node.processes.check_alive()
+        flush=True,
+    )
+    if args.once:
+        return 0
+    print("\nThe cluster stays up; Ctrl-C stops everything.", flush=True)
+    while True:
+        time.sleep(1.0)
+        cluster.processes.check_alive()
+        node.processes.check_alive()
     return 0
 
 

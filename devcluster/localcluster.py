@@ -7,8 +7,12 @@ the containerd node (our image imported, fake GPUs; --no-chart skips it: then
 install your own build with the printed helm), prints the KUBECONFIG to export,
 the kubectl built for the cluster's release, the plugin's pod and the
 `dra-controller top` command for its metrics, and stays up
-until Ctrl-C or SIGTERM. `kubectl logs`, `exec` and `port-forward` work: the API server
-reaches the kubelet on loopback. Pods use images the node has imported
+until Ctrl-C or SIGTERM. On exit it removes its state directory but the
+logs (`<state dir>/control-plane/logs`, the pods' under `node/pod-logs`; the
+exit message names them); a watchdog does it if this process is killed, and
+the next start cleans what an earlier run could not (devcluster.rundir).
+`kubectl logs`, `exec` and `port-forward` work: the API server reaches the
+kubelet on loopback. Pods use images the node has imported
 (`imagePullPolicy: Never`; no registry is reachable), such as the workload
 image printed at start.
 """
@@ -17,22 +21,24 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
 import tempfile
-import threading
+import time
 from pathlib import Path
-from types import FrameType
 
-from devcluster import chart
+from devcluster import chart, rundir
 from devcluster.binaries import MissingBinariesError, helm_path
 from devcluster.controlplane import ControlPlane, free_port
 from devcluster.images import OUR_IMAGE_BUILD_COMMAND, ImageError
 from devcluster.kubelet import DEFAULT_NODE_NAME, RUNTIMES, KubeletNode
 from devcluster.procs import ComponentError
+from devcluster.stopping import StopOnSignal, StopRequested
 from dracommon.kubeapi import KubeApi
 
 log = logging.getLogger("localcluster")
+
+# What stays of a run's state directory after it (relative paths): the components' and the pods' logs.
+KEPT_LOGS = ("control-plane/logs", "node/pod-logs")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -48,23 +54,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--no-chart", action="store_true", help="do not install the chart (deploy/helm/draplugin)"
     )
+    parser.add_argument(
+        "--keep-state", action="store_true", help="keep all state on exit (default: the logs only)"
+    )
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    for pruned in rundir.prune():
+        log.info("removed what an earlier run left in %s", pruned)
     state_dir: Path = args.state_dir or Path(tempfile.mkdtemp(prefix="draplugin-cluster-"))
-    state_dir.mkdir(parents=True, exist_ok=True)
-
-    stop = threading.Event()
-
-    def request_stop(signum: int, _frame: FrameType | None) -> None:
-        log.info("signal=%s stopping", signal.Signals(signum).name)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, request_stop)
-    signal.signal(signal.SIGINT, request_stop)
+    rundir.claim(state_dir, KEPT_LOGS)
+    stopper = StopOnSignal("localcluster")
+    stopper.install()
+    watchdog = None if args.keep_state else rundir.Watchdog([state_dir])
 
     cluster = ControlPlane(state_dir / "control-plane")
     node: KubeletNode | None = None
@@ -86,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
             install_chart(cluster, node, state_dir)
         print(f"export KUBECONFIG={cluster.kubeconfig}", flush=True)
         print(f"# kubectl for this release: {cluster.bin_dir / 'kubectl'}", flush=True)
-        print(f"# logs: {cluster.logs}", flush=True)
+        print(f"# logs: {cluster.logs} (kept after the cluster stops)", flush=True)
         if node is not None:
             runtime = f"container record {node.record_path}" if node.containerd is None else (
                 f"containerd socket {node.cri_socket}; pods run image {node.workload_image} "
@@ -96,17 +101,29 @@ def main(argv: list[str] | None = None) -> int:
                   flush=True)  # fmt: skip
         print(f"# helm: {helm_path()} (HELM_*_HOME under {state_dir / 'helm'})", flush=True)
         print("# Ctrl-C stops the cluster", flush=True)
-        while not stop.wait(1.0):
+        while True:
+            time.sleep(1.0)
             cluster.processes.check_alive()
             if node is not None:
                 node.processes.check_alive()
+    except StopRequested:
+        pass
     except (MissingBinariesError, ComponentError, ImageError, chart.ChartError) as err:
         print(f"localcluster: {err}", file=sys.stderr)
         return 1
     finally:
+        stopper.cleaning()
         if node is not None:
             node.stop()
         cluster.stop()
+        if not args.keep_state:
+            rundir.finish(state_dir)
+            kept = " and ".join(str(state_dir / k) for k in KEPT_LOGS if (state_dir / k).exists())
+            print(f"# cluster stopped; logs kept in {kept or 'nowhere (none written)'}", flush=True)
+        else:
+            print(f"# cluster stopped; state kept in {state_dir}", flush=True)
+        if watchdog is not None:
+            watchdog.close()
     return 0
 
 
