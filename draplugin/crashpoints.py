@@ -25,6 +25,8 @@ UNPREPARE_AFTER_RELEASE = "unprepare-after-release"
 AFTER_MIG_CREATE = "after-mig-create"
 AFTER_MPS_START = "after-mps-start"
 AFTER_TIMESLICE_SET = "after-timeslice-set"
+# Unprepare: the GPU's time-slice is back at the default, the claim's ledger entry not yet dropped.
+UNPREPARE_AFTER_TIMESLICE_RESET = "unprepare-after-timeslice-reset"
 
 POINTS: tuple[str, ...] = (
     AFTER_CHECKPOINT_STARTED,
@@ -36,6 +38,7 @@ POINTS: tuple[str, ...] = (
     AFTER_MIG_CREATE,
     AFTER_MPS_START,
     AFTER_TIMESLICE_SET,
+    UNPREPARE_AFTER_TIMESLICE_RESET,
 )
 
 

@@ -11,7 +11,13 @@ a GPU goes, the GPU is set back to level 0.
 Crash safety: the entry is written as `setting` before the command and as
 `set` after it; both count as holding the GPU, so a kill -9 between the
 command and the record still leads to a reset when the claim is released (or
-found orphaned at start).
+found orphaned at start). A release that resets the GPU writes the entry as
+`resetting` first and drops it after the reset: a kill -9 in between leaves an
+entry that holds no level (it neither conflicts with another claim's interval
+nor keeps the GPU from being reset for it), so the ledger never says "set" for
+a GPU that runs at the default. The claim is still prepared in the checkpoint
+(forgotten only after its release), so start-up prepares it again, time-slice
+included, and the kubelet's retried unprepare resets and drops it.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ log = logging.getLogger(__name__)
 KIND = "timeslice"
 TOOL = "nvidia-smi"
 DEFAULT_LEVEL = 0
+SETTING, SET, RESETTING = "setting", "set", "resetting"
 # By the config's interval names (claimconfig.TimeSliceInterval, a StrEnum: its members look these up).
 LEVELS = {"Default": 0, "Short": 1, "Medium": 2, "Long": 3}
 COMMAND_TIMEOUT_S = 30.0
@@ -81,9 +88,9 @@ class TimeSlicer:
     ) -> None:
         for gpu, (name, level) in sorted(wanted.items()):
             mine = ledger.get(uid, KIND, gpu)
-            if mine is not None and mine.state == "set" and mine.data.get("level") == level:
+            if mine is not None and mine.state == SET and mine.data.get("level") == level:
                 continue
-            others = [e for e in ledger.entries(kind=KIND) if e.key == gpu and e.claim_uid != uid]
+            others = _holders(ledger, gpu, uid)
             for other in others:
                 if other.data.get("level") != level:
                     raise TimeSliceError(
@@ -93,13 +100,13 @@ class TimeSlicer:
                         f"level {level}. A GPU has one time-slice: use the same interval, or another GPU",
                     )
             data = {"device": name, "level": level}
-            if others and all(o.state == "set" for o in others):
-                ledger.put(LedgerEntry(uid, KIND, gpu, "set", data))  # the GPU already runs with it
+            if others and all(o.state == SET for o in others):
+                ledger.put(LedgerEntry(uid, KIND, gpu, SET, data))  # the GPU already runs with it
                 continue
-            ledger.put(LedgerEntry(uid, KIND, gpu, "setting", data))
+            ledger.put(LedgerEntry(uid, KIND, gpu, SETTING, data))
             self._set(gpu, level, who)
             crashpoints.reach(crashpoints.AFTER_TIMESLICE_SET)
-            ledger.put(LedgerEntry(uid, KIND, gpu, "set", data))
+            ledger.put(LedgerEntry(uid, KIND, gpu, SET, data))
             log.info("GPU time-slice set", extra={"claim_uid": uid, "gpu": gpu, "level": level})
 
     def release(self, uid: str, ledger: SharingLedger) -> None:
@@ -109,11 +116,18 @@ class TimeSlicer:
 
     def _release(self, uid: str, ledger: SharingLedger) -> None:
         for entry in ledger.entries(uid, KIND):
-            holders = [e for e in ledger.entries(kind=KIND) if e.key == entry.key and e.claim_uid != uid]
-            if not holders:
-                self._set(entry.key, DEFAULT_LEVEL, f"uid {uid}")
-                log.info("GPU time-slice reset", extra={"claim_uid": uid, "gpu": entry.key})
-            ledger.drop(uid, KIND, entry.key)
+            self._release_entry(entry, ledger)
+
+    def _release_entry(self, entry: LedgerEntry, ledger: SharingLedger) -> None:
+        uid, gpu = entry.claim_uid, entry.key
+        if not _holders(ledger, gpu, uid):
+            # Recorded first: from here on the entry holds no level, whether or not the reset ran.
+            if entry.state != RESETTING:
+                ledger.put(LedgerEntry(uid, KIND, gpu, RESETTING, entry.data))
+            self._set(gpu, DEFAULT_LEVEL, f"uid {uid}")
+            log.info("GPU time-slice reset", extra={"claim_uid": uid, "gpu": gpu})
+            crashpoints.reach(crashpoints.UNPREPARE_AFTER_TIMESLICE_RESET)
+        ledger.drop(uid, KIND, gpu)
 
     def _set(self, gpu: str, level: int, who: str) -> None:
         args = ["compute-policy", "-i", gpu, "--set-timeslice", str(level)]
@@ -125,3 +139,10 @@ class TimeSlicer:
             what=f"claim {who}: {self._tools.path(TOOL)} {' '.join(args)}",
             timeout_s=COMMAND_TIMEOUT_S,
         )
+
+
+def _holders(ledger: SharingLedger, gpu: str, uid: str) -> list[LedgerEntry]:
+    """Other claims' entries that hold a level on the GPU (`setting` or `set`; not `resetting`)."""
+    return [
+        e for e in ledger.entries(kind=KIND) if e.key == gpu and e.claim_uid != uid and e.state != RESETTING
+    ]
