@@ -18,6 +18,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,7 +26,8 @@ from typing import Any
 
 import pytest
 
-from devcluster.controlplane import ControlPlane
+from devcluster.chart import local_release
+from devcluster.controlplane import ControlPlane, free_port
 from devcluster.images import LocalImage
 from devcluster.kubelet import KubeletNode
 from devcluster.pods import wait_running, workload_report
@@ -299,3 +301,46 @@ def test_a_daemonset_that_schedules_no_pod_fails_at_once(release: ChartRelease) 
     with pytest.raises(ChartError, match=r"schedules no plugin pod.*no-such-label"), installed(release):
         pass
     assert time.monotonic() - started < 60
+
+
+def test_make_clusters_release_rolls_with_its_host_network_metrics_port(
+    kube_cluster: ControlPlane,
+    kubelet_node: KubeletNode,
+    our_image: LocalImage,
+    test_namespace: str,
+    api: KubeApi,
+) -> None:
+    """`make cluster`'s release (devcluster.chart.local_release: host networking and a plugin metrics
+    port): a rollout's new plugin pod binds the ports the old one still serves (SO_REUSEPORT), gets
+    Ready without a restart, and then serves the metrics alone."""
+    home = Path(tempfile.mkdtemp(prefix="dra-helm-"))
+    state_dir = Path(tempfile.mkdtemp(prefix="dra-chart-state-"))
+    port = free_port()
+    release = local_release(
+        kube_cluster, kubelet_node, api, our_image, home=home, state_dir=state_dir,
+        name=f"roll-{uuid.uuid4().hex[:6]}", namespace=test_namespace, plugin_metrics_port=port,
+        overrides={"kubeletPlugin": {"nodeSelector": {"kubernetes.io/hostname": kubelet_node.name}}},
+    )  # fmt: skip
+    try:
+        with installed(release):
+            (old,) = release.plugin_pods()
+            release.upgrade(
+                deep_merge(
+                    release.values, {"kubeletPlugin": {"podAnnotations": {"rollout": uuid.uuid4().hex}}}
+                )
+            )
+
+            def rolled() -> dict[str, Any] | None:
+                current = release.plugin_pods()
+                if len(current) == 1 and current[0]["metadata"]["uid"] != old["metadata"]["uid"]:
+                    return current[0] if is_ready(current[0]) else None
+                return None
+
+            new = wait_for("the rollout's new plugin pod alone and Ready", rolled, release.ready_timeout_s)
+            restarts = {s["name"]: s["restartCount"] for s in new["status"]["containerStatuses"]}
+            assert restarts == {"plugin": 0}, f"the new plugin pod restarted: {restarts}"
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as answer:
+                assert b"draplugin_claim_operations_total" in answer.read()
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+        shutil.rmtree(state_dir, ignore_errors=True)
