@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 KUBE_BUILD := tests/cluster/build.sh
 
-.PHONY: venv kube kube-tools nvidia-tools lint unit test test-compat differential demo cluster bench bench-compare proto clean-venv gpu-check
+.PHONY: venv kube kube-tools nvidia-tools lint unit test test-compat differential demo cluster clean-clusters bench bench-compare proto clean-venv gpu-check
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -88,6 +88,11 @@ demo: venv kube
 # A local control plane (and kubelet) for humans; stays up until Ctrl-C.
 cluster: venv kube
 	DRA_KUBE_BIN_DIR="$$($(KUBE_BUILD))" $(PY) -m devcluster.localcluster
+
+# What stopped `make cluster`/`make demo` runs left in the temp directory, their kept logs
+# included (each start already prunes what a killed run left, down to its logs).
+clean-clusters: venv
+	$(PY) -m devcluster.rundir prune --all
 
 # The peers (tests/cluster/build_peers.sh: the dra-example-driver plugin and our Go harnesses around
 # upstream's libraries) are built first, cached like the Kubernetes binaries.

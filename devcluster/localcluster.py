@@ -66,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     for pruned in rundir.prune():
         log.info("removed what an earlier run left in %s", pruned)
     state_dir: Path = args.state_dir or Path(tempfile.mkdtemp(prefix="draplugin-cluster-"))
-    rundir.claim(state_dir, KEPT_LOGS)
+    if not args.keep_state:  # unmarked, a kept directory is left to `make clean-clusters`
+        rundir.claim(state_dir, KEPT_LOGS)
     stopper = StopOnSignal("localcluster")
     stopper.install()
     watchdog = None if args.keep_state else rundir.Watchdog([state_dir])
