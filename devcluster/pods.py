@@ -21,6 +21,7 @@ from kubernetes import client as k8s
 from kubernetes.stream import stream
 
 from devcluster.images import REPORT_END
+from devcluster.wait import past_deadline
 from dracommon.kubeapi import KubeApi
 
 # Container waiting reasons after which the kubelet only retries the same failure.
@@ -51,9 +52,12 @@ def wait_running(
 ) -> dict[str, Any]:
     """The pod once its phase is Running; ContainerFailed at once when the runtime gives up."""
     path = f"/api/v1/namespaces/{namespace}/pods/{name}"
-    deadline = time.monotonic() + timeout
+    started = time.monotonic()
     pod: dict[str, Any] = {}
-    while time.monotonic() < deadline:
+    while True:
+        over, how_long = past_deadline(started, timeout)  # stretched while the machine is loaded
+        if over:
+            break
         pod = api.get(path)
         if pod["status"].get("phase") == "Running":
             return pod
@@ -62,7 +66,7 @@ def wait_running(
             raise ContainerFailed(f"pod {namespace}/{name}: {failure}{describe_cdi(pod, cdi_root)}")
         time.sleep(POLL_SECONDS)
     raise PodError(
-        f"timed out after {timeout:.0f}s waiting for pod {namespace}/{name} to be Running; "
+        f"timed out after {how_long} waiting for pod {namespace}/{name} to be Running; "
         f"status: {json.dumps(pod.get('status'))[:2000]}"
     )
 

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from devcluster.wait import past_deadline
+
 log = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
@@ -109,7 +111,6 @@ class ProcessGroup:
         have made `ready` true).
         """
         started = time.monotonic()
-        deadline = started + timeout
         next_progress = started + 10
         while True:
             self.check_alive()
@@ -118,9 +119,10 @@ class ProcessGroup:
                 log.info("ready what=%r seconds=%.1f", what, waited)
                 return waited
             now = time.monotonic()
-            if now >= deadline:
+            over, how_long = past_deadline(started, timeout)  # stretched while the machine is loaded
+            if over:
                 tail = f"\nlast lines of {blame.log_path}:\n{blame.log_tail()}" if blame else ""
-                raise ComponentError(f"timed out after {timeout:.0f}s waiting for {what}{tail}")
+                raise ComponentError(f"timed out after {how_long} waiting for {what}{tail}")
             if now >= next_progress:
                 log.info("waiting what=%r seconds=%.0f timeout=%.0f", what, now - started, timeout)
                 next_progress = now + 10

@@ -17,12 +17,13 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from devcluster import leftovers, rundir
+from devcluster import leftovers, rundir, wait
 from devcluster.wait import wait_for
 
 BIG = 8 * 1024 * 1024
@@ -152,3 +153,25 @@ def test_clean_clusters_removes_finished_runs_logs_too(tmp_base: Path) -> None:
     assert rundir.prune(tmp_base) == []  # a finished run's logs stay at start
     assert rundir.prune(tmp_base, everything=True) == [run]
     assert not run.exists()
+
+
+# --- the suite under load: deadlines stretch with the load, within a bound ------------------------
+
+
+@pytest.mark.parametrize(
+    ("load", "cpus", "stretch"), [(0.0, 2, 1.0), (1.0, 2, 1.0), (4.0, 2, 2.0), (50.0, 2, wait.MAX_STRETCH)]
+)
+def test_a_deadline_stretches_with_the_load_per_cpu_up_to_a_bound(
+    load: float, cpus: int, stretch: float
+) -> None:
+    assert wait.load_stretch(load, cpus) == stretch
+
+
+def test_a_wait_past_its_timeout_on_a_loaded_machine_is_not_over_yet(monkeypatch: pytest.MonkeyPatch) -> None:
+    started = time.monotonic() - 100  # a 60 s wait begun 100 s ago
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(os, "getloadavg", lambda: (4.0, 4.0, 4.0))  # two runnable tasks per CPU
+    assert wait.past_deadline(started, 60)[0] is False
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.5, 0.5, 0.5))  # idle: a real timeout
+    over, message = wait.past_deadline(started, 60)
+    assert over and "timeout 60s" in message
