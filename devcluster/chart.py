@@ -15,8 +15,8 @@ plus what this cluster needs:
   point the in-cluster config at the loopback API server instead;
 - a free health-check port and no metrics endpoint (`metrics.port: 0`): on the
   host network both would be ports of this machine, shared with whatever else
-  runs here, and the old and new plugin pod of a rolling update would both
-  bind the metrics port.
+  runs here (the old and new plugin pod of a rolling update share theirs:
+  SO_REUSEPORT).
 
 Every wait fails at once, with the command that fixes it, when the runtime
 gives up on a pod (an image that is not imported, a crashing plugin) or the
@@ -387,8 +387,8 @@ def local_release(
 
     `plugin_metrics_port`: the plugin alone serves /metrics there (for `dra-controller top
     --endpoint`), as a flag, which wins over the chart's METRICS_PORT: `metrics.port` would open
-    the same host port in the controller too (module docstring). One release, no rolling update
-    here, so no second pod wants the port.
+    the same host port in the controller too (module docstring). A rollout's new plugin pod binds
+    it beside the old one (SO_REUSEPORT; tests/e2e/test_chart_live.py rolls this release).
     """
     values = live_values(cluster, node, image, state_dir)
     if plugin_metrics_port:
