@@ -72,6 +72,34 @@ def read_mounts(pid: int | str = "self") -> list[Mount]:
     return mounts
 
 
+def _namespace(pid: int | str) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/mnt")
+    except OSError:
+        return None
+
+
+@dataclass(frozen=True)
+class RootMount:
+    device: str
+    root: str
+    options: str  # the filesystem's own options (an overlay's lowerdir/upperdir)
+
+
+def _root_mount(pid: int | str) -> RootMount | None:
+    """The mount on "/" of the process's namespace, with its super options."""
+    try:
+        lines = Path(f"/proc/{pid}/mountinfo").read_text().splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):  # the last mount on "/" is the one in effect
+        fields = line.split()
+        if len(fields) >= 5 and _unescape(fields[4]) == "/":
+            tail = line.split(" - ", 1)[1].split() if " - " in line else []
+            return RootMount(fields[2], _unescape(fields[3]), _unescape(tail[2]) if len(tail) > 2 else "")
+    return None
+
+
 def mount_points_under(directory: Path, keep: Sequence[str] = ()) -> list[str]:
     """Mount points of this mount namespace at or below `directory`, deepest first."""
     top = str(directory.resolve())
@@ -119,8 +147,8 @@ def _location(directory: str) -> _Location | None:
 
 
 def _ancestors() -> set[int]:
-    """This process and its ancestors: never signalled (a shell sitting in a log directory, make)."""
-    pids, pid = set(), os.getpid()
+    """This process, its ancestors and init: never signalled (a shell sitting in a log directory, make)."""
+    pids, pid = {1}, os.getpid()
     while pid > 1 and pid not in pids:
         pids.add(pid)
         try:
@@ -147,6 +175,7 @@ def processes_under(directory: Path, keep: Sequence[str] = ()) -> list[Holder]:
     location = _location(top)
     kept_fs = [location.fs_path + k[len(top) :] for k in kept] if location else []
     skip = _ancestors()
+    own_namespace = _namespace("self")
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) in skip:
@@ -169,11 +198,19 @@ def processes_under(directory: Path, keep: Sequence[str] = ()) -> list[Holder]:
                 target = os.readlink(entry / link)
                 if _under(target, top, kept):
                     holder.evidence.append(f"{link} {target}")
-        if location is not None:
-            for mount in read_mounts(entry.name):
-                if mount.device == location.device and _under(mount.root, location.fs_path, kept_fs):
-                    holder.evidence.append(f"mount of {mount.root} on {mount.point}")
-                    break
+        # A container in a mount namespace of its own whose root filesystem comes from the
+        # directory (an overlay with its layers there, or a bind of a rootfs there). Only the
+        # root mount counts: every process of a namespace lists all of the namespace's mounts,
+        # ours included, so any other mount says nothing about the process.
+        if own_namespace is not None and _namespace(entry.name) not in (None, own_namespace):
+            root_mount = _root_mount(entry.name)
+            if root_mount is not None and (
+                (location is not None and root_mount.device == location.device
+                 and _under(root_mount.root, location.fs_path, kept_fs))
+                or any(_under(os.path.normpath(p), top, kept) for p in re.findall(r"(/[^\s=,:;]*)",
+                                                                                  root_mount.options))
+            ):  # fmt: skip
+                holder.evidence.append(f"root filesystem {root_mount.root} {root_mount.options[:120]}")
         if holder.evidence:
             found.append(holder)
     return found

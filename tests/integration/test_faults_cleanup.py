@@ -175,3 +175,19 @@ def test_a_wait_past_its_timeout_on_a_loaded_machine_is_not_over_yet(monkeypatch
     monkeypatch.setattr(os, "getloadavg", lambda: (0.5, 0.5, 0.5))  # idle: a real timeout
     over, message = wait.past_deadline(started, 60)
     assert over and "timeout 60s" in message
+
+
+def test_a_bind_mount_of_the_directory_does_not_make_every_process_a_leftover(tmp_base: Path) -> None:
+    """The kubelet bind-mounts its root onto itself: that mount is listed in the mountinfo of every
+    process of the namespace, and must not make them the run's."""
+    run = tmp_base / "draplugin-cluster-bind"
+    (run / "root").mkdir(parents=True)
+    subprocess.run(["mount", "--bind", str(run / "root"), str(run / "root")], check=True)
+    bystander = subprocess.Popen(["sleep", "3600"], cwd="/", start_new_session=True)
+    try:
+        holders = leftovers.processes_under(run)
+        assert bystander.pid not in {h.pid for h in holders}, holders[:3]
+        assert holders == []
+    finally:
+        bystander.kill()
+        bystander.wait()
