@@ -30,7 +30,6 @@ from pathlib import Path, PurePosixPath
 from typing import TypeVar
 
 from dracommon.kubenames import is_safe_uid
-from draplugin.cdi.spec import atomic_write
 from draplugin.devices.mig import MigPartitioner
 from draplugin.prepare import mig, mps, timeslice
 from draplugin.prepare.claimconfig import SharingStrategy
@@ -40,6 +39,7 @@ from draplugin.prepare.mps import MpsDaemons
 from draplugin.prepare.mpspaths import SHM_DIR
 from draplugin.prepare.plan import ClaimPlan, PlanError
 from draplugin.prepare.timeslice import TimeSlicer, wanted_levels
+from draplugin.statefile import atomic_write
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
