@@ -33,6 +33,7 @@ from typing import Any
 from devcluster import images, leftovers
 from devcluster.binaries import REPO_ROOT
 from devcluster.procs import Component, ComponentError, ProcessGroup
+from devcluster.wait import load_stretch
 
 log = logging.getLogger(__name__)
 
@@ -197,7 +198,7 @@ class Containerd:
             # takes, is a broken set-up and not a slow one: say so now.
             now = time.monotonic()
             self._not_ready_since = self._not_ready_since or now
-            if now - self._not_ready_since > NOT_READY_GRACE:
+            if now - self._not_ready_since > NOT_READY_GRACE * load_stretch():
                 raise RuntimeSetupError(
                     f"containerd reports {', '.join(broken)}; "
                     f"config {self.config_path}, CNI {self.cni_conf_dir}"
