@@ -70,10 +70,6 @@ class StateRead(Generic[T]):
     problem: str | None = None
     moved_to: Path | None = None
 
-    @property
-    def missing(self) -> bool:
-        return self.value is None and self.problem is None
-
 
 # --- writing --------------------------------------------------------------------------------------------
 
@@ -272,13 +268,11 @@ def set_aside(path: Path, reason: str, *, what: str) -> StateRead[Any]:
     while os.path.lexists(target):  # a second bad file within the same second keeps the first
         target = path.with_name(f"{path.name}{CORRUPT_INFIX}{stamp}-{os.getpid()}.{n}")
         n += 1
-    moved: Path | None = target
     try:
         os.replace(path, target)
     except FileNotFoundError:
-        moved = None  # gone already (the other plugin process set it aside first)
+        return StateRead()  # gone already: the other plugin process (rolling update) set it aside
     except OSError as err:
-        moved = None
         log.error(
             f"{what} unreadable and cannot be moved aside: starting empty",
             extra={"path": str(path), "reason": reason, "error": str(err)},
@@ -286,6 +280,6 @@ def set_aside(path: Path, reason: str, *, what: str) -> StateRead[Any]:
         return StateRead(problem=reason)
     log.error(
         f"{what} unreadable: moved aside, starting empty",
-        extra={"path": str(path), "reason": reason, "moved_to": str(moved)},
+        extra={"path": str(path), "reason": reason, "moved_to": str(target)},
     )
-    return StateRead(problem=reason, moved_to=moved)
+    return StateRead(problem=reason, moved_to=target)
