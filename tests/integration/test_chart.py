@@ -279,8 +279,23 @@ def test_plugin_listeners_bind_the_pods_ip_and_roll_with_surge(helm_home: Path, 
         assert ports == []
 
 
+def test_controller_on_the_host_network_rolls_without_two_pods_on_one_port(helm_home: Path) -> None:
+    """The controller's metrics port is the node's under host networking, and its listener is not
+    shared: a surge pod on the same node would crash-loop on it, so the old pod goes first there."""
+    on_host = only(render_chart(helm_home, {"controller": {"hostNetwork": True}}), "Deployment")
+    assert on_host["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1},
+    }
+    without_port = render_chart(helm_home, {"controller": {"hostNetwork": True}, "metrics": {"port": 0}})
+    assert "strategy" not in only(without_port, "Deployment")["spec"]
+    assert "strategy" not in only(render_chart(helm_home), "Deployment")["spec"]  # the Deployment's default
+
+
 @pytest.mark.parametrize("values_file", [None, FAKE_GPU_VALUES], ids=["defaults", "values-fake-gpus"])
-def test_plugin_pod_has_the_runtime_default_seccomp_profile(helm_home: Path, values_file: Path | None) -> None:
+def test_plugin_pod_has_the_runtime_default_seccomp_profile(
+    helm_home: Path, values_file: Path | None
+) -> None:
     values = yaml.safe_load(values_file.read_text()) if values_file else None
     pod = only(render_chart(helm_home, values), "DaemonSet")["spec"]["template"]["spec"]
     assert pod["securityContext"] == {"seccompProfile": {"type": "RuntimeDefault"}}
