@@ -34,11 +34,23 @@ from draplugin.kubelet._proto.dra.v1beta1 import api_pb2 as v1beta1
 from draplugin.kubelet._proto.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
 from draplugin.kubelet.deadline import CALL_DEADLINE, CALL_STARTED, deadline_from_remaining
 from draplugin.kubelet.interface import ClaimError, ClaimRef, Driver, PreparedDevice
+from draplugin.kubelet.nodestate import NodeStateLock
 from draplugin.kubelet.serialize import CallSerializer
 
 # Claims in flight at once: a node-wide burst of pods (the kubelet sends one call per pod) is all
 # admitted, as the Go plugins' HTTP/2 clients admit it; the prepare reader has a GET worker for each.
 DEFAULT_MAX_CONCURRENT_CLAIMS: Final = 64
+
+# Claims one call may carry; the rest of a longer call are each answered with TOO_MANY_CLAIMS and
+# cost nothing more. The kubelet sends one call per pod and driver, with that pod's claims of this
+# driver, so this is a bound on one pod: each claim prepared here holds devices of this node, and even
+# a node of 8 GPUs split into 7 MIG devices each has 56. Without a bound, one call of 40,000 claims
+# (2.2 MiB, under gRPC's 4 MiB message cap) started 40,000 claim tasks at once and got the plugin's
+# container OOM-killed, and 10,000-claim calls held up other callers for 19-45 s.
+MAX_CLAIMS_PER_CALL: Final = 128
+# Short on purpose: it is repeated for every claim past the bound and the answer must still fit the
+# kubelet's 4 MiB message cap (40,000 of them are about 3 MiB with their UIDs).
+TOO_MANY_CLAIMS: Final = f"not run: over {MAX_CLAIMS_PER_CALL} claims in one call"
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +136,23 @@ def _validate_batch(
     return runnable, {uid: "; ".join(msgs) for uid, msgs in errors.items()}
 
 
+def _bounded(
+    claims: Sequence[ClaimMessage], bound: int
+) -> tuple[Sequence[ClaimMessage], dict[str, ClaimOutcome]]:
+    """The first `bound` claims, to run, and an answer for each UID past them.
+
+    A UID both within and past the bound keeps the answer of the one within (an answer is per
+    UID). One shared outcome object for all the rest, so a huge call costs a dict entry per UID
+    and no task, lock or log line per claim.
+    """
+    if len(claims) <= bound:
+        return claims, {}
+    admitted = claims[:bound]
+    kept = {c.uid for c in admitted}
+    refused = ClaimOutcome(error=TOO_MANY_CLAIMS)
+    return admitted, {c.uid: refused for c in claims[bound:] if c.uid not in kept}
+
+
 def _error_text(exc: Exception) -> str:
     if isinstance(exc, ClaimError):
         return str(exc) or "claim failed"
@@ -183,9 +212,11 @@ class ClaimRunner:
     versions: a retry waits for the attempt still running in the background.
 
     With a `serializer` (two plugin processes on one node during a rolling
-    update) whole batches run one at a time across processes, and the driver
-    reloads its state first: the other process may have changed it since our
-    last batch.
+    update) each claim's driver call holds the node-wide lock, shared with the
+    other calls of this process and exclusive against the other process, and
+    the driver reloads its state whenever the lock is taken afresh; the driver
+    steps out of it around its API reads (`draplugin.kubelet.nodestate`), so a
+    stalled API server holds up no unprepare and no other process.
     """
 
     def __init__(
@@ -193,10 +224,14 @@ class ClaimRunner:
         driver: Driver,
         max_concurrent_claims: int = DEFAULT_MAX_CONCURRENT_CLAIMS,
         serializer: CallSerializer | None = None,
+        max_claims_per_call: int = MAX_CLAIMS_PER_CALL,
     ) -> None:
         if max_concurrent_claims < 1:
             raise ValueError("max_concurrent_claims must be at least 1")
+        if max_claims_per_call < 1:
+            raise ValueError("max_claims_per_call must be at least 1")
         self._driver = driver
+        self._max_claims = max_claims_per_call
         self._serializer = serializer
         # Separate bounds: prepares wait on the API server, unprepares never do.
         self._limits = {
@@ -204,9 +239,14 @@ class ClaimRunner:
             "unprepare": asyncio.Semaphore(max_concurrent_claims),
         }
         self._per_claim = ClaimLocks()
+        # Per-pod sockets: node-local work excludes the other plugin process's; API reads step out.
+        self._node_lock = NodeStateLock(serializer, driver.reload_state) if serializer is not None else None
         self._batches: set[asyncio.Future[list[tuple[str, ClaimOutcome]]]] = set()
         # Claims answered at the deadline whose work goes on; kept so shutdown can wait for them.
         self._background: set[asyncio.Future[tuple[str, ClaimOutcome]]] = set()
+
+    def _node_state(self) -> contextlib.AbstractAsyncContextManager[None]:
+        return self._node_lock.hold() if self._node_lock is not None else contextlib.nullcontext()
 
     async def prepare(
         self, claims: Sequence[ClaimMessage], deadline: float | None = None
@@ -234,17 +274,25 @@ class ClaimRunner:
         action: Callable[[ClaimRef], Awaitable[ClaimOutcome]],
         deadline: float | None,
     ) -> dict[str, ClaimOutcome]:
-        runnable, invalid = _validate_batch(claims, check_names=operation == "prepare")
+        admitted, excess = _bounded(claims, self._max_claims)
+        runnable, invalid = _validate_batch(admitted, check_names=operation == "prepare")
         limit = self._limits[operation]
         outcomes = {uid: ClaimOutcome(error=msg) for uid, msg in invalid.items()}
         for uid, msg in invalid.items():
             log.warning("rejected claim in request", extra={"operation": operation, "uid": uid, "error": msg})
+        if excess:
+            outcomes.update(excess)
+            log.warning(
+                "call over the claim bound: only the first claims run",
+                extra={"operation": operation, "claims": len(claims), "bound": self._max_claims},
+            )
 
         async def guarded(claim: ClaimRef) -> tuple[str, ClaimOutcome]:
             # Claim lock first: waiting for the same claim must not occupy a concurrency slot.
             async with self._per_claim.hold(claim.uid), limit:
                 try:
-                    return claim.uid, await action(claim)
+                    async with self._node_state():
+                        return claim.uid, await action(claim)
                 except Exception as exc:
                     if not isinstance(exc, ClaimError):
                         log.exception("driver raised", extra={"operation": operation, "claim": str(claim)})
@@ -271,17 +319,13 @@ class ClaimRunner:
                 "claim); it goes on in the background and a retry gets its result"
             )
 
-        async def serialized() -> list[tuple[str, ClaimOutcome]]:
-            if self._serializer is None or not runnable:
-                return await asyncio.gather(*(answered(c) for c in runnable))
-            async with self._serializer.hold():
-                self._driver.reload_state()
-                return await asyncio.gather(*(answered(c) for c in runnable))
+        async def all_answered() -> list[tuple[str, ClaimOutcome]]:
+            return await asyncio.gather(*(answered(c) for c in runnable))
 
         # The driver bounds its own API work by this deadline too (tasks copy the context).
         tokens = CALL_DEADLINE.set(deadline), CALL_STARTED.set(time.monotonic())
         try:
-            batch: asyncio.Future[list[tuple[str, ClaimOutcome]]] = asyncio.ensure_future(serialized())
+            batch: asyncio.Future[list[tuple[str, ClaimOutcome]]] = asyncio.ensure_future(all_answered())
         finally:
             CALL_DEADLINE.reset(tokens[0])
             CALL_STARTED.reset(tokens[1])
@@ -297,8 +341,9 @@ class ClaimRunner:
                 )
             raise
         outcomes.update(results)
-        for outcome in outcomes.values():
-            KUBELET_CLAIM_RESULTS.labels(operation=operation, result="error" if outcome.error else "ok").inc()
+        failed = sum(1 for outcome in outcomes.values() if outcome.error)
+        KUBELET_CLAIM_RESULTS.labels(operation=operation, result="error").inc(failed)
+        KUBELET_CLAIM_RESULTS.labels(operation=operation, result="ok").inc(len(outcomes) - failed)
         return outcomes
 
     async def aclose(self, grace: float) -> None:

@@ -73,9 +73,12 @@ class Driver(Protocol):
     def reload_state(self) -> None:
         """Re-read state another plugin process on this node may have changed (rolling updates).
 
-        Called on the event loop with the cross-process serializer held, before
-        any claim of a batch runs, so it must be quick (a small file read) and
-        not await. A driver that keeps no state across processes does nothing.
+        Called on the event loop each time this process takes the cross-process
+        lock afresh (no claim of this process is then in the middle of its work),
+        before the claim that took it goes on; so it must be quick (a small file
+        read) and not await. A driver that keeps no state across processes does
+        nothing. The lock is held around each claim call except where the driver
+        steps out of it for API reads (`draplugin.kubelet.nodestate`).
         """
         ...
 

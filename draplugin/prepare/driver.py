@@ -58,6 +58,7 @@ from draplugin.devices.model import Device
 from draplugin.events import EventSink
 from draplugin.kubelet.deadline import call_deadline, call_started
 from draplugin.kubelet.interface import ClaimError, ClaimRef, PreparedDevice
+from draplugin.kubelet.nodestate import outside_node_state
 from draplugin.metrics import ClaimMetrics
 from draplugin.prepare.api import (
     DEFAULT_API_DEADLINE_S,
@@ -477,7 +478,10 @@ class GpuDriver:
         )
 
     async def _prepare(self, claim: ClaimRef) -> list[PreparedDevice]:
-        doc = await self.claims.get_claim(claim.namespace, claim.name, self._deadline())
+        # Outside the node-wide lock of per-pod sockets: a stalled API server must hold up no unprepare
+        # and not the other plugin process (back in, the state is reloaded if that process had it).
+        async with outside_node_state():
+            doc = await self.claims.get_claim(claim.namespace, claim.name, self._deadline())
         if doc is None:
             raise PlanError("ClaimNotFound", f"claim {claim.namespace}/{claim.name} does not exist")
         plan = self._plan(claim, doc)
