@@ -25,7 +25,10 @@ from typing import Final
 
 # sizeof(sockaddr_un.sun_path) on Linux; the path needs one byte for its NUL.
 SUN_PATH_SIZE: Final = 108
-MAX_SOCKET_PATH_BYTES: Final = SUN_PATH_SIZE - 1
+# gRPC refuses unix socket paths longer than this ("Path name should not have more than 107
+# characters" already at 106 bytes): a path that fits AF_UNIX but not gRPC would stop the plugin
+# instead of falling back to a hashed name.
+MAX_SOCKET_PATH_BYTES: Final = SUN_PATH_SIZE - 3
 DIR_MODE: Final = 0o750
 REGISTRY_DIR_NAME: Final = "plugins_registry"
 PLUGINS_DIR_NAME: Final = "plugins"
@@ -73,7 +76,7 @@ def _first_fitting(kind: str, candidates: list[Path]) -> Path:
     shortest = min(candidates, key=lambda p: len(os.fsencode(p)))
     raise SocketPathError(
         f"{kind} socket path {str(shortest)!r} is {len(os.fsencode(shortest))} bytes, over the "
-        f"AF_UNIX limit of {MAX_SOCKET_PATH_BYTES}; use a shorter kubelet root directory"
+        f"limit of {MAX_SOCKET_PATH_BYTES} (AF_UNIX and gRPC); use a shorter kubelet root directory"
     )
 
 

@@ -22,7 +22,7 @@ from draplugin.kubelet._proto.dra.v1 import api_pb2 as v1
 from draplugin.kubelet._proto.dra.v1 import api_pb2_grpc as v1_grpc
 from draplugin.kubelet._proto.dra_health.v1 import api_pb2 as health_v1
 from draplugin.kubelet._proto.dra_health.v1alpha1 import api_pb2 as health_v1alpha1
-from draplugin.kubelet.dra import DEFAULT_MAX_CONCURRENT_CLAIMS
+from draplugin.kubelet.dra import DEFAULT_MAX_CONCURRENT_CLAIMS, MAX_CLAIMS_PER_CALL
 from draplugin.kubelet.interface import (
     ClaimError,
     ClaimRef,
@@ -382,11 +382,15 @@ async def test_duplicate_uids_fail_only_that_uid(plugin: RegisteredPlugin, drive
     assert [c.uid for c in driver.prepare_calls] == ["uid-2"]
 
 
-async def test_five_thousand_claims_in_one_request(plugin: RegisteredPlugin, driver: FakeDriver) -> None:
-    claims = [claim(n) for n in range(5000)]
+async def test_a_request_of_the_most_claims_one_call_may_carry(
+    plugin: RegisteredPlugin, driver: FakeDriver
+) -> None:
+    # Past MAX_CLAIMS_PER_CALL, claims are refused one by one (test_kubelet_call_bound.py).
+    claims = [claim(n) for n in range(MAX_CLAIMS_PER_CALL)]
     devices = await plugin.prepare(claims)
-    assert len(devices) == 5000
-    assert devices["uid-4999"][0].device_name == "gpu-claim-4999"
+    assert len(devices) == MAX_CLAIMS_PER_CALL
+    last = MAX_CLAIMS_PER_CALL - 1
+    assert devices[f"uid-{last}"][0].device_name == f"gpu-claim-{last}"
     assert 1 < driver.max_in_flight <= DEFAULT_MAX_CONCURRENT_CLAIMS, "claims run concurrently, but bounded"
     await plugin.unprepare(claims)
     assert driver.prepared == {}

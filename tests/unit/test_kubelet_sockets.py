@@ -62,7 +62,7 @@ def test_long_driver_names_fall_back_to_a_hash_of_driver_and_pod() -> None:
 
 
 def test_paths_that_cannot_fit_are_a_clear_error() -> None:
-    with pytest.raises(sockets.SocketPathError, match="AF_UNIX limit"):
+    with pytest.raises(sockets.SocketPathError, match="limit of 105 \\(AF_UNIX and gRPC\\)"):
         sockets.socket_paths(Path("/" + "x" * 100), DRIVER)
 
 
@@ -122,3 +122,28 @@ def test_identity_removes_only_our_own_socket(tmp_path: Path) -> None:
     theirs = sockets.SocketIdentity.of(path)
     assert theirs.remove() is True
     assert not path.exists()
+
+
+async def test_a_path_that_fits_is_one_grpc_can_serve_on() -> None:
+    """gRPC refuses unix socket paths over 105 bytes (fewer than AF_UNIX's 107): a per-pod name of
+    106 or 107 bytes must fall back to the hashed name, or the plugin cannot start at all."""
+    import shutil
+    import tempfile
+
+    import grpc
+
+    short = Path(tempfile.mkdtemp(prefix="sk-", dir="/tmp"))  # pytest's tmp_path is too long here
+    try:
+        name = f"plugins_registry/{DRIVER}-{POD_UID}-reg.sock"
+        for total in (106, 107):
+            root = short / ("r" * (total - len(os.fsencode(short / name)) - 1))
+            assert len(os.fsencode(root / name)) == total
+            paths = sockets.socket_paths(root, DRIVER, POD_UID)
+            sockets.ensure_dir(paths.registry_dir)
+            server = grpc.aio.server()
+            try:
+                server.add_insecure_port(f"unix://{paths.registration}")  # raises if gRPC refuses it
+            finally:
+                await server.stop(None)
+    finally:
+        shutil.rmtree(short, ignore_errors=True)
