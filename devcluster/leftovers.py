@@ -242,8 +242,11 @@ def kill_processes_under(directory: Path, keep: Sequence[str] = (), timeout_s: f
     """
     for root, container in runc_containers(directory):
         if RUNC.exists():
-            subprocess.run([str(RUNC), "--root", str(root), "delete", "--force", container],
-                           capture_output=True, check=False, timeout=30)  # fmt: skip
+            try:
+                subprocess.run([str(RUNC), "--root", str(root), "delete", "--force", container],
+                               capture_output=True, check=False, timeout=30)  # fmt: skip
+            except subprocess.TimeoutExpired:  # its processes are killed below all the same
+                log.warning("runc delete container=%s root=%s timed out", container, root)
     killed: dict[int, Holder] = {}
     deadline = time.monotonic() + timeout_s
     while True:

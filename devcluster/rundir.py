@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from devcluster import leftovers
+from devcluster.wait import wait_for
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +42,8 @@ PREFIXES = ("draplugin-cluster-", "draplugin-demo-", "dra-demo-")
 # Finished runs whose logs stay, newest first; older runs' logs go at the next start.
 KEPT_RUN_LOGS = 10
 WATCH_ENV = "DEVCLUSTER_WATCH_DIRS"
+# How long the watchdog waits for an owner that closed its pipe but has not finished its clean-up.
+OWNER_EXIT_S = 60.0
 
 
 def start_ticks(pid: int) -> int | None:
@@ -133,6 +137,10 @@ class Watchdog:
             os.close(self._write_fd)
 
 
+def _gone(marker: Marker) -> bool:
+    return not marker.owner_alive()
+
+
 def watch(directories: Sequence[Path]) -> int:
     """The watchdog's body: wait for the owner to go, then finish each directory its owner left."""
     with contextlib.suppress(OSError):
@@ -140,7 +148,17 @@ def watch(directories: Sequence[Path]) -> int:
             pass
     for directory in directories:
         marker = read_marker(directory)
-        if marker is not None and not marker.finished and not marker.owner_alive():
+        if marker is None or marker.finished:
+            continue  # the owner cleaned up itself
+        # The pipe closes while a killed owner is still exiting (its files go before it is a
+        # zombie): wait until it is gone rather than take it for alive.
+        if not _gone(marker):
+            print(
+                f"devcluster watchdog: waiting for process {marker.pid} to exit", file=sys.stderr, flush=True
+            )
+        with contextlib.suppress(AssertionError):
+            wait_for(f"process {marker.pid} to exit", functools.partial(_gone, marker), OWNER_EXIT_S)
+        if _gone(marker):
             removal = finish(directory)
             print(f"devcluster watchdog: cleaned {directory}: {removal.summary()}", file=sys.stderr)
     return 0

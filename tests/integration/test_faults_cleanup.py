@@ -191,3 +191,39 @@ def test_a_bind_mount_of_the_directory_does_not_make_every_process_a_leftover(tm
     finally:
         bystander.kill()
         bystander.wait()
+
+
+def test_the_watchdog_waits_for_an_owner_whose_pipe_closed_before_it_exited(tmp_base: Path) -> None:
+    """A killed process closes its files before it is a zombie: the watchdog sees end of file while
+    the owner still looks alive, and must wait for it rather than give up."""
+    run = tmp_base / "draplugin-cluster-exiting"
+    run.mkdir()
+    planted = plant(run)
+    owner_code = textwrap.dedent(f"""
+        import os, sys
+        from pathlib import Path
+        from devcluster import rundir
+        run = Path({str(run)!r})
+        rundir.claim(run, ("control-plane/logs",))
+        watchdog = rundir.Watchdog([run])
+        watchdog.close()  # what exit does first
+        os.close(2)  # the watchdog alone holds the test's pipe: it ends when the watchdog does
+        sys.stdin.read()  # then "still exiting" until the test kills it
+    """)
+    owner = subprocess.Popen(
+        [sys.executable, "-c", owner_code], stdin=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    assert owner.stderr is not None
+    said = (
+        owner.stderr.readline()
+    )  # the watchdog's stderr is the owner's; it exits without a word if it gives up
+    assert "waiting for process" in said, said
+    owner.kill()
+    owner.wait()
+
+    def finished() -> bool:
+        marker = rundir.read_marker(run)
+        return marker is not None and marker.finished
+
+    wait_for("the watchdog to clean the run", finished, timeout=120)
+    assert_clean_but_logs(run, planted)
