@@ -6,9 +6,11 @@ UID. A bad reference, a duplicate, or a driver failure becomes that claim's
 Claims of one batch run concurrently, bounded so thousands of claims do not
 flood the driver; prepares and unprepares have separate bounds, so an
 unprepare (which needs no API server) never waits behind prepares stuck on
-one. Claim references are checked against Kubernetes' name rules before any
-use. With a gRPC deadline, every claim is answered before it: one still
-running then gets an error saying so and finishes in the background.
+one. A call runs at most `MAX_CLAIMS_PER_CALL` claims (one pod's); each claim
+past them is answered with a short error at once. Claim references are checked
+against Kubernetes' name rules before any use. With a gRPC deadline, every
+claim is answered before it: one still running then gets an error saying so
+and finishes in the background.
 
 Size: both servicer versions sit beside the one runner they share, so a wire change is seen in one place.
 """
