@@ -29,6 +29,7 @@ DOWNWARD_API = {
     "metadata.uid": "0d7c3f6e-5b1a-4c2e-9f1d-2a6b8c9e0f11",
     "metadata.name": "draplugin-kubelet-plugin-abcde",
     "metadata.namespace": "draplugin-system",
+    "status.podIP": "10.0.0.7",
 }
 
 VALUE_SETS = pytest.mark.parametrize(
@@ -78,6 +79,10 @@ def test_plugin_container_settings_are_valid(values: dict[str, Any] | None, tmp_
         settings = plugin_config.load(parsed(plugin_cli.build_parser(), container), env)
         assert settings.node_name == DOWNWARD_API["spec.nodeName"]
         assert settings.pod_uid == DOWNWARD_API["metadata.uid"]
+        # Health and metrics listen on the pod's (under host networking, the node's) address only.
+        if "HEALTHCHECK_PORT" in env:  # the health listener runs only with the liveness probe
+            assert settings.healthcheck_address == DOWNWARD_API["status.podIP"]
+        assert settings.metrics_address == DOWNWARD_API["status.podIP"]
         assert settings.driver_name == (values or {}).get("driverName", "gpu.draplugin.dev")
 
 
