@@ -115,6 +115,8 @@ NOT_RUN: dict[str, str] = {
     "make unit": _MAKE,
     "make lint": _MAKE,
     "make cluster": "starts a local cluster that runs until Ctrl-C",
+    "make clean-clusters": "removes every stopped local cluster run of this machine, logs included; "
+    "tests/integration/test_faults_cleanup.py runs the same prune on a directory of its own",
     "make bench": "benchmarks are kept out of the test suite by design",
     "make test-compat": "the integration and e2e suites on a second Kubernetes build (1.34); run by .ci/run",
     "make differential": "4,000 scenarios on two Kubernetes builds (~15 min); `make test` plays 300 of them",
