@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.summary import ROWS_ENV, read_rows, table, write_results
+from bench.summary import ROWS_ENV, read_records, table, write_results
 
 BENCHMARKS = ("cel", "slices", "prepare", "allocate", "usage")
 
@@ -40,15 +40,27 @@ def main(argv: list[str]) -> int:
         print(f"=== bench.{name}: exit {rc} after {time.monotonic() - started:.1f}s ===", flush=True)
         if rc != 0:
             failed.append(name)
-    rows = read_rows(rows_file)
+    rows, failed_parts = read_records(rows_file)
     rows_file.unlink(missing_ok=True)
     if rows:
         results = here / "results.json"
-        meta = {"benchmarks": chosen, "failed": failed, "machine": platform.node(), "cpus": os.cpu_count()}
+        meta = {
+            "benchmarks": chosen,
+            "failed": failed,
+            "failed_parts": [f.line() for f in failed_parts],
+            "machine": platform.node(),
+            "cpus": os.cpu_count(),
+        }
         write_results(results, rows, meta)
         print(f"\n=== summary: ours and the peer, same run ({results}) ===\n{table(rows)}")
     if failed:
-        print(f"bench: failed: {', '.join(failed)}", file=sys.stderr)
+        # Each part a benchmark said failed (which side, why); a benchmark that died before it
+        # could say is named alone, its own output above tells why.
+        said = {f.benchmark for f in failed_parts}
+        lines = [f.line() for f in failed_parts] + [
+            f"{name}: exited non-zero" for name in failed if name not in said
+        ]
+        print("bench: failed:\n" + "\n".join(f"  {line}" for line in lines), file=sys.stderr)
         return 1
     return 0
 

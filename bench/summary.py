@@ -34,19 +34,57 @@ class Row:
         return self.ours / self.peer if self.peer else None
 
 
-def record(row: Row) -> None:
-    """Append the row for the parent's summary; a no-op when run on its own."""
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """A part of a benchmark that measured nothing: which part, which side (ours, the peer's
+    name, or "either" before the sides part) and why, for the summary to say after the rows."""
+
+    benchmark: str
+    part: str
+    side: str
+    why: str
+
+    def line(self) -> str:
+        return f"{self.benchmark}, {self.part}, {self.side}: {self.why}"
+
+
+def _append(document: dict[str, Any]) -> None:
     target = os.environ.get(ROWS_ENV)
     if not target:
         return
     with open(target, "a", encoding="utf-8") as out:
-        out.write(json.dumps(asdict(row)) + "\n")
+        out.write(json.dumps(document) + "\n")
+
+
+def record(row: Row) -> None:
+    """Append the row for the parent's summary; a no-op when run on its own."""
+    _append(asdict(row))
+
+
+def record_failure(benchmark: str, part: str, side: str, why: str) -> None:
+    """Append a failed part for the parent's summary (a no-op when run on its own)."""
+    _append({"failure": asdict(Failure(benchmark, part, side, why))})
+
+
+def read_records(path: Path) -> tuple[list[Row], list[Failure]]:
+    """The rows and the failed parts the benchmarks appended, each in the order written."""
+    rows: list[Row] = []
+    failures: list[Failure] = []
+    if not path.exists():
+        return rows, failures
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if not line.strip():
+            continue
+        document = json.loads(line)
+        if "failure" in document:
+            failures.append(Failure(**document["failure"]))
+        else:
+            rows.append(Row(**document))
+    return rows, failures
 
 
 def read_rows(path: Path) -> list[Row]:
-    if not path.exists():
-        return []
-    return [Row(**json.loads(line)) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return read_records(path)[0]
 
 
 def load_results(path: Path) -> list[Row]:

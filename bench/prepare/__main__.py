@@ -12,20 +12,24 @@ it), the "one blocked claim" case through bench/prepare/claimdelay.py, start-up,
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import os
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from textwrap import indent
 
 from bench.controlplane import start_control_plane
 from bench.prepare.claimdelay import ClaimDelayProxy
 from bench.prepare.claims import allocated_claim, claim_batches, create_node
-from bench.prepare.drive import DraClient, percentile, run_batch
+from bench.prepare.drive import DraClient, PrepareFailed, percentile, run_batch
 from bench.prepare.plugins import PEER_BINARY, PEER_NAME, OurPlugin, PeerPlugin, Plugin
-from bench.summary import Row, record
+from bench.summary import Row, record, record_failure
 from devcluster.binaries import REPO_ROOT
+from devcluster.controlplane import ControlPlane
 from devcluster.objects import create_namespace
 from dracommon.kubeapi import KubeApi
 
@@ -198,7 +202,92 @@ def rss_by_size(rest: KubeApi, root: Path, kubeconfig: Path, binary: Path) -> No
         row(f"start to slices published, {size} devices", "s", ours_s.published_s, peer_s.published_s)
 
 
-def main() -> int:
+PARTS = ("latency", "exclusive", "blocked", "rss")
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.prepare",
+        description="Our kubelet plugin against the dra-example-driver plugin, side by side "
+        "(sizes: BENCH_PREPARE_DEVICES, BENCH_PREPARE_BATCHES, BENCH_PREPARE_RSS_SIZES).",
+    )
+    parser.add_argument(
+        "--part",
+        action="append",
+        choices=PARTS,
+        dest="parts",
+        help="run only this part (repeat for more; default: all): latency = start-up, concurrency 1 "
+        "and 64, RSS after; exclusive = the exclusive-device check; blocked = one claim's GET held by "
+        "a proxy; rss = memory and start-up by inventory size",
+    )
+    args = parser.parse_args(argv)
+    args.parts = tuple(args.parts or PARTS)
+    return args
+
+
+class Failures:
+    """Parts that failed: each said at once, with the side and why, and the run goes on to the next."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    def note(self, part: str, side: str, err: BaseException) -> None:
+        why = f"{type(err).__name__}: {err}" if not isinstance(err, PrepareFailed) else str(err)
+        line = f"{part}, {side}: {why}"
+        self.seen.append(line)
+        print(f"  FAILED {line}", flush=True)
+        record_failure("prepare", part, side, why)
+
+
+def blocked_part(
+    rest: KubeApi,
+    namespace: str,
+    cluster: ControlPlane,
+    root: Path,
+    plugins: list[Plugin],
+    failures: Failures,
+) -> None:
+    """Each plugin alone through the claim-delay proxy; a side that fails is named, the other still runs."""
+    proxy = ClaimDelayProxy(
+        int(cluster.server.rsplit(":", 1)[1]), cluster.ca_file, root / "proxy-pki", delay_s=BLOCK_DELAY_S
+    )
+    try:
+        proxied = proxy.kubeconfig(cluster.kubeconfig, root / "proxy-kubeconfig")
+        print(f"one blocked claim (its GET held {BLOCK_DELAY_S:.1f} s by a proxy both plugins go through):")
+        blocked: dict[str, tuple[float, float, float]] = {}
+        for p in plugins:
+            direct = p.kubeconfig
+            p.kubeconfig = proxied
+            try:
+                started = p.start(rest)
+                if started.published_s is None:
+                    raise RuntimeError(f"did not publish through the proxy: {started.publish_error}")
+                proxy.reset_stats()
+                blocked[p.label] = asyncio.run(blocked_runs(rest, namespace, p, proxy))
+            except Exception as err:  # one side's failure must not cost the other side's figures
+                failures.note("one blocked claim", p.label, err)
+                print(f"    the proxy saw: {proxy.reset_stats().summary()}")
+                print(f"    {p.label}'s log ({p.log_path}), last lines:\n{indent(p.log_tail(8), '      ')}")
+                continue
+            finally:
+                p.stop()
+                p.kubeconfig = direct
+            free, held, victim = blocked[p.label]
+            print(f"  {p.label}: others' p99 {free:.1f} ms without, {held:.1f} ms with it; "
+                  f"the blocked claim itself {victim:.0f} ms (median)")  # fmt: skip
+            print(f"    the proxy saw: {proxy.reset_stats().summary()}")
+        if len(blocked) == len(plugins):
+            ours, peer = blocked["ours"], blocked["peer"]
+            row("others' p99 at 64 concurrent, no claim blocked", "ms", ours[0], peer[0])
+            row("others' p99 at 64 concurrent, one claim blocked", "ms", ours[1], peer[1])
+        for p in plugins:
+            p.delete_slices(rest)
+    finally:
+        proxy.close()
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
     binary = peer_binary()
     if not binary.exists():
         print(f"bench.prepare: {binary} is missing (tests/cluster/build_peers.sh builds it)", file=sys.stderr)
@@ -206,9 +295,11 @@ def main() -> int:
     cluster = start_control_plane("bench-prepare-")
     if cluster is None:
         return 1
+    # SIGTERM (a timeout, ^C from make) ends the run through the finally below: no plugin outlives it.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     root = cluster.state_dir / "p"
     plugins: list[Plugin] = []
-    proxy: ClaimDelayProxy | None = None
+    failures = Failures()
     try:
         with cluster.api_client() as api:
             rest = KubeApi(api)
@@ -220,70 +311,73 @@ def main() -> int:
                 "peer", PEER_DRIVER, PEER_NODE, root / "peer", DEVICES, cluster.kubeconfig, binary=binary
             )
             plugins = [ours, peer]
-            print(f"starting both plugins with {DEVICES} fake GPUs each ...", flush=True)
-            started = {p.label: p.start(rest) for p in plugins}
-            for p in plugins:
-                if started[p.label].published_s is None:
-                    raise RuntimeError(f"{p.label} did not publish: {started[p.label].publish_error}")
-            print(f"start-up, {DEVICES} devices:")
-            # The first start of each in this run: cold caches (and, for ours, any stale bytecode).
-            row("first start to sockets ready", "s", started["ours"].sockets_s, started["peer"].sockets_s)
-            row(
-                "first start to slices published",
-                "s",
-                started["ours"].published_s or 0.0,
-                started["peer"].published_s or 0.0,
-            )
-
-            asyncio.run(latency_runs(rest, namespace, ours, peer))
-            print("memory:")
-            row("RSS after the latency runs", "MiB", ours.rss_mib(), peer.rss_mib())
-
-            print("the exclusive-device check (two claims allocated gpu-0; not a timing):")
-            for p in plugins:
-                print(f"  {p.label}: {asyncio.run(exclusive_check(rest, namespace, p))}")
-
-            for p in plugins:
-                p.stop()
-            ca_file = cluster.ca_file
-            proxy = ClaimDelayProxy(
-                int(cluster.server.rsplit(":", 1)[1]), ca_file, root / "proxy-pki", delay_s=BLOCK_DELAY_S
-            )
-            proxied = proxy.kubeconfig(cluster.kubeconfig, root / "proxy-kubeconfig")
-            print(
-                f"one blocked claim (its GET held {BLOCK_DELAY_S:.1f} s by a proxy both plugins go through):"
-            )
-            blocked: dict[str, tuple[float, float, float]] = {}
-            for p in plugins:
-                p.kubeconfig = proxied
-                p.start(rest)
-                blocked[p.label] = asyncio.run(blocked_runs(rest, namespace, p, proxy))
-                p.stop()
-                free, held, victim = blocked[p.label]
-                print(f"  {p.label}: others' p99 {free:.1f} ms without, {held:.1f} ms with it; "
-                      f"the blocked claim itself {victim:.0f} ms (median)")  # fmt: skip
-            row(
-                "others' p99 at 64 concurrent, no claim blocked", "ms", blocked["ours"][0], blocked["peer"][0]
-            )
-            row(
-                "others' p99 at 64 concurrent, one claim blocked",
-                "ms",
-                blocked["ours"][1],
-                blocked["peer"][1],
-            )
-            for p in plugins:
-                p.delete_slices(rest)
-
-            print("memory and start-up by inventory size (each plugin alone, after it published):")
-            rss_by_size(rest, root, cluster.kubeconfig, binary)
+            if "latency" in args.parts or "exclusive" in args.parts:
+                direct_parts(rest, namespace, plugins, args.parts, failures)
+            if "blocked" in args.parts:
+                blocked_part(rest, namespace, cluster, root, plugins, failures)
+            if "rss" in args.parts:
+                print("memory and start-up by inventory size (each plugin alone, after it published):")
+                try:
+                    rss_by_size(rest, root, cluster.kubeconfig, binary)
+                except Exception as err:
+                    failures.note("memory and start-up by inventory size", "either", err)
     finally:
         for p in plugins:
             p.stop()
-        if proxy is not None:
-            proxy.close()
         cluster.stop()
+    if failures.seen:
+        print(
+            "bench.prepare: failed parts:\n" + "\n".join(f"  {line}" for line in failures.seen),
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 
+def direct_parts(
+    rest: KubeApi, namespace: str, plugins: list[Plugin], parts: tuple[str, ...], failures: Failures
+) -> None:
+    """Start-up, the latency runs and the exclusive check, both plugins talking to the API server directly."""
+    ours, peer = plugins
+    print(f"starting both plugins with {DEVICES} fake GPUs each ...", flush=True)
+    try:
+        started = {p.label: p.start(rest) for p in plugins}
+        for p in plugins:
+            if started[p.label].published_s is None:
+                raise RuntimeError(f"{p.label} did not publish: {started[p.label].publish_error}")
+    except Exception as err:
+        failures.note("start-up", "either", err)
+        for p in plugins:
+            p.stop()
+        return
+    try:
+        print(f"start-up, {DEVICES} devices:")
+        # The first start of each in this run: cold caches (and, for ours, any stale bytecode).
+        row("first start to sockets ready", "s", started["ours"].sockets_s, started["peer"].sockets_s)
+        row(
+            "first start to slices published",
+            "s",
+            started["ours"].published_s or 0.0,
+            started["peer"].published_s or 0.0,
+        )
+        if "latency" in parts:
+            try:
+                asyncio.run(latency_runs(rest, namespace, ours, peer))
+                print("memory:")
+                row("RSS after the latency runs", "MiB", ours.rss_mib(), peer.rss_mib())
+            except Exception as err:
+                failures.note("prepare latency", "either", err)
+        if "exclusive" in parts:
+            print("the exclusive-device check (two claims allocated gpu-0; not a timing):")
+            for p in plugins:
+                try:
+                    print(f"  {p.label}: {asyncio.run(exclusive_check(rest, namespace, p))}")
+                except Exception as err:
+                    failures.note("exclusive-device check", p.label, err)
+    finally:
+        for p in plugins:
+            p.stop()
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))
