@@ -41,7 +41,7 @@ def test_the_summary_keeps_every_row_and_names_the_failed_part(
             return 1
         return 2
 
-    monkeypatch.setattr(bench_main.subprocess, "call", child)
+    monkeypatch.setattr("bench.__main__.subprocess.call", child)
     written: dict[str, Any] = {}
     monkeypatch.setattr(
         bench_main, "write_results", lambda path, rows, meta: written.update(rows=rows, meta=meta)
