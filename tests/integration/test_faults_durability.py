@@ -22,7 +22,6 @@ import json
 import os
 import shutil
 import subprocess
-import tempfile
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -37,7 +36,7 @@ from dracommon.kubeapi import KubeApi
 from draplugin.devices.fakemig import STATE_FILE as FAKE_MIG_STATE
 from draplugin.kubelet.interface import ClaimRef
 from draplugin.prepare.ledger import FILE_NAME as LEDGER_FILE
-from tests.faultproxy import FaultProxy
+from tests.faultrig import proxied_plugin
 from tests.integration.test_faults_plugin import (
     API_DEADLINE_S,
     DRIVER,
@@ -101,23 +100,15 @@ def place(kube_cluster: ControlPlane) -> Iterator[tuple[KubeApi, str, str]]:
 
 def make_rig(kube_cluster: ControlPlane, place: tuple[KubeApi, str, str], gpus_yaml: str) -> Rig:
     api, node, namespace = place
-    root = Path(tempfile.mkdtemp(prefix="dur-", dir="/tmp"))  # short: the 107-byte socket path limit
-    proxy = FaultProxy(int(kube_cluster.server.rsplit(":", 1)[1]), delay_s=0.05)
-    gpus = root / "gpus.yaml"
-    gpus.write_text(gpus_yaml)
-    plugin = LogOutsideState(
-        kubeconfig=proxy.kubeconfig(kube_cluster.kubeconfig, root / "kubeconfig"),
-        node_name=node,
-        kubelet_root_dir=root / "kubelet",
-        cdi_root=root / "cdi",
-        state_dir=root / "state",
-        fake_config=gpus,
-        extra_env={
-            "PREPARE_API_DEADLINE": f"{API_DEADLINE_S:g}s",
-            "DRAPLUGIN_FAKE_DEVICE_DIR": str(root / "dev"),
-        },
-        log_file=root / "plugin.log",
+    root, proxy, plugin = proxied_plugin(
+        kube_cluster,
+        node,
+        prefix="dur-",
+        gpus_yaml=gpus_yaml,
+        api_deadline_s=API_DEADLINE_S,
+        plugin_class=LogOutsideState,
     )
+    plugin.log_file = root / "plugin.log"
     return Rig(api, node, namespace, root, proxy, plugin)
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
-import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -33,7 +32,7 @@ from dracommon.kubeapi import KubeApi
 from draplugin.kubelet.dra import MAX_CLAIMS_PER_CALL, TOO_MANY_CLAIMS
 from draplugin.kubelet.interface import ClaimRef
 from draplugin.kubelet.sockets import socket_paths
-from tests.faultproxy import FaultProxy
+from tests.faultrig import proxied_plugin
 from tests.integration.test_faults_plugin import GPUS, KUBELET_DEADLINE_S, Rig, make_claim, prepare, unprepare
 
 pytestmark = pytest.mark.cluster
@@ -82,23 +81,15 @@ def parts(kube_cluster: ControlPlane) -> Iterator[tuple[KubeApi, str, str, list[
 @pytest.fixture
 def rig(kube_cluster: ControlPlane, parts: tuple[KubeApi, str, str, list[ClaimRef]]) -> Iterator[Rig]:
     api, node, namespace, refs = parts
-    root = Path(tempfile.mkdtemp(prefix="flk-", dir="/tmp"))  # short: the 107-byte socket path limit
-    proxy = FaultProxy(int(kube_cluster.server.rsplit(":", 1)[1]), delay_s=0.05)
-    gpus = root / "gpus.yaml"
-    gpus.write_text(f"gpus:\n  - model: A100-SXM4-40GB\n    count: {GPUS}\n")
-    plugin = PerPodPluginProcess(
-        kubeconfig=proxy.kubeconfig(kube_cluster.kubeconfig, root / "kubeconfig"),
-        node_name=node,
-        kubelet_root_dir=root / "kubelet",
-        cdi_root=root / "cdi",
-        state_dir=root / "state",
-        fake_config=gpus,
-        extra_env={
-            "PREPARE_API_DEADLINE": f"{STALL_S:g}s",
-            "DRAPLUGIN_FAKE_DEVICE_DIR": str(root / "dev"),
-            # Per-pod sockets, as the chart runs the plugin: calls take the node-wide lock.
-            "POD_UID": str(uuid.uuid4()),
-        },
+    root, proxy, plugin = proxied_plugin(
+        kube_cluster,
+        node,
+        prefix="flk-",
+        gpus_yaml=f"gpus:\n  - model: A100-SXM4-40GB\n    count: {GPUS}\n",
+        api_deadline_s=STALL_S,
+        plugin_class=PerPodPluginProcess,
+        # Per-pod sockets, as the chart runs the plugin: calls take the node-wide lock.
+        extra_env={"POD_UID": str(uuid.uuid4())},
     )
     rig = Rig(api, node, namespace, root, proxy, plugin, refs)
     try:

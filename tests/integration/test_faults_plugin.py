@@ -21,7 +21,6 @@ import logging
 import random
 import shutil
 import socket
-import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -41,6 +40,7 @@ from draplugin.kubelet._proto.dra.v1 import api_pb2 as v1
 from draplugin.kubelet._proto.dra.v1 import api_pb2_grpc as v1_grpc
 from draplugin.kubelet.interface import ClaimRef
 from tests.faultproxy import FaultProxy
+from tests.faultrig import proxied_plugin
 from tests.kubelet_client import FakeKubelet
 
 pytestmark = pytest.mark.cluster
@@ -146,21 +146,13 @@ def rig_parts(kube_cluster: ControlPlane) -> Iterator[tuple[KubeApi, str, str, l
 @pytest.fixture
 def rig(kube_cluster: ControlPlane, rig_parts: tuple[KubeApi, str, str, list[ClaimRef]]) -> Iterator[Rig]:
     api, node, namespace, refs = rig_parts
-    root = Path(tempfile.mkdtemp(prefix="flt-", dir="/tmp"))  # short: the 107-byte socket path limit
-    proxy = FaultProxy(int(kube_cluster.server.rsplit(":", 1)[1]), delay_s=0.05)
-    gpus = root / "gpus.yaml"
-    gpus.write_text(f"gpus:\n  - model: A100-SXM4-40GB\n    count: {GPUS}\n")
-    plugin = PluginProcess(
-        kubeconfig=proxy.kubeconfig(kube_cluster.kubeconfig, root / "kubeconfig"),
-        node_name=node,
-        kubelet_root_dir=root / "kubelet",
-        cdi_root=root / "cdi",
-        state_dir=root / "state",
-        fake_config=gpus,
-        extra_env={
-            "PREPARE_API_DEADLINE": f"{API_DEADLINE_S:g}s",
-            "DRAPLUGIN_FAKE_DEVICE_DIR": str(root / "dev"),
-        },
+    root, proxy, plugin = proxied_plugin(
+        kube_cluster,
+        node,
+        prefix="flt-",
+        gpus_yaml=f"gpus:\n  - model: A100-SXM4-40GB\n    count: {GPUS}\n",
+        api_deadline_s=API_DEADLINE_S,
+        plugin_class=PluginProcess,
     )
     rig = Rig(api, node, namespace, root, proxy, plugin, refs)
     try:
