@@ -13,20 +13,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client import CollectorRegistry
 
 from dracommon.kubeapi import ApiError
 from draplugin import checkpoint as checkpoint_module
-from draplugin.cdi.spec import SpecStore, atomic_write
-from draplugin.checkpoint import CheckpointStore, ClaimState
+from draplugin.cdi.spec import atomic_write
+from draplugin.checkpoint import ClaimState
 from draplugin.kubelet.interface import ClaimError, ClaimRef
-from draplugin.metrics import ClaimMetrics
 from draplugin.prepare.driver import GpuDriver
 from tests.unit import sharing_fixtures
 from tests.unit.sharing_fixtures import ToolNode
 from tests.unit.test_mig_driver import MigNode, mig_claim
-from tests.unit.test_prepare_driver import FakeClaims, Node, RecordingEvents
-from tests.unit.test_prepare_plan import DEVICES, DRIVER, NODE, claim_doc, config, gpu_config, result
+from tests.unit.test_prepare_driver import FakeClaims, Node
+from tests.unit.test_prepare_plan import DEVICES, claim_doc, config, gpu_config, result
+from tests.unit.test_shares import driver as shares_driver
 
 tool_node = sharing_fixtures.tool_node
 GPU0 = DEVICES["gpu-0"].uuid
@@ -189,19 +188,7 @@ async def test_a_mig_instance_of_a_claim_rebuilt_from_its_spec_survives_the_next
 
 
 def sharing_driver(node: ToolNode, claims: FakeClaims) -> GpuDriver:
-    process = GpuDriver(
-        driver_name=DRIVER,
-        node_name=NODE,
-        devices=list(DEVICES.values()),
-        claims=claims,
-        cdi_store=SpecStore(node.state.parent / "cdi", DRIVER),
-        checkpoint=CheckpointStore(node.state / "checkpoint.json", "boot-1"),
-        sharing=node.sharing(),
-        events=RecordingEvents(),
-        metrics=ClaimMetrics(CollectorRegistry()),
-    )
-    process.recover()
-    return process
+    return shares_driver(node, claims, list(DEVICES.values()))
 
 
 @pytest.mark.parametrize(

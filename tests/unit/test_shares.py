@@ -10,6 +10,7 @@ unshared one, and unprepare stops exactly the daemon prepare started.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -382,11 +383,12 @@ def test_a_share_next_to_an_exclusive_holder_is_refused() -> None:
 # --- through the prepare driver, on stand-in driver tools -------------------------------------------------
 
 
-def driver(node: ToolNode, claims: FakeClaims) -> GpuDriver:
+def driver(node: ToolNode, claims: FakeClaims, devices: Sequence[Device] | None = None) -> GpuDriver:
+    """The prepare driver on `node`'s stand-in tools, recovered; `devices` default to the shares here."""
     process = GpuDriver(
         driver_name=DRIVER,
         node_name=NODE,
-        devices=list(DEVICES.values()),
+        devices=list(DEVICES.values()) if devices is None else list(devices),
         claims=claims,
         cdi_store=SpecStore(node.state.parent / "cdi", DRIVER),
         checkpoint=CheckpointStore(node.state / "checkpoint.json", "boot-1"),
