@@ -3,7 +3,8 @@
 Callers use the standard `logging` module and pass structured fields through
 `extra`, e.g. `log.info("claim prepared", extra={"claim": uid, "devices": 2})`.
 Both formatters render every such field, so the same call site serves humans
-(text) and log pipelines (json).
+(text) and log pipelines (json). The message is a constant: a `key=value` put in
+its text would be no field in JSON (tests/unit/test_log_style.py refuses one).
 """
 
 from __future__ import annotations
@@ -72,6 +73,27 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(payload, default=str, ensure_ascii=False)
 
 
+# urllib3 logs a warning for each retry inside one API call (three per failed call with the
+# client's default), on top of the caller's own line, which names the call, the error and when
+# it is tried again. Those lines are demoted to DEBUG: shown only when debug logs are on.
+_URLLIB3_POOL: Final = "urllib3.connectionpool"
+_URLLIB3_RETRY_PREFIX: Final = "Retrying ("
+# urllib3 marks its retry warning with this `extra` key; it is not a field of ours.
+_URLLIB3_RETRY_MARK: Final = "__urllib3-retry-warning"
+
+
+class _DemoteUrllib3Retries(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not (isinstance(record.msg, str) and record.msg.startswith(_URLLIB3_RETRY_PREFIX)):
+            return True
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        vars(record).pop(_URLLIB3_RETRY_MARK, None)
+        return logging.getLogger().isEnabledFor(logging.DEBUG)
+
+
+_URLLIB3_FILTER: Final = _DemoteUrllib3Retries()
+
+
 def make_formatter(log_format: str) -> logging.Formatter:
     if log_format == "text":
         return KeyValueFormatter()
@@ -91,3 +113,6 @@ def setup_logging(log_format: str = "text", level: str = "info", stream: TextIO 
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level.upper())
+    pool = logging.getLogger(_URLLIB3_POOL)
+    if _URLLIB3_FILTER not in pool.filters:
+        pool.addFilter(_URLLIB3_FILTER)
