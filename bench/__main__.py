@@ -2,7 +2,8 @@
 
 Each benchmark is its own process so one's memory high-water mark or leftover
 threads never colour the next one's figures. Every side-by-side figure they record
-(bench.summary) is printed in one table at the end and written to bench/results.json.
+(bench.summary) is printed in one table at the end and merged into bench/results.json
+(a figure measured again replaces its old row; the figures of other runs, `make scale`'s, stay).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.summary import ROWS_ENV, read_records, table, write_results
+from bench.summary import ROWS_ENV, merge_results, read_records, table
 
 BENCHMARKS = ("cel", "slices", "prepare", "allocate", "usage")
 
@@ -51,7 +52,7 @@ def main(argv: list[str]) -> int:
             "machine": platform.node(),
             "cpus": os.cpu_count(),
         }
-        write_results(results, rows, meta)
+        merge_results(results, rows, meta)
         print(f"\n=== summary: ours and the peer, same run ({results}) ===\n{table(rows)}")
     if failed:
         # Each part a benchmark said failed (which side, why); a benchmark that died before it

@@ -10,16 +10,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from bench.summary import Row, format_number, load_results
-
-
-def _key(row: Row) -> tuple[str, str, str]:
-    return row.benchmark, row.figure, row.unit
+from bench.summary import Row, format_number, load_results, row_key
 
 
 def compare(before: list[Row], after: list[Row]) -> str:
-    old = {_key(r): r for r in before}
-    new = {_key(r): r for r in after}
+    old = {row_key(r): r for r in before}
+    new = {row_key(r): r for r in after}
     lines = [
         f"{'figure':<58} {'ours A':>10} {'ours B':>10} {'change':>8} {'peer A':>10} {'peer B':>10}  verdict"
     ]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -98,6 +99,31 @@ def load_results(path: Path) -> list[Row]:
 
 def write_results(path: Path, rows: list[Row], meta: dict[str, Any]) -> None:
     path.write_text(json.dumps({"meta": meta, "rows": [asdict(r) for r in rows]}, indent=2) + "\n")
+
+
+def row_key(row: Row) -> tuple[str, str, str]:
+    """What names a figure across runs: the same key in a later run is the same figure, measured again."""
+    return row.benchmark, row.figure, row.unit
+
+
+def merge_results(path: Path, rows: list[Row], meta: dict[str, Any]) -> None:
+    """Write `rows` into the results file, keeping the figures of earlier runs that these rows do
+    not measure again (`make scale` and `make bench` share bench/results.json; neither wipes the
+    other's rows). A file that is not a results file is replaced (said on stderr)."""
+    earlier: list[Row] = []
+    if path.exists():
+        try:
+            earlier = load_results(path)
+        except SystemExit as err:
+            print(f"{err}; writing a new one", file=sys.stderr)
+    fresh = {row_key(r) for r in rows}
+    kept = [r for r in earlier if row_key(r) not in fresh]
+    by_key = {row_key(r): r for r in rows}
+    # Figures measured again stay where they were in the file; new ones go after.
+    merged = [by_key.pop(row_key(r), r) for r in earlier]
+    merged += list(by_key.values())
+    names = [f"{r.benchmark}: {r.figure} ({r.unit})" for r in kept]
+    write_results(path, merged, {**meta, "kept_from_earlier_runs": names})
 
 
 def format_number(value: float) -> str:

@@ -44,7 +44,7 @@ def test_the_summary_keeps_every_row_and_names_the_failed_part(
     monkeypatch.setattr("bench.__main__.subprocess.call", child)
     written: dict[str, Any] = {}
     monkeypatch.setattr(
-        bench_main, "write_results", lambda path, rows, meta: written.update(rows=rows, meta=meta)
+        bench_main, "merge_results", lambda path, rows, meta: written.update(rows=rows, meta=meta)
     )
     assert bench_main.main(["prepare", "cel"]) == 1
     out, err = capsys.readouterr()
