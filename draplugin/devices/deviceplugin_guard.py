@@ -211,7 +211,10 @@ class DevicePluginGuard:
                     if isinstance(err, ApiError):
                         raise
                     raise ApiError(0, f"reading the Node for the device plugin check: {err}") from err
-                log.warning("device plugin check: Node not readable, keeping the last verdict error=%s", err)
+                log.warning(
+                    "device plugin check: Node not readable, keeping the last verdict",
+                    extra={"error": str(err)},
+                )
         sighting = Sighting(device_plugin_sockets(self._socket_dir), resources)
         with self._lock:
             before = self._sighting
@@ -282,11 +285,15 @@ class DevicePluginGuard:
                 "split:<GPU indexes> to change this."
             )
             log.warning(
-                "device plugin detected on this node, GPUs held back from DRA: %s",
-                note,
-                extra={"policy": str(self.policy), "sockets": list(sighting.sockets),
-                       "resources": list(sighting.resources), "setting": SETTING_HINT},
-            )  # fmt: skip
+                "device plugin detected on this node, GPUs held back from DRA",
+                extra={
+                    "policy": str(self.policy),
+                    "sockets": list(sighting.sockets),
+                    "resources": list(sighting.resources),
+                    "setting": SETTING_HINT,
+                    "detail": note,
+                },
+            )
             if self._events is not None:
                 self._events.node_event(DETECTED_REASON, note)
             return
@@ -294,6 +301,6 @@ class DevicePluginGuard:
             "No NVIDIA device plugin serves this node any more: "
             f"publishing every GPU to DRA (policy {self.policy})."
         )
-        log.info("device plugin gone from this node: %s", note, extra={"policy": str(self.policy)})
+        log.info("device plugin gone from this node", extra={"policy": str(self.policy), "detail": note})
         if self._events is not None:
             self._events.node_event(GONE_REASON, note, warning=False)

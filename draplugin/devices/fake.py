@@ -63,6 +63,7 @@ import yaml
 
 from draplugin.devices.fakeusage import FakeUsage, default_usage, parse_usage
 from draplugin.devices.model import CounterSet, Device, Version
+from draplugin.devices.naming import DeviceNaming
 from draplugin.devices.schema import (
     MAX_NUMA_NODES,
     NVIDIA_CONTROL_NODES,
@@ -225,6 +226,7 @@ class FakeBackend:
         config_file: Path | None = None,
         force_partitionable: bool = False,
         shared_gpus: SharedGpus = SharedGpus.OFF,
+        naming: DeviceNaming = DeviceNaming.DRAPLUGIN,
     ) -> None:
         if not node_name:
             raise FakeConfigError("fake backend: a node name is required (UUIDs are derived from it)")
@@ -238,6 +240,7 @@ class FakeBackend:
         self._config_file = config_file
         self._force_partitionable = force_partitionable
         self._shared_gpus = shared_gpus
+        self._naming = naming
         self._stamp = _file_stamp(config_file)
         # Validate eagerly so bad input fails at start-up, not on first publish.
         self._devices, self._counter_sets = self._build(config)
@@ -247,7 +250,7 @@ class FakeBackend:
         system = SystemInfo(config.driver_version, config.cuda_driver_version)
         gpus = self._build_gpus(config)
         devices, counter_sets = build_devices(
-            system, gpus, partitionable=config.partitionable, shared=self._shared_gpus
+            system, gpus, partitionable=config.partitionable, shared=self._shared_gpus, naming=self._naming
         )
         if self._device_dir is not None:
             make_device_nodes(self._device_dir, sorted({n for d in devices for n in d.device_nodes}))
@@ -268,14 +271,14 @@ class FakeBackend:
                 config = replace(config, partitionable=True)
             devices, counter_sets = self._build(config)
         except ValueError as err:  # FakeConfigError, or devices that do not validate
-            log.error("fake GPU file unusable, keeping the last devices error=%s", err)
+            log.error("fake GPU file unusable, keeping the last devices", extra={"error": str(err)})
             return False
         changed = devices != self._devices or counter_sets != self._counter_sets
         # One assignment: a concurrent discover() sees the old or the new list, never a mix.
         self._devices, self._counter_sets = devices, counter_sets
         self._config = config
         if changed:
-            log.info("fake GPU file re-read path=%s devices=%d", self._config_file, len(devices))
+            log.info("fake GPU file re-read", extra={"path": str(self._config_file), "devices": len(devices)})
         return changed
 
     @property

@@ -182,7 +182,8 @@ class HealthTracker:
                 self._faults[name] = Fault(effect, reason, message, now_unix, now)
                 changed = True
                 log.warning(
-                    "device unhealthy device=%s effect=%s reason=%s msg=%r", name, effect, reason, message
+                    "device unhealthy",
+                    extra={"device": name, "effect": effect, "reason": reason, "detail": message},
                 )
             listeners = list(self._listeners) if changed else []
         for listener in listeners:
@@ -198,7 +199,9 @@ class HealthTracker:
         if not self.policy.recovery.on_reset:
             names = [n for n in device_names if n in self.faults()]
             if names:
-                log.info("device back, taint kept (--health-recovery=never) devices=%s", ",".join(names))
+                log.info(
+                    "device back, taint kept (--health-recovery=never)", extra={"devices": ",".join(names)}
+                )
             return False
         return self._clear(device_names, why)
 
@@ -216,7 +219,7 @@ class HealthTracker:
             removed = [name for name in device_names if self._faults.pop(name, None) is not None]
             listeners = list(self._listeners) if removed else []
         for name in removed:
-            log.info("device healthy again device=%s why=%s", name, why)
+            log.info("device healthy again", extra={"device": name, "why": why})
         for listener in listeners:
             listener()
         return bool(removed)
@@ -320,7 +323,7 @@ class FaultFile:
         try:
             wanted = self._read() if stamp is not None else {}
         except (OSError, ValueError, yaml.YAMLError) as err:
-            log.error("ignoring fault file path=%s error=%s", self._path, err)
+            log.error("ignoring fault file", extra={"path": str(self._path), "error": str(err)})
             return
         self._tracker.report_healthy(self._listed - set(wanted))
         for name, xid in wanted.items():

@@ -39,6 +39,7 @@ from draplugin.devices.mig import (
     MigPlacement,
 )
 from draplugin.devices.model import CounterSet, Device
+from draplugin.devices.naming import DeviceNaming
 from draplugin.devices.schema import (
     MAX_NUMA_NODES,
     NVIDIA_CONTROL_NODES,
@@ -205,6 +206,7 @@ class NvmlBackend:
         lib_path: str | None = None,
         partitionable: bool = False,
         shared_gpus: SharedGpus = SharedGpus.OFF,
+        naming: DeviceNaming = DeviceNaming.DRAPLUGIN,
         sysfs_root: str = "/sys",
         proc_root: str = "/proc",
         nvml: Any = None,
@@ -212,6 +214,7 @@ class NvmlBackend:
         self._node_name = node_name
         self._partitionable = partitionable
         self._shared_gpus = shared_gpus
+        self._naming = naming
         self._sysfs_root = sysfs_root
         self._proc_root = proc_root
         self._nvml = nvml if nvml is not None else _import_pynvml()
@@ -287,13 +290,15 @@ class NvmlBackend:
         system, gpus, lost = self._read_all()
         try:
             devices, counter_sets = build_devices(
-                system, gpus, partitionable=self._partitionable, shared=self._shared_gpus
+                system, gpus, partitionable=self._partitionable, shared=self._shared_gpus, naming=self._naming
             )
         except ValueError as err:
             # Hardware in a state we cannot describe (mid MIG reconfiguration): keep the last list.
             if self._system is None:
                 raise
-            log.error("nvml re-discovery gave invalid devices, keeping the last ones error=%s", err)
+            log.error(
+                "nvml re-discovery gave invalid devices, keeping the last ones", extra={"error": str(err)}
+            )
             return False
         by_parent: dict[str, list[str]] = {}
         by_instance: dict[tuple[str, int], str] = {}
@@ -314,7 +319,9 @@ class NvmlBackend:
                 self._generation += 1
             back, self._lost = self._lost - lost, lost
         if changed:
-            log.info("nvml discovery done gpus=%d devices=%d lost=%d", len(gpus), len(devices), len(lost))
+            log.info(
+                "nvml discovery done", extra={"gpus": len(gpus), "devices": len(devices), "lost": len(lost)}
+            )
         self._report_lost(lost, back, by_parent)
         self._note_problems(gpus, lost)
         return changed
@@ -339,7 +346,7 @@ class NvmlBackend:
             # A problem that went away may be posted again when it comes back.
             self._posted = {(u, r) for u, r in self._posted if notices.get(u, ("", ""))[0] == r}
         for note in new.values():
-            log.warning("%s: %s", note[0], note[1])
+            log.warning("GPU needs attention", extra={"reason": note[0], "detail": note[1]})
         self._post_notices()
 
     def _post_notices(self) -> None:
@@ -353,7 +360,7 @@ class NvmlBackend:
             try:
                 sink.node_event(reason, note)
             except Exception:  # an Event must never stop discovery
-                log.exception("posting a node event failed reason=%s", reason)
+                log.exception("posting a node event failed", extra={"reason": reason})
 
     def _report_lost(self, lost: set[str], back: set[str], by_parent: dict[str, list[str]]) -> None:
         tracker = self._health
@@ -371,7 +378,7 @@ class NvmlBackend:
         try:
             self._nvml.nvmlShutdown()
         except self._nvml.NVMLError as err:
-            log.debug("nvml shutdown failed error=%s", err)
+            log.debug("nvml shutdown failed", extra={"error": str(err)})
 
     # --- library ----------------------------------------------------------------------------------------
 
@@ -417,15 +424,17 @@ class NvmlBackend:
                 before = self._known_gpu(index, known)
                 if before is None:
                     # One broken GPU must not hide the healthy ones; never seen, it is not published.
-                    log.error("skipping GPU that NVML cannot read index=%d error=%s", index, err)
+                    log.error("skipping GPU that NVML cannot read", extra={"index": index, "error": str(err)})
                     continue
                 # Seen before: keep it as last read rather than make its devices flap out of the slices.
                 gpus.append(before)
                 if getattr(err, "value", None) in lost_codes:
                     lost.add(before.uuid)
-                    log.error("GPU lost index=%d uuid=%s error=%s", index, before.uuid, err)
+                    log.error("GPU lost", extra={"index": index, "uuid": before.uuid, "error": str(err)})
                 else:
-                    log.warning("GPU unreadable, keeping it as last read index=%d error=%s", index, err)
+                    log.warning(
+                        "GPU unreadable, keeping it as last read", extra={"index": index, "error": str(err)}
+                    )
         return system, gpus, lost
 
     def _known_gpu(self, index: int, known: dict[int, GpuInfo]) -> GpuInfo | None:
@@ -478,7 +487,9 @@ class NvmlBackend:
         try:
             return int(nvml.nvmlDeviceGetMemoryInfo(handle).total)
         except nvml.NVMLError_NotSupported:
-            log.warning("GPU has no memory info (unified memory?): published without memory index=%d", index)
+            log.warning(
+                "GPU has no memory info (unified memory?): published without memory", extra={"index": index}
+            )
             return None
 
     def _addressing_mode(self, handle: Any) -> str | None:
@@ -536,7 +547,7 @@ class NvmlBackend:
         try:
             nvml.nvmlDeviceGetGpuInstancePossiblePlacements(handle, profile_id, array, ctypes.byref(count))
         except nvml.NVMLError as err:
-            log.debug("no placements profile=%d error=%s", profile_id, err)
+            log.debug("no placements", extra={"profile": profile_id, "error": str(err)})
             return []
         return sorted((int(array[i].start), int(array[i].size)) for i in range(count.value))
 
@@ -559,7 +570,7 @@ class NvmlBackend:
             info = nvml.nvmlGpuInstanceGetInfo(gi_handle)
             profile = by_id.get(int(info.profileId))
             if profile is None:
-                log.error("MIG device with unknown profile skipped gpu_minor=%d gi=%d", minor, gi)
+                log.error("MIG device with unknown profile skipped", extra={"gpu_minor": minor, "gi": gi})
                 continue
             part, part_start = self._compute_part(gi_handle, ci, profile)
             instances.append(
@@ -745,7 +756,7 @@ class NvmlBackend:
                 nvml.nvmlComputeInstanceDestroy(nvml.nvmlGpuInstanceGetComputeInstanceById(gi_handle, 0))
             nvml.nvmlGpuInstanceDestroy(gi_handle)
         except nvml.NVMLError as undo:
-            log.error("cannot destroy half-created GPU instance error=%s", undo)
+            log.error("cannot destroy half-created GPU instance", extra={"error": str(undo)})
 
     def mig_find(self, placement: MigPlacement) -> CreatedMig | None:
         nvml = self._nvml
@@ -804,7 +815,7 @@ class NvmlBackend:
                 self._set_mig_mode(handle, parent_uuid, enable=False)
             except (nvml.NVMLError, MigOperationError) as err:
                 # Not fatal to the unprepare: the whole GPU's next prepare switches it off.
-                log.warning("cannot switch MIG mode off gpu=%s error=%s", parent_uuid, err)
+                log.warning("cannot switch MIG mode off", extra={"gpu": parent_uuid, "error": str(err)})
 
     def mig_whole_gpu(self, parent_uuid: str) -> None:
         nvml = self._nvml
@@ -853,13 +864,13 @@ class NvmlBackend:
                 try:
                     nvml.nvmlDeviceSetMigMode(handle, current)
                 except nvml.NVMLError as err:
-                    log.error("cannot withdraw pending MIG mode gpu=%s error=%s", uuid, err)
+                    log.error("cannot withdraw pending MIG mode", extra={"gpu": uuid, "error": str(err)})
             raise MigOperationError(
                 reason,
                 f"GPU {uuid}: MIG mode did not switch {word} ({_return_text(nvml, activation)}); "
                 "stop the processes on it, or it needs a reset",
             )
-        log.info("MIG mode switched %s gpu=%s", word, uuid)
+        log.info("MIG mode switched", extra={"mig_mode": word, "gpu": uuid})
 
     def _switch_needs_reset(self, handle: Any) -> bool:
         return int(self._nvml.nvmlDeviceGetArchitecture(handle)) < _ARCH_HOPPER
@@ -975,7 +986,7 @@ class NvmlBackend:
                 except nvml.NVMLError_Timeout:
                     continue
                 except nvml.NVMLError as err:
-                    log.error("waiting for NVML events failed error=%s", err)
+                    log.error("waiting for NVML events failed", extra={"error": str(err)})
                     stop.wait(5)
                     continue
                 self.handle_event(tracker, data, rediscover)
@@ -983,7 +994,7 @@ class NvmlBackend:
             try:
                 nvml.nvmlEventSetFree(event_set)
             except nvml.NVMLError as err:
-                log.debug("freeing NVML event set failed error=%s", err)
+                log.debug("freeing NVML event set failed", extra={"error": str(err)})
 
     def _register_events(self, event_set: Any, registered: set[str]) -> None:
         nvml = self._nvml
@@ -1000,7 +1011,7 @@ class NvmlBackend:
                 nvml.nvmlDeviceRegisterEvents(handle, wanted & supported, event_set)
                 registered.add(uuid)
             except nvml.NVMLError as err:
-                log.warning("GPU health not monitored index=%d error=%s", index, err)
+                log.warning("GPU health not monitored", extra={"index": index, "error": str(err)})
 
     def handle_event(
         self, tracker: HealthTracker, data: Any, rediscover: Callable[[], None] | None = None
@@ -1012,12 +1023,12 @@ class NvmlBackend:
             uuid = _text(nvml.nvmlDeviceGetUUID(data.device))
         except nvml.NVMLError as err:
             # Most likely the GPU is lost: re-discovery finds out which and taints it.
-            log.error("NVML event for an unreadable device error=%s", err)
+            log.error("NVML event for an unreadable device", extra={"error": str(err)})
             wake()
             return
         event_type = int(data.eventType)
         if event_type & int(getattr(nvml, "nvmlEventMigConfigChange", 0)):
-            log.info("MIG layout changed gpu=%s", uuid)
+            log.info("MIG layout changed", extra={"gpu": uuid})
             wake()
         names = self._devices_for(uuid, int(data.gpuInstanceId))
         if not names:
@@ -1028,7 +1039,7 @@ class NvmlBackend:
                 listener(names, xid)
             effect = tracker.policy.effect_for_xid(xid)
             if effect is None:
-                log.info("ignoring application XID gpu=%s xid=%d", uuid, xid)
+                log.info("ignoring application XID", extra={"gpu": uuid, "xid": xid})
                 return
             tracker.report_unhealthy(names, effect, f"xid-{xid}", f"XID {xid} on {uuid}")
             if xid == XID_FALLEN_OFF_BUS:
@@ -1046,7 +1057,7 @@ class NvmlBackend:
             if action == int(getattr(nvml, "NVML_GPU_RECOVERY_ACTION_NONE", 0)):
                 tracker.report_recovered(names, f"NVML: GPU {uuid} needs no recovery action")
             else:
-                log.warning("GPU needs a recovery action gpu=%s action=%d", uuid, action)
+                log.warning("GPU needs a recovery action", extra={"gpu": uuid, "action": action})
 
     def _devices_for(self, uuid: str, gpu_instance_id: int) -> list[str]:
         with self._lock:

@@ -84,7 +84,7 @@ class DeviceWatcher:
         try:
             self._refresh()
         except Exception as err:  # a backend failing mid-run must not end the watch; try again later
-            log.error("device re-discovery failed, keeping the last devices error=%s", err)
+            log.error("device re-discovery failed, keeping the last devices", extra={"error": str(err)})
             return None
         devices = tuple(self._backend.discover())
         # Attribute changes without a name change (a driver upgrade's version) count too.
@@ -99,10 +99,12 @@ class DeviceWatcher:
         )
         self._devices = devices
         log.info(
-            "devices changed devices=%d added=%s removed=%s",
-            len(devices),
-            ",".join(change.added) or "-",
-            ",".join(change.removed) or "-",
+            "devices changed",
+            extra={
+                "devices": len(devices),
+                "added": ",".join(change.added) or "-",
+                "removed": ",".join(change.removed) or "-",
+            },
         )
         if change.added:
             # A device that disappeared and came back was reset or re-seated: its old fault is stale.
