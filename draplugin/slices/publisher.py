@@ -250,13 +250,15 @@ class SlicePublisher:
                 self._count("create")
                 result.created += 1
             log.info(
-                "resourceslices published node=%s generation=%d slices=%d created=%d updated=%d deleted=%d",
-                self._node_name,
-                generation,
-                count,
-                result.created,
-                result.updated,
-                result.deleted,
+                "resourceslices published",
+                extra={
+                    "node": self._node_name,
+                    "generation": generation,
+                    "slices": count,
+                    "created": result.created,
+                    "updated": result.updated,
+                    "deleted": result.deleted,
+                },
             )
             self._record(result, "written")
             return result
@@ -272,7 +274,7 @@ class SlicePublisher:
                 self._count("delete")
             self._accepted.clear()
             self._verified.clear()
-            log.info("resourceslices deleted node=%s count=%d", self._node_name, len(existing))
+            log.info("resourceslices deleted", extra={"node": self._node_name, "count": len(existing)})
             return len(existing)
 
     def layout(self) -> SliceLayout:
@@ -281,9 +283,8 @@ class SlicePublisher:
             version = self._api.server_version()
             self._layout = layout_for(version)
             log.info(
-                "resourceslice layout chosen kubernetes=%s layout=%s",
-                format_version(version),
-                self._layout.value,
+                "resourceslice layout chosen",
+                extra={"kubernetes": format_version(version), "layout": self._layout.value},
             )
         return self._layout
 
@@ -347,8 +348,8 @@ class SlicePublisher:
             desired, kept = canonical(body["spec"]), canonical(stored.get("spec", {}))
             if desired != kept and not only_taint_times_differ(body["spec"], stored.get("spec", {})):
                 log.warning(
-                    "api server changed or dropped fields of our slice (a feature gate may be off) slice=%s",
-                    name,
+                    "api server changed or dropped fields of our slice (a feature gate may be off)",
+                    extra={"slice": name},
                 )
             self._accepted[name] = _Accepted(desired, kept)
         meta = stored.get("metadata", {})
@@ -413,7 +414,7 @@ class SlicePublisher:
             try:
                 self.delete_all()
             except ApiError as err:
-                log.error("could not delete resourceslices on shutdown error=%s", err)
+                log.error("could not delete resourceslices on shutdown", extra={"error": str(err)})
 
     def run_forever(self) -> None:
         """Sync now, then whenever triggered (watch event, health change) or every `resync_s`."""
@@ -427,12 +428,15 @@ class SlicePublisher:
                 wait = backoff.next()
                 self.last_error = str(err)
                 self._metrics.syncs.labels("error").inc()
-                log.warning("resourceslice sync failed, retrying retry_in_s=%.1f error=%s", wait, err)
+                log.warning(
+                    "resourceslice sync failed, retrying",
+                    extra={"retry_in_s": round(wait, 1), "error": str(err)},
+                )
             except ValueError as err:  # invalid devices: nothing is written until they change
                 wait = self._resync_s
                 self.last_error = str(err)
                 self._metrics.syncs.labels("invalid").inc()
-                log.error("devices cannot be published error=%s", err)
+                log.error("devices cannot be published", extra={"error": str(err)})
             if self._dirty.wait(wait):
                 self._stop.wait(self._settle_s)  # let a burst of events settle into one sync
                 self._dirty.clear()
@@ -455,9 +459,8 @@ class SlicePublisher:
                     self._list_version = str(meta.get("resourceVersion", version))
                     if self._is_foreign(event_type, meta):
                         log.info(
-                            "resourceslice changed by someone else event=%s slice=%s",
-                            event_type,
-                            meta.get("name"),
+                            "resourceslice changed by someone else",
+                            extra={"event": event_type, "slice": meta.get("name")},
                         )
                         self._dirty.set()
                 backoff.reset()
@@ -468,7 +471,9 @@ class SlicePublisher:
                 if self._stop.is_set():
                     return
                 wait = backoff.next()
-                log.warning("resourceslice watch failed retry_in_s=%.1f error=%s", wait, err)
+                log.warning(
+                    "resourceslice watch failed", extra={"retry_in_s": round(wait, 1), "error": str(err)}
+                )
                 self._dirty.set()
                 self._stop.wait(wait)
 
