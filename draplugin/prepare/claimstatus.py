@@ -377,15 +377,16 @@ class ClaimStatusWriter:
         hint = ""
         if "403" in error or "forbidden" in error.lower():
             hint = (
-                " (RBAC: the chart grants resourceclaims/status and resourceclaims/driver on Kubernetes "
-                "1.36+ only; turn --device-status off where it is not granted)"
+                "RBAC: the chart grants resourceclaims/status and resourceclaims/driver on Kubernetes "
+                "1.36+ only; turn --device-status off where it is not granted"
             )
         log.warning(
-            f"writing status.devices failed{hint}; the claim itself is unaffected",
+            "writing status.devices failed; the claim itself is unaffected",
             extra={
                 "claim": f"{claim.namespace}/{claim.name}",
                 "uid": claim.uid,
                 "operation": operation,
                 "error": error,
+                **({"hint": hint} if hint else {}),
             },
         )

@@ -643,8 +643,9 @@ class GpuDriver:
 
     def _failed(self, operation: str, claim: ClaimRef, reason: str, message: str) -> None:
         log.warning(
-            f"{operation} failed",
+            "claim operation failed",
             extra={
+                "operation": operation,
                 "claim": f"{claim.namespace}/{claim.name}",
                 "uid": claim.uid,
                 "reason": reason,
