@@ -127,7 +127,10 @@ class FakeUsageSource:
                 try:
                     self._processes = parse_processes(yaml.safe_load(path.read_text(encoding="utf-8")))
                 except (OSError, yaml.YAMLError, FakeProcessFileError) as err:
-                    log.error("fake process file unusable, keeping the last one path=%s error=%s", path, err)
+                    log.error(
+                        "fake process file unusable, keeping the last one",
+                        extra={"path": str(path), "error": str(err)},
+                    )
             return self._processes
 
     def read(self, device: Device) -> DeviceReading:

@@ -165,17 +165,23 @@ class HolderDirectory:
                 try:
                     doc = self._api.get(f"/api/v1/namespaces/{ns}/pods/{quote(pod.name, safe='')}")
                 except ApiError as err:  # gone or unreadable: the pod is known, its containers are not
-                    log.debug("reading a pod failed pod=%s/%s status=%s", namespace, pod.name, err.status)
+                    log.debug(
+                        "reading a pod failed", extra={"pod": f"{namespace}/{pod.name}", "status": err.status}
+                    )
                     continue
                 if _uid(doc) == pod.uid:
                     ids = container_ids(doc)
                     containers.update(ids)
                     container_pods.update(dict.fromkeys(ids, pod.uid))
         except ApiError as err:
-            log.warning("reading a claim's pods failed claim=%s/%s status=%s", namespace, name, err.status)
+            log.warning(
+                "reading a claim's pods failed", extra={"claim": f"{namespace}/{name}", "status": err.status}
+            )
             return cached
         except Exception as err:  # a transport error must not stop sampling
-            log.warning("reading a claim's pods failed claim=%s/%s error=%s", namespace, name, err)
+            log.warning(
+                "reading a claim's pods failed", extra={"claim": f"{namespace}/{name}", "error": str(err)}
+            )
             return cached
         with self._lock:
             cached.pods, cached.containers, cached.container_pods = pods, containers, container_pods

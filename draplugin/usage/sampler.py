@@ -200,13 +200,13 @@ class UsageSampler:
         readings: dict[str, DeviceReading] = {}
         for name, future in started.items():
             if not future.done():
-                log.warning("usage read timed out device=%s after=%.1fs", name, self._timeout_s)
+                log.warning("usage read timed out", extra={"device": name, "after_s": self._timeout_s})
                 self._error(name, names.REASON_TIMEOUT)
                 continue
             error = future.exception()
             if error is not None:
                 reason = type(error).__name__.removeprefix("NVMLError_")
-                log.warning("usage read failed device=%s error=%s", name, error)
+                log.warning("usage read failed", extra={"device": name, "error": str(error)})
                 self._error(name, reason)
                 continue
             reading = future.result()

@@ -81,7 +81,7 @@ def build_usage(
     try:
         source = usage_source(settings, backend)
     except UsageUnavailable as err:
-        log.warning("usage metrics off: %s", err)
+        log.warning("usage metrics off", extra={"error": str(err)})
         return None
     xids = XidCounter()
     add_listener: Any = getattr(backend, "add_xid_listener", None)
