@@ -274,12 +274,12 @@ def set_aside(path: Path, reason: str, *, what: str) -> StateRead[Any]:
         return StateRead()  # gone already: the other plugin process (rolling update) set it aside
     except OSError as err:
         log.error(
-            f"{what} unreadable and cannot be moved aside: starting empty",
-            extra={"path": str(path), "reason": reason, "error": str(err)},
+            "state file unreadable and cannot be moved aside: starting empty",
+            extra={"file": what, "path": str(path), "reason": reason, "error": str(err)},
         )
         return StateRead(problem=reason)
     log.error(
-        f"{what} unreadable: moved aside, starting empty",
-        extra={"path": str(path), "reason": reason, "moved_to": str(target)},
+        "state file unreadable: moved aside, starting empty",
+        extra={"file": what, "path": str(path), "reason": reason, "moved_to": str(target)},
     )
     return StateRead(problem=reason, moved_to=target)

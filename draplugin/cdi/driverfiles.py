@@ -130,7 +130,7 @@ Report = Callable[[str, str], None]
 
 
 def log_report(reason: str, message: str) -> None:
-    log.warning("NVIDIA driver files: %s", message, extra={"reason": reason})
+    log.warning("NVIDIA driver files problem", extra={"reason": reason, "detail": message})
 
 
 def for_backend(
