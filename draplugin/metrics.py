@@ -23,8 +23,13 @@ from contextlib import contextmanager
 from typing import Any, Final
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
+import prometheus_client
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
+
+# No `<counter>_created` series: a second series per counter and histogram child that
+# dashboards never use (process-wide; prometheus_client reads it at each scrape).
+prometheus_client.disable_created_metrics()
 
 OPERATIONS = ("prepare", "unprepare")
 # Seconds; prepare is normally a few milliseconds, the tail covers a slow API server.

@@ -12,8 +12,13 @@ import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import prometheus_client
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import generate_latest
+
+# No `<counter>_created` series: a second series per counter and histogram child that
+# dashboards never use (process-wide; prometheus_client reads it at each scrape).
+prometheus_client.disable_created_metrics()
 
 log = logging.getLogger(__name__)
 
