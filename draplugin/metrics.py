@@ -29,7 +29,7 @@ from prometheus_client.exposition import ThreadingWSGIServer
 
 # No `<counter>_created` series: a second series per counter and histogram child that
 # dashboards never use (process-wide; prometheus_client reads it at each scrape).
-prometheus_client.disable_created_metrics()
+prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
 
 OPERATIONS = ("prepare", "unprepare")
 # Seconds; prepare is normally a few milliseconds, the tail covers a slow API server.

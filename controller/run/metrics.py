@@ -18,7 +18,7 @@ from prometheus_client.exposition import generate_latest
 
 # No `<counter>_created` series: a second series per counter and histogram child that
 # dashboards never use (process-wide; prometheus_client reads it at each scrape).
-prometheus_client.disable_created_metrics()
+prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
 
 log = logging.getLogger(__name__)
 
