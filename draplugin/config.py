@@ -32,6 +32,7 @@ from draplugin.devices.health import (
     Recovery,
     parse_xids,
 )
+from draplugin.devices.naming import NVIDIA_DRIVER_NAME, DeviceNaming
 from draplugin.devices.shared import SharedGpus
 
 DEFAULT_KUBELET_ROOT_DIR: Final = "/var/lib/kubelet"
@@ -85,6 +86,14 @@ class Option:
 
 RUN_OPTIONS: Final = (
     Option("--driver-name", "DRIVER_NAME", DEFAULT_DRIVER_NAME, "DRA driver name (DNS subdomain, <= 63)"),
+    # draplugin.devices.naming; docs/monitoring-agents.md says what tools read.
+    Option(
+        "--device-naming",
+        "DEVICE_NAMING",
+        DeviceNaming.DRAPLUGIN.value,
+        "device names: draplugin (ours), or nvidia (NVIDIA's DRA driver's, for monitoring tools that "
+        "know only it; needs --driver-name=gpu.nvidia.com and refuses a node where that driver runs)",
+    ),
     Option("--node-name", "NODE_NAME", None, "name of the Node this plugin runs on (required)"),
     Option("--kubelet-root-dir", "KUBELET_ROOT_DIR", DEFAULT_KUBELET_ROOT_DIR, "the kubelet's --root-dir"),
     Option("--state-dir", "STATE_DIR", DEFAULT_STATE_DIR, "directory for the plugin's checkpoint"),
@@ -324,6 +333,8 @@ class Settings:
     partitionable_mig: bool = False
     # Shared whole GPUs: consumable memory (and compute), enforced through MPS (draplugin.devices.shared).
     shared_gpus: SharedGpus = SharedGpus.OFF
+    # Device names (draplugin.devices.naming); nvidia goes with the driver name gpu.nvidia.com.
+    device_naming: DeviceNaming = DeviceNaming.DRAPLUGIN
     # None: the API server's own release, read with GET /version.
     kubernetes_version: KubernetesVersion | None = None
     # status.devices on prepared claims (draplugin.prepare.claimstatus): auto, on or off.
@@ -371,6 +382,8 @@ class Settings:
             options["partitionable"] = True
         if self.shared_gpus is not SharedGpus.OFF:
             options["shared_gpus"] = self.shared_gpus
+        if self.device_naming is not DeviceNaming.DRAPLUGIN:
+            options["naming"] = self.device_naming
         return options
 
     @property
@@ -453,6 +466,23 @@ def _driver_name(raw: str) -> str:
         return check_driver_name(raw)
     except DriverNameError as err:
         raise ConfigError(f"{_name_of('driver_name')}: {err}") from None
+
+
+def device_naming_setting(values: Mapping[str, str | None], driver_name: str) -> DeviceNaming:
+    """NVIDIA's names go with NVIDIA's driver name and only with it: a tool that finds
+    `gpu.nvidia.com` expects NVIDIA's names, and NVIDIA's names under our driver name reach no tool."""
+    naming = DeviceNaming(
+        _choice(
+            "device_naming", values.get("device_naming") or DeviceNaming.DRAPLUGIN.value, tuple(DeviceNaming)
+        )
+    )
+    if (naming is DeviceNaming.NVIDIA) != (driver_name == NVIDIA_DRIVER_NAME):
+        raise ConfigError(
+            f"{_name_of('device_naming')}={naming.value} with {_name_of('driver_name')}={driver_name}: "
+            f"NVIDIA's device names go with the driver name {NVIDIA_DRIVER_NAME} and only with it "
+            f"(both, or neither)"
+        )
+    return naming
 
 
 def _boolean(dest: str, raw: str) -> bool:
@@ -676,8 +706,10 @@ def validate(values: Mapping[str, str | None]) -> Settings:
 
     driver_root, driver_root_mount = driver_root_setting(values, backend)
     mps_mode, mps_image, mps_pull_policy, pod_namespace = mps_daemon_setting(values)
+    driver_name = _driver_name(required("driver_name"))
     return Settings(
-        driver_name=_driver_name(required("driver_name")),
+        driver_name=driver_name,
+        device_naming=device_naming_setting(values, driver_name),
         node_name=_dns_subdomain("node_name", required("node_name"), NODE_NAME_MAX),
         kubelet_root_dir=_absolute_dir("kubelet_root_dir", required("kubelet_root_dir")),
         state_dir=_absolute_dir("state_dir", required("state_dir")),

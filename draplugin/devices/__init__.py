@@ -15,6 +15,7 @@ from draplugin.devices.model import (
     DeviceValidationError,
     Version,
 )
+from draplugin.devices.naming import DeviceNaming
 from draplugin.devices.shared import SharedGpus
 
 __all__ = [
@@ -38,10 +39,12 @@ def load_backend(kind: str, node_name: str, **options: Any) -> DeviceBackend:
     fake: `config_file` (YAML path) or `gpus` + `model` (+ `partitionable`), `dev_root` or
     `device_dir` (where to create the fake device nodes).
     nvml: `lib_path` (libnvidia-ml.so.1 or a driver root), `partitionable`, `sysfs_root`, `proc_root`.
-    Both: `shared_gpus` (a `SharedGpus` mode; whole GPUs several claims may share).
+    Both: `shared_gpus` (a `SharedGpus` mode; whole GPUs several claims may share), `naming` (a
+    `DeviceNaming`: the device name scheme, `draplugin.devices.naming`).
     Raises ValueError (a subclass naming the problem) for bad options or a missing NVML library.
     """
     shared_gpus = SharedGpus(options.pop("shared_gpus", SharedGpus.OFF))
+    naming = DeviceNaming(options.pop("naming", DeviceNaming.DRAPLUGIN))
     if kind == "fake":
         import draplugin.devices.fake as fake
 
@@ -73,6 +76,7 @@ def load_backend(kind: str, node_name: str, **options: Any) -> DeviceBackend:
             config_file=None if config_file is None else Path(config_file),
             force_partitionable=partitionable,
             shared_gpus=shared_gpus,
+            naming=naming,
         )
     if kind == "nvml":
         from draplugin.devices.nvml import NvmlBackend
@@ -82,6 +86,7 @@ def load_backend(kind: str, node_name: str, **options: Any) -> DeviceBackend:
             lib_path=options.pop("lib_path", None),
             partitionable=bool(options.pop("partitionable", False)),
             shared_gpus=shared_gpus,
+            naming=naming,
             sysfs_root=options.pop("sysfs_root", "/sys"),
             proc_root=options.pop("proc_root", "/proc"),
         )

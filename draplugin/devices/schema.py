@@ -24,9 +24,9 @@ from draplugin.devices.model import (
     CounterSet,
     Device,
     Version,
-    dns_label_from,
     format_bytes,
 )
+from draplugin.devices.naming import DeviceNaming, gpu_name, mig_name
 from draplugin.devices.shared import SharedGpus, share
 
 KIND_GPU = "gpu"
@@ -179,7 +179,8 @@ class SystemInfo:
 
 
 def gpu_device_name(index: int) -> str:
-    return f"gpu-{index}"
+    """Our name of a whole GPU (`draplugin.devices.naming` has both schemes)."""
+    return gpu_name(DeviceNaming.DRAPLUGIN, index, index)
 
 
 def mig_device_name(
@@ -196,14 +197,15 @@ def mig_device_name(
     driver; fake profiles have none (`gpu-0-mig-1g5gb-0`). A compute instance that is one part of
     its GPU instance ("1c.3g.40gb") adds where it starts in the GPU instance.
     """
-    label = dns_label_from(profile.replace(".", ""))
-    name = f"gpu-{gpu_index}-mig-{label}"
-    if profile_id is not None:
-        name += f"-{profile_id}"
-    name += f"-{placement_start}"
-    if compute_slice_start is not None:
-        name += f"-{compute_slice_start}"
-    return name
+    return mig_name(
+        DeviceNaming.DRAPLUGIN,
+        gpu_index=gpu_index,
+        gpu_minor=gpu_index,
+        profile=profile,
+        placement_start=placement_start,
+        profile_id=profile_id,
+        compute_slice_start=compute_slice_start,
+    )
 
 
 def counter_set_name(gpu_index: int) -> str:
@@ -216,6 +218,7 @@ def build_devices(
     *,
     partitionable: bool = False,
     shared: SharedGpus = SharedGpus.OFF,
+    naming: DeviceNaming = DeviceNaming.DRAPLUGIN,
 ) -> tuple[list[Device], list[CounterSet]]:
     """All devices of the node in a stable order (GPU index, then MIG placement), plus counter sets.
 
@@ -232,6 +235,7 @@ def build_devices(
     - `shared` (not off): each whole GPU that is not partitionable is published
       for several claims at once, with consumable memory (and compute)
       (`draplugin.devices.shared`).
+    - `naming`: the device name scheme (`draplugin.devices.naming`); attributes are the same in both.
     """
     devices: list[Device] = []
     counter_sets: list[CounterSet] = []
@@ -241,19 +245,19 @@ def build_devices(
             counters = _gpu_counters(gpu)
             counter_sets.append(CounterSet(counter_set_name(gpu.index), counters))
             if not gpu.mig_enabled or not gpu.mig_switch_needs_reset:
-                devices.append(_gpu_device(gpu, common, consumes=dict(counters)))
+                devices.append(_gpu_device(gpu, common, naming, consumes=dict(counters)))
             for profile in gpu.mig_profiles:
                 for start in profile.placements:
-                    devices.append(_abstract_mig_device(gpu, common, profile, start))
+                    devices.append(_abstract_mig_device(gpu, common, naming, profile, start))
         elif gpu.mig_enabled:
             ordered = sorted(
                 gpu.mig_instances,
                 key=lambda m: (m.placement_start, m.compute_slice_start or 0, m.profile.name),
             )
             for instance in ordered:
-                devices.append(_mig_device(gpu, common, instance))
+                devices.append(_mig_device(gpu, common, naming, instance))
         else:
-            whole = _gpu_device(gpu, common, consumes=None)
+            whole = _gpu_device(gpu, common, naming, consumes=None)
             devices.append(share(whole, gpu.memory_bytes, shared) if gpu.memory_bytes is not None else whole)
     return devices, counter_sets
 
@@ -280,10 +284,12 @@ def _common_attributes(system: SystemInfo, gpu: GpuInfo) -> dict[str, AttributeV
     return attrs
 
 
-def _gpu_device(gpu: GpuInfo, common: dict[str, AttributeValue], consumes: dict[str, str] | None) -> Device:
+def _gpu_device(
+    gpu: GpuInfo, common: dict[str, AttributeValue], naming: DeviceNaming, consumes: dict[str, str] | None
+) -> Device:
     attrs: dict[str, AttributeValue] = {"type": KIND_GPU, "uuid": gpu.uuid, **common}
     return Device(
-        name=gpu_device_name(gpu.index),
+        name=gpu_name(naming, gpu.index, gpu.minor),
         kind=KIND_GPU,
         uuid=gpu.uuid,
         index=gpu.index,
@@ -314,15 +320,19 @@ def _mig_capacity(profile: MigProfile) -> dict[str, str]:
     }
 
 
-def _mig_device(gpu: GpuInfo, common: dict[str, AttributeValue], instance: MigInstance) -> Device:
+def _mig_device(
+    gpu: GpuInfo, common: dict[str, AttributeValue], naming: DeviceNaming, instance: MigInstance
+) -> Device:
     profile = instance.profile
     return Device(
-        name=mig_device_name(
-            gpu.index,
-            profile.name,
-            instance.placement_start,
-            profile.profile_id,
-            instance.compute_slice_start,
+        name=mig_name(
+            naming,
+            gpu_index=gpu.index,
+            gpu_minor=gpu.minor,
+            profile=profile.name,
+            placement_start=instance.placement_start,
+            profile_id=profile.profile_id,
+            compute_slice_start=instance.compute_slice_start,
         ),
         kind=KIND_MIG,
         uuid=instance.uuid,
@@ -336,14 +346,21 @@ def _mig_device(gpu: GpuInfo, common: dict[str, AttributeValue], instance: MigIn
 
 
 def _abstract_mig_device(
-    gpu: GpuInfo, common: dict[str, AttributeValue], profile: MigProfile, start: int
+    gpu: GpuInfo, common: dict[str, AttributeValue], naming: DeviceNaming, profile: MigProfile, start: int
 ) -> Device:
     """A MIG device that would be created at prepare time; it has no UUID yet."""
     consumes = {_COUNTER_FOR_CAPACITY[k]: c for k, c in _mig_capacity(profile).items()}
     for slot in range(start, start + profile.memory_slices):
         consumes[f"memory-slice-{slot}"] = "1"
     return Device(
-        name=mig_device_name(gpu.index, profile.name, start, profile.profile_id),
+        name=mig_name(
+            naming,
+            gpu_index=gpu.index,
+            gpu_minor=gpu.minor,
+            profile=profile.name,
+            placement_start=start,
+            profile_id=profile.profile_id,
+        ),
         kind=KIND_MIG,
         uuid="",
         index=gpu.index,

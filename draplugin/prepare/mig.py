@@ -45,7 +45,8 @@ from draplugin.devices.mig import (
     MigPlacement,
 )
 from draplugin.devices.model import Device
-from draplugin.devices.schema import KIND_GPU, KIND_MIG, mig_device_name
+from draplugin.devices.naming import DeviceNaming, mig_name
+from draplugin.devices.schema import KIND_GPU, KIND_MIG
 from draplugin.prepare.errors import PlanError
 from draplugin.prepare.ledger import LedgerEntry, SharingLedger
 
@@ -74,7 +75,8 @@ def needs_whole_gpu(device: Device) -> bool:
 
 def placement_of(device: Device) -> MigPlacement:
     """The placement a partitionable MIG device names (`gpu-0-mig-1g10gb-19-3`: profile 1g.10gb,
-    NVML profile ID 19, start 3; fake profiles have no ID: `gpu-0-mig-1g5gb-3`)."""
+    NVML profile ID 19, start 3; fake profiles have no ID: `gpu-0-mig-1g5gb-3`). Either naming
+    scheme (`draplugin.devices.naming`): ours starts with the GPU's index, NVIDIA's with its minor."""
     profile = device.attributes.get("profile")
     head, _, tail = device.name.rpartition("-")
     if not isinstance(profile, str) or not tail.isdigit() or device.parent_uuid is None:
@@ -85,7 +87,7 @@ def placement_of(device: Device) -> MigPlacement:
         (
             pid
             for pid in ((int(maybe_id),) if maybe_id.isdigit() else ()) + (None,)
-            if mig_device_name(device.index, profile, start, pid) == device.name
+            if device.name in _names_of(device, profile, start, pid)
         ),
         -1,
     )
@@ -98,6 +100,21 @@ def placement_of(device: Device) -> MigPlacement:
         if key.startswith(_MEMORY_SLICE_COUNTER) and key.removeprefix(_MEMORY_SLICE_COUNTER).isdigit()
     )
     return MigPlacement(device.parent_uuid, device.minor, profile, start, tuple(slices), profile_id)
+
+
+def _names_of(device: Device, profile: str, start: int, profile_id: int | None) -> set[str]:
+    """What the placement is called in each naming scheme, for this device's parent GPU."""
+    return {
+        mig_name(
+            naming,
+            gpu_index=device.index,
+            gpu_minor=device.minor,
+            profile=profile,
+            placement_start=start,
+            profile_id=profile_id,
+        )
+        for naming in DeviceNaming
+    }
 
 
 def _entry_placement(entry: LedgerEntry) -> MigPlacement:
