@@ -7,6 +7,9 @@ To add one: write a module with a `Subcommand`, register it at import, and
 append the module name below.
 
 Exit codes: 0 success, 1 the command ran and found failures, 2 bad command line or input.
+
+The same commands are a kubectl plugin: `kubectl-dra` on PATH makes `kubectl dra explain
+pod/x` work, and `kubectl_complete-dra` answers kubectl's completion for it (docs/cli.md).
 """
 
 from __future__ import annotations
@@ -47,8 +50,23 @@ register_subcommand = COMMAND_LINE.register
 build_parser = COMMAND_LINE.build_parser
 
 
+# What kubectl shows for the plugin (`kubectl dra ...`), in usage lines and completion.
+KUBECTL_PLUGIN_PROG = "kubectl dra"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     return COMMAND_LINE.main(argv)
+
+
+def kubectl_main(argv: Sequence[str] | None = None) -> int:
+    """The `kubectl-dra` entry point: kubectl runs it with the words after `kubectl dra`."""
+    return COMMAND_LINE.main(argv, prog=KUBECTL_PLUGIN_PROG)
+
+
+def kubectl_complete(argv: Sequence[str] | None = None) -> int:
+    """The `kubectl_complete-dra` entry point, which kubectl's own shell completion runs."""
+    words = sys.argv[1:] if argv is None else argv
+    return COMMAND_LINE.kubectl_completions(words, KUBECTL_PLUGIN_PROG, sys.stdout)
 
 
 if __name__ == "__main__":

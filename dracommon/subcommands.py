@@ -6,15 +6,27 @@ parser is built, so importing the CLI module itself stays cheap.
 
 Exit codes of both commands: 0 success, 1 the command ran and failed (or found
 failures), 2 bad command line, settings or input.
+
+Habits both programs share with kubectl: `--version`; a flag is spelled out in full
+(argparse's prefix matching is off, so `--obj` is no silent `--objects`); an unknown flag
+is answered with the usage of the subcommand it was given to; output piped into a reader
+that stops early (`| head`) ends quietly; and shell completion through `argcomplete`,
+which answers when the shell's completion script sets `_ARGCOMPLETE`.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import io
+import os
+import shlex
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, TextIO
+
+from dracommon.buildinfo import version_line
 
 EXIT_OK: Final = 0
 EXIT_FAILURE: Final = 1
@@ -46,20 +58,85 @@ class CommandLine:
     def unregister(self, name: str) -> None:
         self._commands.pop(name, None)
 
-    def build_parser(self) -> argparse.ArgumentParser:
+    def build_parser(self, prog: str | None = None) -> argparse.ArgumentParser:
+        return self._build(prog)[0]
+
+    def _build(self, prog: str | None) -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+        """The parser (named `prog`, default this program's name) and each subcommand's parser."""
         for module in self.modules:
             importlib.import_module(module)
-        parser = argparse.ArgumentParser(prog=self.prog, description=self.description)
+        name = prog or self.prog
+        parser = argparse.ArgumentParser(prog=name, description=self.description, allow_abbrev=False)
+        parser.add_argument("--version", action="version", version=version_line(name))
         subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+        parsers: dict[str, argparse.ArgumentParser] = {}
         for command in self._commands.values():
-            sub = subparsers.add_parser(command.name, help=command.help, description=command.help)
+            sub = subparsers.add_parser(
+                command.name, help=command.help, description=command.help, allow_abbrev=False
+            )
             command.add_arguments(sub)
             sub.set_defaults(handler=command.handler)
-        return parser
+            parsers[command.name] = sub
+        return parser, parsers
 
-    def main(self, argv: Sequence[str] | None = None) -> int:
-        args = self.build_parser().parse_args(argv)
+    def main(self, argv: Sequence[str] | None = None, prog: str | None = None) -> int:
+        parser, parsers = self._build(prog)
+        if "_ARGCOMPLETE" in os.environ:  # the shell asks for completions: answer and exit
+            import argcomplete
+
+            argcomplete.autocomplete(parser)
+        args, unknown = parser.parse_known_args(argv)
+        if unknown:
+            # argparse reports a subcommand's unknown flag from the top parser, with the top
+            # usage; the subcommand's own usage shows which flags it takes (exits 2).
+            parsers[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
         handler: Callable[[argparse.Namespace], int] = args.handler
         # Handlers see only their own options, not the registry's bookkeeping.
         options = {k: v for k, v in vars(args).items() if k not in ("handler", "command")}
-        return handler(argparse.Namespace(**options))
+        try:
+            code = handler(argparse.Namespace(**options))
+            sys.stdout.flush()  # inside the try: a late flush at exit would print a traceback
+        except BrokenPipeError:
+            # The reader went away (`| head`). As Python's documentation on SIGPIPE advises:
+            # point stdout at /dev/null so the interpreter's own flush at exit stays quiet.
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            return EXIT_FAILURE
+        return code
+
+    def kubectl_completions(self, words: Sequence[str], prog: str, out: TextIO) -> int:
+        """Answer kubectl's plugin completion (kubectl 1.26+ runs `kubectl_complete-<plugin> WORD...
+        PARTIAL` for `kubectl <plugin> WORD... PARTIAL<TAB>`): one candidate a line, then `:4`,
+        cobra's ShellCompDirectiveNoFileComp (argcomplete lists the files itself where a flag
+        takes one). The candidates are argcomplete's, for the same command line."""
+        import argcomplete
+
+        typed = list(words) or [""]
+        # The first word stands for the program and is skipped (`_ARGCOMPLETE=1`); one word.
+        line = " ".join([shlex.quote(self.prog), *(shlex.quote(w) for w in typed[:-1]), typed[-1]])
+        # argcomplete reads the command line from the environment, as its shell script sets it.
+        request = {
+            "_ARGCOMPLETE": "1",
+            "COMP_LINE": line,
+            "COMP_POINT": str(len(line)),
+            "_ARGCOMPLETE_IFS": "\n",
+        }
+        saved = {name: os.environ.get(name) for name in request}
+        os.environ.update(request)
+        answer = io.StringIO()
+        try:
+            argcomplete.autocomplete(
+                self.build_parser(prog),
+                output_stream=answer,
+                exit_method=lambda _code: None,
+                append_space=False,
+            )
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+        candidates = [c for c in answer.getvalue().split("\n") if c]
+        out.write("".join(f"{c}\n" for c in candidates) + ":4\n")
+        return EXIT_OK

@@ -14,7 +14,7 @@ from dracommon.kubeapi.client import (
     AsyncKubeApi,
     KubeApi,
 )
-from dracommon.kubeapi.config import KubeConfigError, load_api_client
+from dracommon.kubeapi.config import KubeConfigError, context_namespace, load_api_client
 from dracommon.kubeapi.errors import ApiError, Gone, error_from_response, error_from_status
 from dracommon.kubeapi.watch import raise_for_error_event, watch_events
 
@@ -27,6 +27,7 @@ __all__ = [
     "Gone",
     "KubeApi",
     "KubeConfigError",
+    "context_namespace",
     "error_from_response",
     "error_from_status",
     "load_api_client",

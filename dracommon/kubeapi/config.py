@@ -44,10 +44,49 @@ def load_api_client(kubeconfig: str | None = None, context: str | None = None) -
         else:
             log.info("using in-cluster service account credentials")
             return client.ApiClient(configuration=in_cluster)
-    # Read $KUBECONFIG now: the library reads it once, at import time. It may list
-    # several files separated by ':'; the library merges them.
-    default = os.environ.get("KUBECONFIG") or str(Path("~/.kube/config").expanduser())
+    default = default_kubeconfig()
+    missing = [p for p in default.split(os.pathsep) if p and not Path(p).is_file()]
+    if len(missing) == len([p for p in default.split(os.pathsep) if p]):
+        # Said as missing, not as the library's "Invalid kube-config file" for a file never read.
+        named = "$KUBECONFIG names " if os.environ.get("KUBECONFIG") else "the default kubeconfig "
+        raise KubeConfigError(
+            f"no kubeconfig: {named}{', '.join(missing)}, which does not exist, and this is not a pod in a "
+            "cluster (--kubeconfig FILE, or -f FILE to work on manifests)"
+        )
     return _from_kubeconfig(default, context)
+
+
+def default_kubeconfig() -> str:
+    """$KUBECONFIG, else ~/.kube/config. Read now: the library reads $KUBECONFIG once, at import
+    time. It may list several files separated by ':'; the library merges them."""
+    return os.environ.get("KUBECONFIG") or str(Path("~/.kube/config").expanduser())
+
+
+# Where a pod's service account token mounts its namespace (kubectl reads it in a pod too).
+IN_CLUSTER_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+
+def context_namespace(kubeconfig: str | None = None, context: str | None = None) -> str | None:
+    """The namespace kubectl would use without -n, from the credentials `load_api_client` picks
+    (in the same order): the kubeconfig context's (the current one, or `context`), or in a pod
+    the pod's own; None when none is named."""
+    from kubernetes import config
+    from kubernetes.config.config_exception import ConfigException
+
+    if not kubeconfig and context is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+        try:
+            return IN_CLUSTER_NAMESPACE_FILE.read_text().strip() or None
+        except OSError:
+            pass  # not a pod after all: the kubeconfig's, as load_api_client falls back
+    try:
+        contexts, current = config.list_kube_config_contexts(  # type: ignore[no-untyped-call]
+            config_file=kubeconfig or default_kubeconfig()
+        )
+    except (ConfigException, OSError):
+        return None
+    chosen = next((c for c in contexts if c.get("name") == context), None) if context else current
+    namespace = ((chosen or {}).get("context") or {}).get("namespace")
+    return str(namespace) if namespace else None
 
 
 def _from_kubeconfig(path: str | None, context: str | None) -> ApiClient:

@@ -87,5 +87,15 @@ def test_outside_a_cluster_kubeconfig_env_is_read_at_call_time(
 
 
 def test_no_credentials_anywhere_is_a_clear_error(tmp_path: Path) -> None:
-    with pytest.raises(KubeConfigError, match=f"cannot load cluster credentials from {tmp_path}/no-default"):
+    # Said as missing: the library would call a file it never read "Invalid kube-config file".
+    missing = f"no kubeconfig: \\$KUBECONFIG names {tmp_path}/no-default-kubeconfig, which does not exist"
+    with pytest.raises(KubeConfigError, match=missing):
         load_api_client()
+
+
+def test_a_kubeconfig_list_with_one_file_present_is_read(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    write_kubeconfig(tmp_path / "present", {"a": "https://present.example"}, "a")
+    monkeypatch.setenv("KUBECONFIG", f"{tmp_path}/absent:{tmp_path}/present")
+    assert load_api_client().configuration.host == "https://present.example"

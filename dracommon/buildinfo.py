@@ -1,0 +1,44 @@
+"""Which build is running: the package version for `--version`, start-up log lines and the
+`*_build_info` metrics of both programs.
+
+The version is the installed distribution's (`draplugin` in pyproject.toml: the image installs
+it with pip, and `make` into the virtualenv), so it is the one place to bump. A checkout run
+without installing (PYTHONPATH=.) has no metadata: it reports "unknown" rather than guessing.
+"""
+
+from __future__ import annotations
+
+import platform
+from importlib import metadata
+from typing import Final
+
+from prometheus_client import CollectorRegistry, Gauge
+
+DISTRIBUTION: Final = "draplugin"
+UNKNOWN: Final = "unknown"
+
+
+def version() -> str:
+    try:
+        return metadata.version(DISTRIBUTION)
+    except metadata.PackageNotFoundError:
+        return UNKNOWN
+
+
+def version_line(prog: str) -> str:
+    """`dra-controller 0.1.0 (Python 3.11.2)`: what `--version` prints."""
+    return f"{prog} {version()} (Python {platform.python_version()})"
+
+
+def register_build_info(name: str, registry: CollectorRegistry) -> Gauge:
+    """A `<name>` gauge of 1 labelled with the version and the Python version, the Prometheus
+    convention for build information (as Go programs export `go_build_info`): a query joins on it
+    to tell which release each scraped process runs."""
+    gauge = Gauge(
+        name,
+        "The running build: always 1, labelled with the package version and the Python version.",
+        ("version", "python_version"),
+        registry=registry,
+    )
+    gauge.labels(version=version(), python_version=platform.python_version()).set(1)
+    return gauge
