@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 KUBE_BUILD := tests/cluster/build.sh
 
-.PHONY: venv kube kube-tools nvidia-tools lint unit test test-compat differential demo cluster clean-clusters bench bench-compare proto clean-venv gpu-check
+.PHONY: venv kube kube-tools nvidia-tools lint unit test test-compat differential demo cluster clean-clusters bench bench-compare proto clean-venv gpu-check release
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -108,6 +108,12 @@ bench-compare: venv
 # a GPU machine may reach no package registry; the venv is used when there is one.
 gpu-check:
 	PYTHONPATH="$(CURDIR)" $(if $(wildcard $(PY)),$(PY),python3) -m draplugin.gpucheck $(GPU_CHECK_ARGS)
+
+# The release artifacts, one version (pyproject.toml's) in dist/: the chart packaged for an OCI
+# registry, our image as an OCI archive, the package as a wheel for pipx (tools/release.sh;
+# pushing and installing them: docs/install.md).
+release: venv
+	tools/release.sh
 
 clean-venv:
 	rm -rf $(VENV)
