@@ -1,0 +1,136 @@
+"""The offline side: `dra-controller explain` and `simulate` run as a user runs them, beside the
+floor any Python tool pays, parsing the same objects as JSON with the standard library.
+
+Every figure is one command, started as a child process and timed from spawn to exit (wall)
+with its peak RSS from its own rusage:
+
+- floor: `python -c` that json.loads every file of the JSON twin of the objects (one JSON List
+  per file, as bench.fleet writes them): interpreter start plus the parse, nothing else.
+- explain: `dra-controller explain unfittable --objects DIR` on the YAML files: the fleet's
+  slices, the chart's DeviceClasses and one claim that fits on no node (bench.fleet), so every
+  node is accounted for. Exit 1 (not allocatable) is its expected answer.
+- simulate: `dra-controller simulate --objects DIR -o json` on the YAML files with N pending
+  claims and one pod per claim; every claim must come back allocated, no device twice.
+- simulate of one claim on the same fleet: what loading and set-up cost, so that
+  (simulate N - simulate 1) / (N - 1) is the time per claim (the per-claim table).
+
+The files are written before any timing and read once untimed, so every command finds them in
+the page cache.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.fleet import FleetFiles
+from bench.scale.fixtures import explain_case, simulate_case
+from bench.scale.runs import Measured, RunError, run_timed
+from dracommon.subcommands import EXIT_FAILURE, EXIT_OK
+
+CLI = str(Path(sys.executable).parent / "dra-controller")
+UNFIT_CLAIM = "unfittable"
+TIMEOUT_S = 1800.0
+FLOOR_CODE = (
+    "import json, pathlib, sys\n"
+    "for path in sorted(pathlib.Path(sys.argv[1]).rglob('*.json')):\n"
+    "    with open(path, 'rb') as handle:\n"
+    "        json.load(handle)\n"
+)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One command beside the floor on the same objects."""
+
+    nodes: int
+    gpus: int
+    claims: int
+    devices: int
+    files: int
+    yaml_bytes: int
+    ours: Measured
+    floor: Measured
+
+
+def warm(files: FleetFiles) -> None:
+    """Read every file once, untimed, so the timed commands find them in the page cache."""
+    for path in files.paths:
+        path.read_bytes()
+
+
+def json_floor(directory: Path) -> Measured:
+    done = run_timed([sys.executable, "-c", FLOOR_CODE, str(directory)], TIMEOUT_S)
+    if done.returncode != 0:
+        raise RunError(f"the JSON floor exited {done.returncode}: {done.stderr.strip()[-2000:]}")
+    return done
+
+
+def explain_unfit(directory: Path) -> Measured:
+    command = [CLI, "explain", UNFIT_CLAIM, "--namespace", "default", "--objects", str(directory)]
+    done = run_timed(command, TIMEOUT_S)
+    if done.returncode != EXIT_FAILURE or UNFIT_CLAIM not in done.stdout:
+        raise RunError(
+            f"explain exited {done.returncode} (expected {EXIT_FAILURE}, not allocatable): "
+            f"{(done.stderr or done.stdout).strip()[-2000:]}"
+        )
+    return done
+
+
+def allocation_problems(output: str, claims: int) -> list[str]:
+    """What is wrong with simulate's JSON answer for `claims` claims that all fit (empty: nothing)."""
+    answer = json.loads(output)["claims"]
+    problems = [] if len(answer) == claims else [f"{len(answer)} claims in the answer, expected {claims}"]
+    used: set[tuple[str, str, str]] = set()
+    for entry in answer:
+        if not entry["allocated"]:
+            problems.append(f"{entry['name']}: not allocated: {entry.get('reason')}")
+        for result in entry["results"]:
+            device = (result["driver"], result["pool"], result["device"])
+            if device in used:
+                problems.append(f"{entry['name']}: {'/'.join(device)} allocated twice")
+            used.add(device)
+    return problems
+
+
+def simulate_all(directory: Path, claims: int) -> Measured:
+    done = run_timed([CLI, "simulate", "--objects", str(directory), "-o", "json"], TIMEOUT_S)
+    if done.returncode != EXIT_OK:
+        raise RunError(f"simulate exited {done.returncode}: {done.stderr.strip()[-2000:]}")
+    problems = allocation_problems(done.stdout, claims)
+    if problems:
+        raise RunError(f"simulate's placements are wrong: {problems[:3]} ({len(problems)} problems)")
+    return done
+
+
+def measure_explain(nodes: int, gpus: int) -> Case:
+    with tempfile.TemporaryDirectory(prefix="scale-explain-") as tmp:
+        yaml = explain_case(Path(tmp) / "yaml", nodes, gpus, "yaml")
+        twin = explain_case(Path(tmp) / "json", nodes, gpus, "json")
+        warm(yaml)
+        warm(twin)
+        floor = json_floor(twin.directory)
+        ours = explain_unfit(yaml.directory)
+        return Case(nodes, gpus, 1, yaml.devices, len(yaml.paths), yaml.bytes, ours, floor)
+
+
+def measure_simulate(nodes: int, gpus: int, claims: int) -> tuple[Case, Measured]:
+    """simulate of `claims` beside the floor, and simulate of one claim on the same fleet."""
+    with tempfile.TemporaryDirectory(prefix="scale-simulate-") as tmp:
+        yaml = simulate_case(Path(tmp) / "yaml", nodes, gpus, claims, "yaml")
+        twin = simulate_case(Path(tmp) / "json", nodes, gpus, claims, "json")
+        one = simulate_case(Path(tmp) / "one", nodes, gpus, 1, "yaml")
+        for files in (yaml, twin, one):
+            warm(files)
+        floor = json_floor(twin.directory)
+        ours = simulate_all(yaml.directory, claims)
+        single = simulate_all(one.directory, 1)
+        return Case(nodes, gpus, claims, yaml.devices, len(yaml.paths), yaml.bytes, ours, floor), single
+
+
+def per_claim_ms(many: Measured, one: Measured, claims: int) -> float:
+    """Time per claim once loaded: the difference of N claims and one claim on the same fleet."""
+    return max(many.wall_s - one.wall_s, 0.0) / (claims - 1) * 1000 if claims > 1 else many.wall_s * 1000
