@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 KUBE_BUILD := tests/cluster/build.sh
 
-.PHONY: venv kube kube-tools nvidia-tools lint unit test test-compat differential demo cluster clean-clusters bench bench-compare proto clean-venv gpu-check release
+.PHONY: venv kube kube-tools nvidia-tools lint unit test test-compat differential demo cluster clean-clusters bench bench-compare scale proto clean-venv gpu-check release
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -98,6 +98,14 @@ clean-clusters: venv
 # upstream's libraries) are built first, cached like the Kubernetes binaries.
 bench: venv kube
 	DRA_KUBE_BIN_DIR="$$($(KUBE_BUILD))" DRA_PEERS_BIN_DIR="$$(tests/cluster/build_peers.sh)" $(PY) -m bench
+
+# Fleet-scale figures (docs/scale.md), not part of `make test`: explain and simulate at 1,000 nodes
+# x 8 GPUs beside the JSON-parse floor, simulate per claim at 100, 1,000 and 5,000 nodes, and the
+# real kube-scheduler's pods/s on the same objects (a control plane of its own; run nothing else
+# heavy beside it). Rows are merged into bench/results.json. SCALE_ARGS narrows or widens it.
+SCALE_ARGS ?= --parts offline,per-claim,scheduler --per-claim-nodes 100,1000,5000 --scheduler-nodes 100,1000
+scale: venv kube
+	DRA_KUBE_BIN_DIR="$$($(KUBE_BUILD))" $(PY) -m bench.scale $(SCALE_ARGS)
 
 # Two saved bench/results.json files side by side: make bench-compare A=old.json B=new.json
 bench-compare: venv
