@@ -14,13 +14,14 @@ device split between the pods that run them:
       - {pid: 4343, smPercent: 10, memory: 512Mi}
 
 A device listed in the file reports what its processes add up to (SM capped
-at 100%); the others follow their wave and report no processes. A file that
+at 100%); the others follow their wave and report no processes. A MIG device
+reports only its memory and its processes' memory, as NVML does: no
+utilization, power, temperature or ECC (`_mig_reading`). A file that
 does not parse is logged and its last good content kept.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import threading
 import time
@@ -32,6 +33,7 @@ import yaml
 
 from dracommon.quantity import QuantityError, parse_quantity
 from draplugin.devices.fake import FakeBackend
+from draplugin.devices.fakeusage import FakeUsage
 from draplugin.devices.model import Device
 from draplugin.devices.schema import KIND_GPU
 from draplugin.usage.reading import DeviceReading, ProcessUsage
@@ -82,16 +84,31 @@ def _process(where: str, entry: Any) -> ProcessUsage:
 
 
 def _phase(device: Device) -> float:
-    """GPUs spread evenly around the wave by index; a MIG device also by its name (stable)."""
-    phase = device.index / 8.0
-    if device.kind != KIND_GPU:
-        phase += int(hashlib.sha256(device.name.encode()).hexdigest()[:8], 16) / 2**32
-    return phase % 1.0
+    """GPUs spread evenly around the wave by index (MIG devices have no utilization to spread)."""
+    return (device.index / 8.0) % 1.0
 
 
 def _memory_total(device: Device) -> int:
     raw = device.capacity.get("memory")
     return parse_quantity(raw).value() if raw else 0
+
+
+def _mig_reading(
+    device: Device, total: int, processes: tuple[ProcessUsage, ...], usage: FakeUsage
+) -> DeviceReading:
+    """What NVML gives for a MIG device: its memory and its processes' memory, nothing more.
+
+    Utilization (device and per process), power, temperature, ECC and clock-event reasons take
+    whole-GPU handles only and answer NotSupported on a MIG-enabled GPU (nvml.h; the NVML
+    double in tests/cluster/nvmldouble does the same), so a fake MIG device reports none of
+    them: a dashboard tried on fake GPUs shows what it will show on real ones.
+    """
+    if processes:
+        used = min(total, sum(p.memory_bytes or 0 for p in processes))
+        processes = tuple(ProcessUsage(p.pid, None, p.memory_bytes) for p in processes)
+    else:
+        used = int(total * usage.memory_ratio())
+    return DeviceReading(memory_used_bytes=used, memory_total_bytes=total, processes=processes)
 
 
 class FakeUsageSource:
@@ -136,6 +153,8 @@ class FakeUsageSource:
     def read(self, device: Device) -> DeviceReading:
         total = _memory_total(device)
         processes = self.processes().get(device.name, ())
+        if device.kind != KIND_GPU:
+            return _mig_reading(device, total, processes, self._backend.usage_of(device.index))
         if processes:
             sm = min(1.0, sum(p.sm_ratio or 0.0 for p in processes))
             used = min(total, sum(p.memory_bytes or 0 for p in processes))
