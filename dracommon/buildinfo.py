@@ -12,8 +12,6 @@ import platform
 from importlib import metadata
 from typing import Final
 
-from prometheus_client import CollectorRegistry, Gauge
-
 DISTRIBUTION: Final = "draplugin"
 UNKNOWN: Final = "unknown"
 
@@ -30,15 +28,8 @@ def version_line(prog: str) -> str:
     return f"{prog} {version()} (Python {platform.python_version()})"
 
 
-def register_build_info(name: str, registry: CollectorRegistry) -> Gauge:
-    """A `<name>` gauge of 1 labelled with the version and the Python version, the Prometheus
-    convention for build information (as Go programs export `go_build_info`): a query joins on it
-    to tell which release each scraped process runs."""
-    gauge = Gauge(
-        name,
-        "The running build: always 1, labelled with the package version and the Python version.",
-        ("version", "python_version"),
-        registry=registry,
-    )
-    gauge.labels(version=version(), python_version=platform.python_version()).set(1)
-    return gauge
+def build_labels() -> dict[str, str]:
+    """The labels of the `*_build_info` gauges (`draplugin_build_info`, `dra_controller_build_info`),
+    each always 1: the Prometheus convention for build information (as Go programs export
+    `go_build_info`), so a query can join on it to tell which release each scraped process runs."""
+    return {"version": version(), "python_version": platform.python_version()}

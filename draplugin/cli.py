@@ -20,6 +20,7 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Final, Protocol
 
+from dracommon.buildinfo import version
 from dracommon.logs import setup_logging
 from dracommon.subcommands import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, CommandLine, Subcommand
 from draplugin import config
@@ -184,7 +185,12 @@ def _run(args: argparse.Namespace) -> int:
     setup_logging(settings.log_format, settings.log_level)
     log.info(
         "starting",
-        extra={"driver": settings.driver_name, "node": settings.node_name, "backend": settings.backend},
+        extra={
+            "version": version(),
+            "driver": settings.driver_name,
+            "node": settings.node_name,
+            "backend": settings.backend,
+        },
     )
     if os.environ.get(DRIVER_FACTORY_ENV):
         # The test hook replaces the whole device side: serve its driver alone.

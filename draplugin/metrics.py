@@ -27,6 +27,8 @@ import prometheus_client
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
 
+from dracommon.buildinfo import build_labels
+
 # No `<counter>_created` series: a second series per counter and histogram child that
 # dashboards never use (process-wide; prometheus_client reads it at each scrape).
 prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -68,6 +70,14 @@ class ClaimMetrics:
             "Claims recorded in the checkpoint (prepared or being prepared).",
             registry=registry,
         )
+        # Which build each node runs, for dashboards and alerts to join on.
+        self.build_info = Gauge(
+            "draplugin_build_info",
+            "Always 1, labelled with the running build: the package version and the Python version.",
+            ("version", "python_version"),
+            registry=registry,
+        )
+        self.build_info.labels(**build_labels()).set(1)
         # Pre-create the series so dashboards show zeros rather than gaps.
         for operation in OPERATIONS:
             self.in_flight.labels(operation)

@@ -247,6 +247,9 @@ def run(args: argparse.Namespace) -> int:
         sys.stderr.write(f"dra-controller run: error: {err}\n")
         return EXIT_USAGE
     setup_logging(values["log_format"], values["log_level"])
+    from dracommon.buildinfo import version
+
+    log.info("starting", extra={"version": version(), "driver": values["driver_name"]})
 
     from controller.run.daemon import ControllerDaemon, DaemonSettings
     from dracommon.kubeapi import KubeApi, KubeConfigError, load_api_client

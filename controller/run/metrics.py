@@ -16,6 +16,8 @@ import prometheus_client
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import generate_latest
 
+from dracommon.buildinfo import build_labels
+
 # No `<counter>_created` series: a second series per counter and histogram child that
 # dashboards never use (process-wide; prometheus_client reads it at each scrape).
 prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -82,6 +84,14 @@ class ControllerMetrics:
             ("resource",),
             registry=registry,
         )
+        # Which build each replica runs, for dashboards and alerts to join on.
+        self.build_info = Gauge(
+            "dra_controller_build_info",
+            "Always 1, labelled with the running build: the package version and the Python version.",
+            ("version", "python_version"),
+            registry=registry,
+        )
+        self.build_info.labels(**build_labels()).set(1)
         # Pre-create the series so dashboards show zeros rather than gaps.
         for result in RECONCILE_RESULTS:
             self.reconciles.labels(result)

@@ -51,7 +51,7 @@ def load_api_client(kubeconfig: str | None = None, context: str | None = None) -
         named = "$KUBECONFIG names " if os.environ.get("KUBECONFIG") else "the default kubeconfig "
         raise KubeConfigError(
             f"no kubeconfig: {named}{', '.join(missing)}, which does not exist, and this is not a pod in a "
-            "cluster (--kubeconfig FILE, or -f FILE to work on manifests)"
+            "cluster (name one with --kubeconfig FILE or $KUBECONFIG)"
         )
     return _from_kubeconfig(default, context)
 
