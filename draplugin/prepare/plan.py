@@ -55,6 +55,10 @@ class PlannedDevice:
     cdi_id: str
     share_id: str | None = None
     admin_access: bool = False
+    # The allocation result's request as written, `gpu/small` for a subrequest (request_names hold
+    # the base name): device metadata names it so (draplugin.prepare.metadata). "": not known (a
+    # plan rebuilt from the checkpoint, which keeps base names only).
+    request: str = ""
 
     def to_record(self) -> DeviceRecord:
         return DeviceRecord(
@@ -167,6 +171,7 @@ def plan_claim(
                 cdi_id=cdi.qualified_name(cdi_name, kind),
                 share_id=share_id,
                 admin_access=result.get("adminAccess") is True,
+                request=request,
             )
         )
     _enforce_shares(planned, shared, api_version, who)
