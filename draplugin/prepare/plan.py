@@ -57,8 +57,9 @@ class PlannedDevice:
     admin_access: bool = False
     # The allocation result's request as written, `gpu/small` for a subrequest (request_names hold
     # the base name): device metadata names it so (draplugin.prepare.metadata). "": not known (a
-    # plan rebuilt from the checkpoint, which keeps base names only).
-    request: str = ""
+    # plan rebuilt from the checkpoint, which keeps base names only). Left out of equality: a plan
+    # rebuilt from its record is the same plan.
+    request: str = dataclasses.field(default="", compare=False)
 
     def to_record(self) -> DeviceRecord:
         return DeviceRecord(
