@@ -33,6 +33,7 @@ from draplugin.config import Settings
 from draplugin.devices import DeviceBackend, load_backend
 from draplugin.devices.deviceplugin_guard import DevicePluginGuard
 from draplugin.devices.health import FaultFile, HealthReporter, HealthTracker
+from draplugin.devices.naming import NVIDIA_DRIVER_NAME
 from draplugin.devices.watch import DeviceChange, DeviceWatcher
 from draplugin.kubelet.interface import Driver
 from draplugin.kubelet.server import KubeletPluginServer, PluginServerOptions
@@ -140,6 +141,33 @@ def device_plugin_guard(settings: Settings) -> DevicePluginGuard:
         read_node=lambda: api.get(node_path),
         events=KubeEvents(api, settings.driver_name, settings.node_name),
     )
+
+
+def refuse_beside_nvidias_driver(settings: Settings, slice_api: SliceApi) -> None:
+    """Under NVIDIA's driver name: stop (`NodeUnavailable`) where NVIDIA's own DRA driver runs
+    (`draplugin.nvidiadriver`), before anything is published or registered."""
+    if settings.driver_name != NVIDIA_DRIVER_NAME:
+        return
+    from dracommon.kubeapi import KubeApi, load_api_client
+    from draplugin import nvidiadriver
+    from draplugin.events import KubeEvents
+
+    try:
+        api = KubeApi(load_api_client(str(settings.kubeconfig) if settings.kubeconfig else None))
+    except Exception as err:  # as in kube_slice_api: the client library's errors on a bad file
+        raise NodeUnavailable(f"no API server credentials: {err}") from err
+    events = KubeEvents(api, settings.driver_name, settings.node_name)
+    try:
+        nvidiadriver.check(
+            kubelet_root_dir=settings.kubelet_root_dir,
+            node_name=settings.node_name,
+            list_slices=slice_api.list_slices,
+            node_event=events.node_event,
+        )
+    except nvidiadriver.NvidiaDriverPresent as err:
+        raise NodeUnavailable(str(err)) from err
+    finally:
+        events.close()  # the Event is sent before the process exits
 
 
 def kube_usage(
@@ -308,6 +336,7 @@ class NodeDaemon:
 def build_node(settings: Settings) -> NodeDaemon:
     """The daemon for these settings. Raises `NodeUnavailable` with the reason."""
     slice_api = kube_slice_api(settings)
+    refuse_beside_nvidias_driver(settings, slice_api)
     backend = build_backend(settings)
     try:
         return NodeDaemon(

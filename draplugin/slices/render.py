@@ -31,6 +31,13 @@ def slice_name(node_name: str, driver: str, index: int) -> str:
     return f"{node_name[:keep].rstrip('.-')}-{digest}{suffix}"
 
 
+def is_our_slice_name(name: str, node_name: str, driver: str) -> bool:
+    """Whether `name` is one `slice_name` gives for this node and driver: a slice we wrote. Others
+    (upstream's helper names its slices `<index>-<driver>-<node>-<random>`) are another writer's."""
+    tail = name.rpartition("-")[2]
+    return tail.isdigit() and slice_name(node_name, driver, int(tail)) == name
+
+
 @dataclass(frozen=True, slots=True)
 class NodeRef:
     name: str
