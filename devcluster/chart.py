@@ -216,6 +216,8 @@ class ChartRelease:
     name: str = field(default_factory=lambda: f"dra-{uuid.uuid4().hex[:6]}")
     ready_timeout_s: float = 180.0
     create_namespace: bool = False
+    # The source folder, or the chart packaged by tools/release.sh (a .tgz).
+    chart: Path = CHART
 
     @property
     def selector(self) -> str:
@@ -233,7 +235,7 @@ class ChartRelease:
     def install(self) -> None:
         """`helm install`, then wait for the plugin pod (Ready: registered) and the controller."""
         extra = ["--create-namespace"] if self.create_namespace else []
-        self.helm("install", self.name, str(CHART), "--namespace", self.namespace, *extra,
+        self.helm("install", self.name, str(self.chart), "--namespace", self.namespace, *extra,
                   "--values", str(self._values_file(self.values)))  # fmt: skip
         self.wait_plugin_pods(1)
         self.wait_controller_ready()
@@ -241,7 +243,7 @@ class ChartRelease:
     def upgrade(self, values: Mapping[str, Any]) -> None:
         """`helm upgrade` without waiting: the caller watches the rollout."""
         self.values = dict(values)
-        self.helm("upgrade", self.name, str(CHART), "--namespace", self.namespace,
+        self.helm("upgrade", self.name, str(self.chart), "--namespace", self.namespace,
                   "--values", str(self._values_file(self.values)))  # fmt: skip
 
     def uninstall(self) -> None:
@@ -315,11 +317,12 @@ class ChartRelease:
             status, meta = daemonset.get("status") or {}, daemonset["metadata"]
             current = status.get("observedGeneration", 0) >= meta.get("generation", 1)
             if current and status.get("desiredNumberScheduled") == 0:
-                selector = daemonset["spec"]["template"]["spec"].get("nodeSelector")
+                pod = daemonset["spec"]["template"]["spec"]
+                selector, affinity = pod.get("nodeSelector"), "nodeAffinity" in (pod.get("affinity") or {})
                 raise ChartError(
                     f"DaemonSet {meta['name']} schedules no plugin pod: no node matches its nodeSelector "
-                    f"{selector} (set kubeletPlugin.nodeSelector, or kubeletPlugin.gpuFeatureDiscovery: "
-                    "false without GPU Feature Discovery)"
+                    f"{selector}{' and node affinity' if affinity else ''} (set kubeletPlugin.nodeSelector, "
+                    "or kubeletPlugin.gpuNodeAffinity: false on nodes without NVIDIA's GPU node labels)"
                 )
 
     def wait(self, what: str, probe: Callable[[], T | None]) -> T:

@@ -193,6 +193,12 @@ RUN_OPTIONS: Final = (
         "--mps-daemon=pod: the daemon Pods' imagePullPolicy (Always, IfNotPresent, Never)",
     ),
     Option(
+        "--mps-daemon-image-pull-secrets",
+        "MPS_DAEMON_IMAGE_PULL_SECRETS",
+        None,
+        "--mps-daemon=pod: the daemon Pods' imagePullSecrets, comma-separated Secret names (the chart's)",
+    ),
+    Option(
         "--mps-shm-size",
         "MPS_SHM_SIZE",
         None,
@@ -357,6 +363,7 @@ class Settings:
     mps_daemon: str = "process"
     mps_daemon_image: str | None = None
     mps_daemon_image_pull_policy: str = "IfNotPresent"
+    mps_daemon_image_pull_secrets: tuple[str, ...] = ()
     # Bytes of each MPS claim's /dev/shm tmpfs; None: half the node's memory; 0: a plain directory.
     mps_shm_size: int | None = None
     pod_namespace: str | None = None
@@ -756,6 +763,11 @@ def validate(values: Mapping[str, str | None]) -> Settings:
         mps_daemon=mps_mode,
         mps_daemon_image=mps_image,
         mps_daemon_image_pull_policy=mps_pull_policy,
+        mps_daemon_image_pull_secrets=tuple(
+            _dns_subdomain("mps_daemon_image_pull_secrets", name.strip(), 253)
+            for name in (values.get("mps_daemon_image_pull_secrets") or "").split(",")
+            if name.strip()
+        ),
         mps_shm_size=_size("mps_shm_size", values.get("mps_shm_size")),
         pod_namespace=pod_namespace,
         device_plugin_coexistence=coexistence_setting(values),

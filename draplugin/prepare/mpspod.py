@@ -7,8 +7,18 @@ plugin at prepare in the plugin's namespace:
 
 - `nodeName` is this node (no scheduler round trip; tolerates every taint, as
   the plugin's DaemonSet does), `restartPolicy: Never` (a restarted daemon
-  would serve none of the old one's clients), owned by the Node object so a
-  deleted Node takes it along;
+  would serve none of the old one's clients);
+- owned by the plugin's DaemonSet (the controller owner of the plugin's own
+  Pod, found by `--pod-uid` among this node's Pods): the DaemonSet outlives a
+  restart, crash or rolling update of the plugin pod, so the daemon does too,
+  and `helm uninstall` deletes the DaemonSet, whose dependents the garbage
+  collector then deletes, so no daemon Pod is left behind. Not a controller
+  reference (the DaemonSet controller would then count the Pod as one of its
+  own) and no blockOwnerDeletion. One owner only: the collector deletes a
+  Pod only once all its owners are gone, so the Node is not a second one (a
+  Pod bound to a deleted Node is deleted by the Pod garbage collector anyway);
+- the chart's image pull secrets (`--mps-daemon-image-pull-secrets`), for the
+  image the plugin itself was pulled with;
 - it runs our own image (`--mps-daemon-image`, the chart passes the plugin's)
   with the driver root's `nvidia-cuda-mps-control -f` as its command, in the
   foreground, so the container lives exactly as long as the daemon;
@@ -37,12 +47,14 @@ Start-up deletes every daemon Pod on this node whose claim UID no prepared
 claim of the checkpoint has.
 
 RBAC: pods get, list, create, delete in the plugin's namespace only (a Role
-of the chart: `kubeletplugin-rbac.yaml`). RBAC cannot say which Pods, so the
-chart's ValidatingAdmissionPolicy (`kubeletplugin-pod-policy.yaml`) admits
-only Pods of the shape `PodRunner.pod` builds, on the node the plugin's token
-is bound to, and deletes of those only: a change of that shape here needs the
-same change there (tests/integration/test_faults_plugin_powers.py applies the
-policy to the Pod this module builds).
+of the chart: `kubeletplugin-rbac.yaml`; the list also finds the plugin's
+own Pod). RBAC cannot say which Pods, so the chart's
+ValidatingAdmissionPolicy (`kubeletplugin-pod-policy.yaml`) admits only Pods
+of the shape `PodRunner.pod` builds, on the node the plugin's token is bound
+to, owned by the release's DaemonSet, and deletes of those only: a change of
+that shape here needs the same change there
+(tests/integration/test_faults_plugin_powers.py applies the policy to the Pod
+this module builds).
 """
 
 from __future__ import annotations
@@ -104,6 +116,10 @@ class PodSettings:
     # Real GPUs: the daemon opens the claim's device nodes (the plugin's DaemonSet is privileged too).
     privileged: bool = False
     priority_class: str | None = "system-node-critical"
+    # The chart's imagePullSecrets: the daemon runs the image the plugin was pulled with.
+    image_pull_secrets: tuple[str, ...] = ()
+    # The plugin's own Pod (--pod-uid): its DaemonSet owns the daemon Pods. None: no owner.
+    plugin_pod_uid: str | None = None
 
     @property
     def claim_label(self) -> str:
@@ -125,7 +141,7 @@ class PodRunner:
         self._api = api
         self._settings = settings
         self._quit_timeout_s = quit_timeout_s
-        self._node_uid: str | None = None
+        self._owner: dict[str, Any] | None = None
 
     @property
     def _pods(self) -> str:
@@ -138,7 +154,9 @@ class PodRunner:
         # A Pod of the same name left by a plugin killed before it recorded the Pod: it is ours.
         self._delete(name, None, uid, wait=True)
         try:
-            created = self._api.create(self._pods, self.pod(uid, control, env, pipe.parent))
+            created = self._api.create(
+                self._pods, self.pod(uid, control, env, pipe.parent, self._daemonset())
+            )
         except ApiError as err:
             raise MpsError("MpsStartFailed", f"cannot create the MPS daemon pod {name}: {err}") from None
         log.info("MPS daemon pod created", extra={"claim_uid": uid, "pod": name})
@@ -206,8 +224,15 @@ class PodRunner:
 
     # --- the Pod -----------------------------------------------------------------------------------
 
-    def pod(self, uid: str, control: Path, env: Mapping[str, str], claim_dir: Path) -> dict[str, Any]:
-        """The daemon Pod of a claim (module docstring)."""
+    def pod(
+        self,
+        uid: str,
+        control: Path,
+        env: Mapping[str, str],
+        claim_dir: Path,
+        owner: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """The daemon Pod of a claim (module docstring), owned by `owner` (`daemonset_owner`) if any."""
         s = self._settings
         # DriverTools.env, as the process mode has it: valid here because the Pod mounts the driver
         # root and the library views where this process sees them.
@@ -269,26 +294,36 @@ class PodRunner:
         }
         if s.priority_class:
             spec["priorityClassName"] = s.priority_class
+        if s.image_pull_secrets:
+            spec["imagePullSecrets"] = [{"name": name} for name in s.image_pull_secrets]
         metadata: dict[str, Any] = {
             "name": pod_name(uid),
             "namespace": s.namespace,
             "labels": {COMPONENT_LABEL: COMPONENT, "app.kubernetes.io/name": "draplugin", s.claim_label: uid},
         }
-        owner = self._node_owner()
         if owner is not None:
-            metadata["ownerReferences"] = [owner]
+            metadata["ownerReferences"] = [dict(owner)]
         return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
 
-    def _node_owner(self) -> dict[str, Any] | None:
-        """The Node as owner: a deleted Node takes its daemon Pods along (garbage collection)."""
-        if self._node_uid is None:
+    def _daemonset(self) -> dict[str, Any] | None:
+        """The plugin's DaemonSet as owner, read once from the plugin's own Pod; None (with a warning,
+        tried again at the next launch) when it cannot be found: the daemon still runs, but an
+        uninstall would leave its Pod behind."""
+        if self._owner is None and self._settings.plugin_pod_uid is not None:
+            query = {"fieldSelector": f"spec.nodeName={self._settings.node_name}"}
             try:
-                node = self._api.get(f"/api/v1/nodes/{self._settings.node_name}")
+                found, _ = self._api.list(self._pods, query=query)
             except ApiError as err:
-                log.warning("daemon pod without a Node owner", extra={"error": str(err)})
+                log.warning("MPS daemon pod without an owner", extra={"error": str(err)})
                 return None
-            self._node_uid = str(node["metadata"]["uid"])
-        return {"apiVersion": "v1", "kind": "Node", "name": self._settings.node_name, "uid": self._node_uid}
+            mine = [p for p in found if p["metadata"].get("uid") == self._settings.plugin_pod_uid]
+            self._owner = daemonset_owner(mine[0]) if mine else None
+            if self._owner is None:
+                log.warning(
+                    "MPS daemon pod without an owner: the plugin's pod is not a DaemonSet's",
+                    extra={"pod_uid": self._settings.plugin_pod_uid},
+                )
+        return self._owner
 
     # --- API -----------------------------------------------------------------------------------------
 
@@ -327,6 +362,15 @@ class PodRunner:
         deadline = time.monotonic() + self._quit_timeout_s
         while wait and time.monotonic() < deadline and self._get(name) is not None:
             time.sleep(0.2)
+
+
+def daemonset_owner(plugin_pod: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The owner reference of the daemon Pods: the plugin Pod's controlling DaemonSet, neither as
+    their controller nor blocking its deletion (module docstring); None when no DaemonSet controls it."""
+    for ref in plugin_pod["metadata"].get("ownerReferences") or []:
+        if ref.get("controller") and ref.get("kind") == "DaemonSet" and ref.get("apiVersion") == "apps/v1":
+            return {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": ref["name"], "uid": ref["uid"]}
+    return None
 
 
 def _running(pod: Mapping[str, Any]) -> bool:

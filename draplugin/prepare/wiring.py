@@ -121,6 +121,8 @@ def _mps_runner(settings: Settings, api: KubeApi, tools: DriverTools) -> DaemonR
         driver_root_mount=settings.driver_root_mount,
         library_views=tools.views,
         privileged=settings.backend == "nvml",  # real GPUs: the daemon opens their device nodes
+        image_pull_secrets=settings.mps_daemon_image_pull_secrets,
+        plugin_pod_uid=settings.pod_uid,  # its DaemonSet owns the daemon Pods
     )
     return PodRunner(api, pods)
 

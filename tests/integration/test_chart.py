@@ -36,6 +36,7 @@ NON_DEFAULT_VALUES: dict[str, Any] = {
     "image": {"repository": "registry.example.com/gpudra", "tag": "1.2.3", "pullPolicy": "Always"},
     "imagePullSecrets": [{"name": "regcred"}],
     "logFormat": "json",
+    "logLevel": "debug",
     "kubeletPlugin": {
         "backend": "fake",
         "fakeGpus": {"gpus": [{"model": "L4", "count": 2}]},
@@ -44,12 +45,12 @@ NON_DEFAULT_VALUES: dict[str, Any] = {
         "stateDir": "/data/gpudra",
         "privileged": False,
         "hostNetwork": True,
-        "gpuFeatureDiscovery": False,
+        "gpuNodeAffinity": False,
         "nodeSelector": {"example.com/gpu": "yes"},
         "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "gpu", "effect": "NoExecute"}],
         "livenessProbe": {"enabled": False},
         "extraEnv": [{"name": "EXTRA", "value": "1"}],
-        "extraArgs": ["--log-level=debug"],
+        "extraArgs": ["--rediscover-interval=30s"],
         "podAnnotations": {"example.com/team": "ml"},
         "deviceStatus": True,
         "devicePluginCoexistence": "split:1",
@@ -167,7 +168,7 @@ def test_helm_lint_strict_with_default_and_non_default_values(helm_home: Path) -
         ({"logFormat": "xml"}, "logFormat"),
         ({"kubeletPlugin": {"backend": "fake", "unknownKnob": 1}}, "unknownKnob"),
         ({"deviceClasses": {"byModel": [{"name": "x.gpu.draplugin.dev"}]}}, "productName"),
-        ({"kubeletPlugin": {"gpuFeatureDiscovery": "yes"}}, "gpuFeatureDiscovery"),
+        ({"kubeletPlugin": {"gpuNodeAffinity": "yes"}}, "gpuNodeAffinity"),
         ({"metrics": {"port": -1}}, "port"),
     ],
 )
@@ -253,8 +254,9 @@ def test_daemonset_defaults(helm_home: Path) -> None:
         "readOnly": True,
         "mountPropagation": "HostToContainer",
     }
-    # gpuFeatureDiscovery (default true): the label GPU Feature Discovery sets.
-    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    # gpuNodeAffinity (default true): NVIDIA's GPU node labels (test_chart_install.py), no nodeSelector.
+    assert "nodeSelector" not in pod
+    assert pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     assert pod["priorityClassName"] == "system-node-critical"
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
 
@@ -311,7 +313,7 @@ def test_non_default_values_reach_every_object(helm_home: Path) -> None:
     (container,) = pod["containers"]
     assert container["image"] == "registry.example.com/gpudra:1.2.3"
     assert container["imagePullPolicy"] == "Always"
-    assert container["args"] == ["--log-format=json", "--log-level=debug"]
+    assert container["args"] == ["--log-format=json", "--log-level=debug", "--rediscover-interval=30s"]
     env = container_env(container)
     assert env["DRIVER_NAME"] == "gpu.example.com"
     assert env["BACKEND"] == "fake"
@@ -340,6 +342,7 @@ def test_non_default_values_reach_every_object(helm_home: Path) -> None:
         "host-proc": "/proc",  # usage metrics: GPU processes to pods (test_chart_usage.py)
     }
     assert pod["nodeSelector"] == {"example.com/gpu": "yes"}
+    assert "affinity" not in pod
     assert pod["imagePullSecrets"] == [{"name": "regcred"}]
     annotations = ds["spec"]["template"]["metadata"]["annotations"]
     assert annotations["example.com/team"] == "ml"
@@ -480,13 +483,14 @@ def test_device_status_is_refused_where_the_server_cannot_narrow_it(
     assert render_chart(helm_home, kube_version=kube_version)
 
 
-def test_without_gpu_feature_discovery_the_node_selector_is_the_users(helm_home: Path) -> None:
-    off = {"kubeletPlugin": {"gpuFeatureDiscovery": False}}
+def test_the_users_node_selector_is_added_to_the_gpu_node_affinity(helm_home: Path) -> None:
+    off = {"kubeletPlugin": {"gpuNodeAffinity": False}}
     pod = only(render_chart(helm_home, off), "DaemonSet")["spec"]["template"]["spec"]
-    assert "nodeSelector" not in pod
+    assert "nodeSelector" not in pod and "affinity" not in pod
     both = {"kubeletPlugin": {"nodeSelector": {"example.com/gpu": "yes"}}}
     pod = only(render_chart(helm_home, both), "DaemonSet")["spec"]["template"]["spec"]
-    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true", "example.com/gpu": "yes"}
+    assert pod["nodeSelector"] == {"example.com/gpu": "yes"}
+    assert "nodeAffinity" in pod["affinity"]
 
 
 def test_metrics_port_zero_turns_the_endpoints_off(helm_home: Path) -> None:
@@ -508,7 +512,7 @@ def test_fake_gpu_values_file_matches_the_examples_inventory(helm_home: Path) ->
     inventory = yaml.safe_load(only(objects, "ConfigMap")["data"]["fake-gpus.yaml"])
     assert inventory == yaml.safe_load((REPO_ROOT / "examples" / "fake-gpus.yaml").read_text())
     pod = only(objects, "DaemonSet")["spec"]["template"]["spec"]
-    assert "nodeSelector" not in pod
+    assert "nodeSelector" not in pod and "affinity" not in pod  # every node
     assert container_env(pod["containers"][0])["BACKEND"] == "fake"
 
 

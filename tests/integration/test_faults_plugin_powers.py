@@ -14,8 +14,10 @@ and check with it, with server dry runs and real calls:
   is each of those changes alone made to a good daemon Pod;
 - deleting the controller's Pod, or a daemon Pod of node B, is refused;
 - the exact daemon Pod `draplugin.prepare.mpspod.PodRunner.pod` builds for
-  node A, with the settings the chart's DaemonSet gives the plugin, is
-  accepted, and so is deleting it.
+  node A, with the settings the chart's DaemonSet gives the plugin and owned
+  by the chart's DaemonSet (as `mpspod.daemonset_owner` reads it from a plugin
+  pod), is accepted, and so is deleting it; another owner, or the DaemonSet
+  as its controller, or a pull secret the chart does not name, is refused.
 
 Run on the pinned release and on the 1.34 floor (DRA_KUBE_BIN_DIR from
 tests/cluster/build_compat.sh).
@@ -40,7 +42,7 @@ from devcluster.chart import FAKE_GPU_VALUES, deep_merge
 from devcluster.controlplane import ControlPlane
 from devcluster.wait import wait_for
 from dracommon.kubeapi import ApiError, KubeApi
-from draplugin.prepare.mpspod import PodRunner, PodSettings
+from draplugin.prepare.mpspod import PodRunner, PodSettings, daemonset_owner
 from draplugin.prepare.wiring import LIBRARY_VIEWS
 from tests.integration.test_chart import DRIVER, render_chart
 from tests.integration.test_rbac import Installed, pod_bound_token, unbound_token
@@ -57,7 +59,7 @@ TEMPLATES = (
 # The chart's defaults (real GPUs: a privileged plugin, the host's / as driver root) and the fake-GPU
 # values `make cluster` starts from (an unprivileged plugin, a fake driver root).
 VALUE_SETS: dict[str, dict[str, Any]] = {
-    "nvml": {},
+    "nvml": {"imagePullSecrets": [{"name": "regcred"}]},
     "fake": deep_merge(
         yaml.safe_load(FAKE_GPU_VALUES.read_text()),
         {"kubeletPlugin": {"backend": "fake", "privileged": False, "fakeDriverRoot": "/opt/fake-driver"}},
@@ -72,6 +74,8 @@ class Chart:
     # The plugin container's environment as the chart's DaemonSet sets it (fieldRefs left out).
     env: Mapping[str, str]
     values: str
+    daemonset: str  # the DaemonSet's name, the daemon Pods' owner
+    daemonset_uid: str
 
 
 @pytest.fixture(params=list(VALUE_SETS))
@@ -92,7 +96,9 @@ def chart(
         try:
             for obj in objects:
                 if obj["kind"] == "DaemonSet":
-                    continue  # its settings only: no plugin runs here
+                    # No plugin runs here: a DaemonSet of the chart's name that schedules no pod, so
+                    # the daemon Pods' owner exists (the garbage collector deletes a Pod whose does not).
+                    obj = dict(obj, spec=stand_in_daemonset_spec())
                 resource = dynamic.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
                 namespace = test_namespace if resource.namespaced else None
                 resource.create(body=obj, namespace=namespace)
@@ -111,7 +117,9 @@ def chart(
                 lambda: exists(rest, f"/api/v1/namespaces/{test_namespace}/serviceaccounts/default"),
                 timeout=60,
             )
-            yield Chart(installed, env, request.param)
+            name = daemonset["metadata"]["name"]
+            uid = rest.get(f"/apis/apps/v1/namespaces/{test_namespace}/daemonsets/{name}")["metadata"]["uid"]
+            yield Chart(installed, env, request.param, name, uid)
         finally:
             for resource, name in reversed(created):
                 resource.delete(name=name)
@@ -138,6 +146,7 @@ def daemon_pod(admin: k8s.ApiClient, chart: Chart, node: str, claim_uid: str) ->
         driver_root_mount=Path(env["DRIVER_ROOT_MOUNT"]),
         library_views=state / LIBRARY_VIEWS,
         privileged=env["BACKEND"] == "nvml",
+        image_pull_secrets=tuple(filter(None, env.get("MPS_DAEMON_IMAGE_PULL_SECRETS", "").split(","))),
     )
     claim_dir = state / "mps" / claim_uid
     mount = Path(env["DRIVER_ROOT_MOUNT"])
@@ -150,7 +159,27 @@ def daemon_pod(admin: k8s.ApiClient, chart: Chart, node: str, claim_uid: str) ->
     }
     runner = PodRunner(KubeApi(admin), settings)
     control = mount / "usr" / "bin" / "nvidia-cuda-mps-control"
-    return runner.pod(claim_uid, control, tool_env, claim_dir)
+    # The plugin pod as the DaemonSet controller makes it: a controller reference to the DaemonSet.
+    plugin_pod = {"metadata": {"ownerReferences": [{
+        "apiVersion": "apps/v1", "kind": "DaemonSet", "name": chart.daemonset, "uid": chart.daemonset_uid,
+        "controller": True, "blockOwnerDeletion": True,
+    }]}}  # fmt: skip
+    return runner.pod(claim_uid, control, tool_env, claim_dir, daemonset_owner(plugin_pod))
+
+
+def stand_in_daemonset_spec() -> dict[str, Any]:
+    """A DaemonSet spec whose pods fit no node: only its name and UID matter here."""
+    labels = {"app.kubernetes.io/component": "powers-stand-in"}
+    return {
+        "selector": {"matchLabels": labels},
+        "template": {
+            "metadata": {"labels": labels},
+            "spec": {
+                "nodeSelector": {"draplugin.dev/no-such-node": "true"},
+                "containers": [{"name": "none", "image": "busybox:1.37"}],
+            },
+        },
+    }
 
 
 def exists(api: KubeApi, path: str) -> bool:
@@ -258,6 +287,14 @@ def _secret_env(pod: dict[str, Any], chart: Chart, other_node: str) -> None:
     pod["spec"]["containers"][0]["env"].append({"name": "STOLEN", "valueFrom": ref})
 
 
+def _owner(**changes: Any) -> Callable[[dict[str, Any], Chart, str], None]:
+    def change(pod: dict[str, Any], chart: Chart, other_node: str) -> None:
+        (ref,) = pod["metadata"]["ownerReferences"]
+        ref.update(changes)
+
+    return change
+
+
 def _second_container(pod: dict[str, Any], chart: Chart, other_node: str) -> None:
     pod["spec"]["containers"].append(dict(pod["spec"]["containers"][0], name="extra"))
 
@@ -288,6 +325,20 @@ CHANGES: dict[str, tuple[Callable[[dict[str, Any], Chart, str], None], str]] = {
     "the driver root writable": (_writable_driver_root, "read only"),
     "another pod's name": (_set("metadata.name", "controller"), "may only create MPS control daemon pods"),
     "a Service's label": (_set("metadata.labels.app", "web"), "only its own labels"),
+    "owned by its Node": (
+        _owner(apiVersion="v1", kind="Node", name="n"),
+        "no owner but this release's DaemonSet",
+    ),
+    "owned by another DaemonSet": (
+        _owner(name="other-kubelet-plugin"),
+        "no owner but this release's DaemonSet",
+    ),
+    "the DaemonSet as its controller": (_owner(controller=True), "not as its controller"),
+    "blocking the DaemonSet's deletion": (_owner(blockOwnerDeletion=True), "not blocking its deletion"),
+    "a pull secret the chart does not name": (
+        _set("spec.imagePullSecrets", [{"name": "sh.helm.release.v1.draplugin.v1"}]),
+        "no image pull secrets but the chart's",
+    ),
 }
 PRIVILEGED_CHANGE = (_set("spec.containers.0.securityContext", {"privileged": True}), "runs unprivileged")
 

@@ -44,13 +44,33 @@ NAMESPACE = "draplugin"
 NODE = "node-a"
 DRIVER = "gpu.draplugin.dev"
 PODS = f"/api/v1/namespaces/{NAMESPACE}/pods"
+PLUGIN_POD_UID = "3f1d5a6e-0000-4000-8000-000000000001"
+# The plugin's own Pod as the DaemonSet controller makes it: a controller reference to its DaemonSet.
+DAEMONSET_REF = {
+    "apiVersion": "apps/v1",
+    "kind": "DaemonSet",
+    "name": "draplugin-kubelet-plugin",
+    "uid": "9c0e7b1a-0000-4000-8000-000000000002",
+    "controller": True,
+    "blockOwnerDeletion": True,
+}
+PLUGIN_POD: dict[str, Any] = {
+    "metadata": {
+        "name": "draplugin-kubelet-plugin-x7k2p",
+        "uid": PLUGIN_POD_UID,
+        "ownerReferences": [DAEMONSET_REF],
+    },
+    "spec": {"nodeName": NODE},
+}
 
 
 class PodApi:
-    """The four pod verbs (and the Node GET) of KubeApi, with each Pod's container run as a process."""
+    """The four pod verbs of KubeApi, with each Pod's container run as a process; the plugin's own
+    Pod (`others`: Pods of this node that run no process here) is listed too."""
 
     def __init__(self, fail_image: str | None = None, log_dir: Path | None = None) -> None:
         self.pods: dict[str, dict[str, Any]] = {}
+        self.others: list[dict[str, Any]] = [PLUGIN_POD]
         # Where each container's output goes (what `kubectl logs` shows); None: this test's output.
         self.log_dir = log_dir
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
@@ -75,8 +95,6 @@ class PodApi:
         return {"phase": phase, "containerStatuses": [{"name": container["name"], "state": state}]}
 
     def get(self, path: str, query: Mapping[str, str] | None = None) -> dict[str, Any]:
-        if path == f"/api/v1/nodes/{NODE}":
-            return {"metadata": {"name": NODE, "uid": "node-uid"}}
         name = path.removeprefix(PODS + "/")
         if name not in self.pods:
             raise ApiError(404, f'pods "{name}" not found', reason="NotFound")
@@ -117,6 +135,8 @@ class PodApi:
 
     def list(self, path: str, *, query: Mapping[str, str]) -> tuple[JsonList, str]:
         assert path == PODS and query["fieldSelector"] == f"spec.nodeName={NODE}"
+        if "labelSelector" not in query:  # every Pod of the node: the plugin's own among them
+            return [*self.others, *self.pods.values()], "1"
         label, _, value = query["labelSelector"].partition(",")[0].partition("=")
         exists = query["labelSelector"].partition(",")[2]
         items = [
@@ -158,6 +178,8 @@ class PodNode:
             image=image,
             driver_root=str(self.driver_root),
             library_views=tools.views,
+            image_pull_secrets=("regcred",),
+            plugin_pod_uid=PLUGIN_POD_UID,
         )
         runner = PodRunner(self.api, settings, quit_timeout_s=5)  # type: ignore[arg-type]
         return SharingState(self.state, mps_daemons=MpsDaemons(tools, runner=runner, shm_bytes=shm_bytes()))
@@ -192,9 +214,17 @@ def test_prepare_creates_a_daemon_pod_on_this_node_that_answers_with_the_limits(
     spec = pod["spec"]
     assert pod["metadata"]["name"] == "mps-uid-a"
     assert pod["metadata"]["labels"][f"{DRIVER}/claim-uid"] == "uid-a"
+    # Owned by the plugin's DaemonSet (helm uninstall takes it along; a plugin pod restart does not),
+    # not as its controller (the DaemonSet controller would count it as one of its pods).
     assert pod["metadata"]["ownerReferences"] == [
-        {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": "node-uid"}
+        {
+            "apiVersion": "apps/v1",
+            "kind": "DaemonSet",
+            "name": DAEMONSET_REF["name"],
+            "uid": DAEMONSET_REF["uid"],
+        }
     ]
+    assert spec["imagePullSecrets"] == [{"name": "regcred"}]
     assert (spec["nodeName"], spec["restartPolicy"], spec["automountServiceAccountToken"]) == (
         NODE,
         "Never",
@@ -232,6 +262,21 @@ def test_prepare_creates_a_daemon_pod_on_this_node_that_answers_with_the_limits(
         "mps-uid-a",
         pod["metadata"]["uid"],
     )
+
+
+@pytest.mark.parametrize("plugin_pod", ["not found", "not a DaemonSet's"])
+def test_a_plugin_outside_a_daemonset_still_runs_the_daemon_without_an_owner(
+    node: PodNode, plugin_pod: str
+) -> None:
+    if plugin_pod == "not a DaemonSet's":
+        node.api.others = [{**PLUGIN_POD, "metadata": {**PLUGIN_POD["metadata"], "ownerReferences": []}}]
+    else:
+        node.api.others = []
+    sharing = node.sharing()
+    sharing.apply(mps_plan())
+    (pod,) = node.api.created
+    assert "ownerReferences" not in pod["metadata"]
+    assert node.ask(sharing, "get_default_active_thread_percentage") == "50.0"
 
 
 def test_a_restarted_plugin_finds_the_daemon_pod_and_keeps_it(node: PodNode) -> None:

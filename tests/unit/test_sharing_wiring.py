@@ -64,3 +64,25 @@ def test_mps_daemons_run_as_pods_when_the_setting_says_so(tmp_path: Path) -> Non
     backend = load_backend("fake", "n", dev_root="/dev")
     sharing = wiring._sharing(s, backend, DriverFiles(DriverRoot.at(str(root))), KubeApi(None))
     assert sharing.mps is not None and isinstance(sharing.mps.runner, PodRunner)
+
+
+def test_daemon_pods_get_the_charts_pull_secrets_and_the_plugin_pod_as_owner_source(tmp_path: Path) -> None:
+    """MPS_DAEMON_IMAGE_PULL_SECRETS (the chart's imagePullSecrets) and POD_UID reach the Pod settings."""
+    s = config.load(
+        {"node_name": "n", "backend": "fake", "state_dir": str(tmp_path / "state"), "mps_daemon": "pod",
+         "mps_daemon_image": "draplugin:test", "pod_namespace": "dra",
+         "pod_uid": "3f1d5a6e-0000-4000-8000-000000000001"},
+        environ={"MPS_DAEMON_IMAGE_PULL_SECRETS": "regcred, mirror-creds"},
+    )  # fmt: skip
+    root = debian_layout().build(tmp_path / "driver-root")
+    backend = load_backend("fake", "n", dev_root="/dev")
+    sharing = wiring._sharing(s, backend, DriverFiles(DriverRoot.at(str(root))), KubeApi(None))
+    assert sharing.mps is not None and isinstance(sharing.mps.runner, PodRunner)
+    pod_settings = sharing.mps.runner._settings
+    assert pod_settings.image_pull_secrets == ("regcred", "mirror-creds")
+    assert pod_settings.plugin_pod_uid == "3f1d5a6e-0000-4000-8000-000000000001"
+    with pytest.raises(config.ConfigError, match="mps-daemon-image-pull-secrets"):
+        config.load(
+            {"node_name": "n", "backend": "fake", "state_dir": str(tmp_path / "state")},
+            environ={"MPS_DAEMON_IMAGE_PULL_SECRETS": "Bad_Name"},
+        )

@@ -81,3 +81,48 @@ kubeletplugin-rbac.yaml.
 {{- $narrow := semverCompare ">=1.36.0-0" .Capabilities.KubeVersion.Version -}}
 {{- if or (eq $mode "true") (and (eq $mode "auto") $narrow) -}}on{{- else -}}off{{- end -}}
 {{- end -}}
+
+{{/*
+The node labels that mark an NVIDIA GPU node, any one of them enough (kubeletPlugin.gpuNodeAffinity):
+the terms NVIDIA's own charts select GPU nodes by. Node Feature Discovery's PCI labels for vendor
+10de, by vendor alone (pci-10de, NFD's default) and by device class with vendor (pci-0302_10de: 3D
+controller, pci-0300_10de: VGA controller; newer NFD configurations), which the GPU operator looks
+for before it deploys anything (gpu-operator controllers/state_manager.go, gpuNodeLabels); and
+nvidia.com/gpu.present=true, which the GPU operator sets and NVIDIA's DRA driver chart
+(k8s-dra-driver-gpu deployments/helm values.yaml, kubeletPlugin.affinity) also accepts "to force a
+deployment". That chart's third term, NFD's cpu-model.vendor_id=NVIDIA for Tegra, is left out: the
+plugin reads GPUs through NVML, which Tegra's integrated GPUs do not offer.
+A list of {key, value}; NOTES.txt checks the nodes against the same list.
+*/}}
+{{- define "draplugin.gpuNodeLabels" -}}
+- {key: feature.node.kubernetes.io/pci-10de.present, value: "true"}
+- {key: feature.node.kubernetes.io/pci-0302_10de.present, value: "true"}
+- {key: feature.node.kubernetes.io/pci-0300_10de.present, value: "true"}
+- {key: nvidia.com/gpu.present, value: "true"}
+{{- end -}}
+
+{{/* The required node affinity of the plugin pods: one term per label above (terms are ORed). */}}
+{{- define "draplugin.gpuNodeAffinity" -}}
+requiredDuringSchedulingIgnoredDuringExecution:
+  nodeSelectorTerms:
+    {{- range (include "draplugin.gpuNodeLabels" . | fromYamlArray) }}
+    - matchExpressions:
+        - key: {{ .key }}
+          operator: In
+          values: [{{ .value | quote }}]
+    {{- end }}
+{{- end -}}
+
+{{/* Refuse the default namespace unless allowDefaultNamespace (values.yaml). */}}
+{{- define "draplugin.namespaceGuard" -}}
+{{- if and (eq .Release.Namespace "default") (not .Values.allowDefaultNamespace) -}}
+{{- fail "draplugin refuses the default namespace: install into a namespace of its own (--namespace draplugin --create-namespace, then label it pod-security.kubernetes.io/enforce=privileged: docs/install.md), or set allowDefaultNamespace=true" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The names of imagePullSecrets, comma-separated: what the plugin passes on to its MPS daemon Pods. */}}
+{{- define "draplugin.pullSecretNames" -}}
+{{- $names := list }}
+{{- range .Values.imagePullSecrets }}{{ $names = append $names .name }}{{ end }}
+{{- join "," $names -}}
+{{- end -}}
