@@ -41,8 +41,13 @@ def add_backend_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--backend", choices=("nvml", "fake"), default="nvml", help="device discovery backend"
     )
+    # Spelled as `draplugin run` spells it; --partitionable is the older name, still taken.
     parser.add_argument(
-        "--partitionable", action="store_true", help="publish MIG profiles with shared counters"
+        "--partitionable-mig",
+        "--partitionable",
+        dest="partitionable",
+        action="store_true",
+        help="publish MIG-capable GPUs as partitionable (MIG profiles with shared counters)",
     )
     parser.add_argument(
         "--shared-gpus",
