@@ -5,8 +5,10 @@ runs the kubelet plugin as the DaemonSet's pod and the controller as the
 Deployment's, in real containers. The plugin registers through the mounted
 plugins_registry, publishes the node's ResourceSlices and prepares claims;
 containerd injects the CDI spec into the workload container, whose own log
-shows the device. Uninstall leaves nothing behind; an upgrade rolls the
-DaemonSet with `maxSurge: 1` and per-pod sockets, and no claim is lost.
+shows the device. The first test installs the chart as a release ships it:
+the archive `make release` packages (tools/release.sh chart), not the source
+folder. Uninstall leaves nothing behind; an upgrade rolls the DaemonSet with
+`maxSurge: 1` and per-pod sockets, and no claim is lost.
 
 How this differs from a production install (tests/kube/chart.py): both
 daemons use the host network (the test API server is on loopback only), so the
@@ -15,7 +17,10 @@ old and the new plugin pod share the gRPC health port during the rollout.
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
+import subprocess
 import tempfile
 import time
 import urllib.request
@@ -26,6 +31,7 @@ from typing import Any
 
 import pytest
 
+from devcluster.binaries import REPO_ROOT
 from devcluster.chart import local_release
 from devcluster.controlplane import ControlPlane, free_port
 from devcluster.images import LocalImage
@@ -62,6 +68,21 @@ TIMEOUT_S = 120.0
 @pytest.fixture(scope="module")
 def our_image(kubelet_node: KubeletNode) -> LocalImage:
     return import_our_image(kubelet_node)
+
+
+@pytest.fixture(scope="module")
+def packaged_chart(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The chart as `make release` packages it: tools/release.sh's chart part, into a dist of its own."""
+    dist = tmp_path_factory.mktemp("dist")
+    done = subprocess.run(
+        [str(REPO_ROOT / "tools" / "release.sh"), "chart"], env={**os.environ, "DIST": str(dist)},
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    archive = Path(done.stdout.split()[-1])
+    assert archive.parent == dist and archive.name.endswith(".tgz"), done.stdout
+    assert archive.name in (dist / "SHA256SUMS").read_text()
+    return archive
 
 
 @pytest.fixture
@@ -176,10 +197,19 @@ def delete_pod_and_wait_unprepared(api: KubeApi, node: KubeletNode, namespace: s
     wait_for(f"the CDI spec of claim {claim_uid} removed", lambda: not cdi_specs(node, claim_uid), TIMEOUT_S)
 
 
-def test_the_chart_runs_the_plugin_and_prepares_a_claim(
-    release: ChartRelease, api: KubeApi, kubelet_node: KubeletNode, our_image: LocalImage
+def test_the_packaged_chart_runs_the_plugin_and_prepares_a_claim(
+    release: ChartRelease,
+    api: KubeApi,
+    kubelet_node: KubeletNode,
+    our_image: LocalImage,
+    packaged_chart: Path,
 ) -> None:
+    release.chart = packaged_chart
     with installed(release):
+        # Installed from the archive: its chart version and appVersion are the release's one version.
+        (listed,) = json.loads(release.helm("list", "--namespace", release.namespace, "--output", "json"))
+        version = packaged_chart.name.removeprefix("draplugin-").removesuffix(".tgz")
+        assert (listed["chart"], listed["app_version"]) == (f"draplugin-{version}", version)
         (plugin,) = release.plugin_pods()
         # Our image, in a real container on the containerd node.
         assert plugin["spec"]["nodeName"] == kubelet_node.name

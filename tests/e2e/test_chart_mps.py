@@ -6,7 +6,8 @@ GPUs) gets a fake driver root (`kubeletPlugin.fakeDriverRoot`) whose
 tests/driverroot_layout.py. Prepare of an MPS claim creates the daemon Pod
 (`mps-<claim uid>`, `kubeletPlugin.mpsDaemon: pod`, our image running the
 stand-in in the foreground); the plugin pod is then deleted and the DaemonSet
-makes a new one. The daemon Pod is the same Pod (same UID, never restarted),
+makes a new one. The daemon Pod, owned by the DaemonSet (so an uninstall takes it along:
+tests/integration/test_faults_plugin_powers.py), is the same Pod (same UID, never restarted),
 its daemon still answers with the claim's limits, both through the pipe
 directory on the host and from the claim's own container, and the new plugin
 finds it in the ledger; deleting the workload unprepares the claim, which
@@ -158,6 +159,12 @@ def test_the_mps_daemon_pod_outlives_the_plugin_pod_and_unprepare_deletes_it(
         (container,) = daemon["spec"]["containers"]
         assert container["command"] == [f"/driver-root/usr/bin/{mps.CONTROL}", "-f"]
         assert container["image"] == old_plugin["spec"]["containers"][0]["image"]
+        # Owned by the plugin's DaemonSet, which outlives the plugin pod and goes with the release.
+        (controller,) = [r for r in old_plugin["metadata"]["ownerReferences"] if r.get("controller")]
+        assert daemon["metadata"]["ownerReferences"] == [
+            {key: controller[key] for key in ("apiVersion", "kind", "name", "uid")}
+        ]
+        assert controller["kind"] == "DaemonSet"
         assert ask_from_host(driver_root, pipe) == ["30.0", "2048M"]
         (entry,) = ledger_entries(state_dir)
         assert (entry.state, entry.data["podUid"]) == ("running", daemon["metadata"]["uid"])

@@ -441,3 +441,33 @@ def test_token_without_node_binding_cannot_create_daemon_pods(
         pod = daemon_pod(admin, chart, node_a, str(uuid.uuid4()))
         message = refusal(lambda: KubeApi(client).create(pods(ns), pod, DRY_RUN))
     assert message is not None and "not bound to a node" in message, message
+
+
+def test_deleting_the_daemonset_as_helm_uninstall_does_takes_its_daemon_pods_along(
+    kube_cluster: ControlPlane, admin: k8s.ApiClient, chart: Chart, fake_node: Callable[..., str]
+) -> None:
+    """The daemon Pods' owner is the plugin's DaemonSet: `helm uninstall` deletes it (background
+    propagation, Helm's default cascade) and the garbage collector deletes the daemon Pods, which a
+    plugin pod's restart (the DaemonSet stays) never does (tests/e2e/test_chart_mps.py)."""
+    node_a = fake_node()
+    ns = chart.installed.namespace
+    uid = str(uuid.uuid4())
+    with plugin_client(kube_cluster, admin, chart, node_a) as plugin:
+        plugin.create(pods(ns), daemon_pod(admin, chart, node_a, uid))
+    rest = KubeApi(admin)
+    assert exists(rest, f"{pods(ns)}/mps-{uid}")
+    rest.delete(
+        f"/apis/apps/v1/namespaces/{ns}/daemonsets/{chart.daemonset}", {"propagationPolicy": "Background"}
+    )
+    # Deleted by the collector: gone, or terminating (a fake node has no kubelet to confirm the end).
+    path = f"{pods(ns)}/mps-{uid}"
+
+    def collected() -> bool:
+        try:
+            return "deletionTimestamp" in rest.get(path)["metadata"]
+        except ApiError as err:
+            return err.status == 404
+
+    wait_for("the garbage collector to delete the daemon pod", collected, 60)
+    if exists(rest, path):  # the end no kubelet confirms here
+        rest.delete(path, {"gracePeriodSeconds": 0})
