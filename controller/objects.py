@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 import yaml
 
 from dracommon.kubeapi import ApiError, KubeApi
+from dracommon.yamlload import load_all as load_yaml_documents
 
 JSON = dict[str, Any]
 
@@ -83,7 +84,8 @@ def _documents(path: Path) -> Iterator[Any]:
             raise ManifestError(f"{path}: invalid JSON: {err}") from err
         return
     try:
-        yield from yaml.safe_load_all(text)
+        # PyYAML's safe_load_all results and errors, parsed fast (dracommon.yamlload).
+        yield from load_yaml_documents(text)
     except yaml.YAMLError as err:
         raise ManifestError(f"{path}: invalid YAML: {err}") from err
 

@@ -1,0 +1,308 @@
+"""YAML documents parsed fast, with exactly PyYAML's `safe_load_all` results and errors.
+
+Manifests at fleet size (1,000 nodes' ResourceSlices, about 6 MB of YAML) took seconds in
+PyYAML's pure scanner, and still several in its libyaml-backed `CSafeLoader`, whose nodes are
+resolved and constructed one by one in Python. So there are three paths, fastest first:
+
+1. The block-style subset `yaml.safe_dump` writes (what `draplugin devices`, `kubectl get -o
+   yaml` and most tools print): block mappings and sequences, single-line plain and quoted
+   scalars, `[]`/`{}`, full-line comments, `---`. A line is tokenized once per distinct text
+   (lines repeat across devices and files); plain scalars get their tag from PyYAML's own
+   resolver and their value from its SafeConstructor, so `0012`, `1:20`, `yes`, `~` or dates
+   come out exactly as PyYAML makes them. Anything outside the subset (anchors, tags, block
+   scalars, flow collections, multi-line scalars, escapes, odd indentation, ...) makes the
+   whole text take path 2, never a guess.
+2. `CSafeLoader` where the PyYAML wheel has libyaml (`yaml.__with_libyaml__`), else the pure
+   `SafeLoader`. libyaml accepts a tab as separation where the pure scanner refuses it
+   (`a:<TAB>1`), so a text with a tab goes to the pure loader: results never depend on the
+   wheel.
+3. On any error the pure `SafeLoader` parses again, so the message (and `ManifestError`'s text)
+   is the one PyYAML's scanner has always given; libyaml words several errors differently.
+
+The subset's equality with PyYAML is checked by tests/unit/test_yaml_loading.py (generated
+documents and every YAML file of the repository).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import yaml
+from yaml.nodes import ScalarNode
+
+__all__ = ["C_LOADER", "load_all"]
+
+C_LOADER: Any = getattr(yaml, "CSafeLoader", None) if yaml.__with_libyaml__ else None
+
+# What PyYAML's Reader refuses (its NON_PRINTABLE), plus what path 1 leaves alone: tabs and
+# carriage returns (line breaks and separation PyYAML treats specially), NEL and the Unicode
+# line separators (line breaks to PyYAML), and a byte-order mark.
+_NOT_SUBSET = re.compile(
+    "[^\x0a\x20-\x7e\xa0-\u2027\u202a-\ud7ff\ue000-\ufefe\uff00-\ufffd\U00010000-\U0010ffff]"
+)
+# Plain scalars cannot start with these (PyYAML's scanner), or path 1 does not take them.
+_BAD_FIRST = frozenset("[]{}#&*!|>%@`,'\"")
+
+
+class _NotSubset(Exception):
+    """The text is outside path 1's subset: parse it with PyYAML."""
+
+
+# Token kinds. A token is (indent, kind, key, value); `value` of a scalar is final, except the
+# two empty collections, which are made fresh where used (they are mutable).
+_ENTRY = 0  # key: scalar
+_OPEN = 1  # key:   (a block, or null)
+_ITEM = 2  # "-"    (its content follows as tokens of its own, or it is null)
+_ITEM_SCALAR = 3  # - scalar
+_BARE = 4  # a scalar alone on its line (a document that is one scalar)
+_EMPTY_LIST = object()
+# PyYAML's scanner takes a key on one line only within 1,024 characters; leave long ones to it.
+_SIMPLE_KEY_LIMIT = 1000
+_EMPTY_DICT = object()
+
+_resolver = yaml.resolver.Resolver()
+_constructor = yaml.constructor.SafeConstructor()
+_plain_values: dict[str, Any] = {}
+_line_tokens: dict[str, tuple[tuple[int, int, Any, Any], ...]] = {}
+# Both caches only ever hold immutable values; bounded so a stream of unique lines cannot grow them.
+_CACHE_LIMIT = 200_000
+
+
+def _plain(text: str) -> Any:
+    """A plain scalar's value as PyYAML resolves and constructs it."""
+    try:
+        return _plain_values[text]
+    except KeyError:
+        pass
+    first = text[0]
+    if first in _BAD_FIRST or (first in "-?:" and (len(text) == 1 or text[1] == " ")):
+        raise _NotSubset(text)
+    if ": " in text or " #" in text or text[-1] == ":":
+        raise _NotSubset(text)
+    tag = _resolver.resolve(ScalarNode, text, (True, False))  # type: ignore[no-untyped-call]
+    try:
+        value = _constructor.construct_object(ScalarNode(tag, text))
+    except yaml.YAMLError as err:  # e.g. "=" (the value tag has no safe constructor)
+        raise _NotSubset(text) from err
+    if isinstance(value, list | dict | bytes | bytearray | set):
+        raise _NotSubset(text)  # not from an implicit plain tag; keep the cache immutable
+    if len(_plain_values) < _CACHE_LIMIT:
+        _plain_values[text] = value
+    return value
+
+
+def _scalar(text: str) -> Any:
+    """A value on one line: quoted without escapes, `[]`, `{}`, or plain."""
+    first = text[0]
+    if first == "'":
+        inner = text[1:-1]
+        if len(text) < 2 or text[-1] != "'" or "'" in inner.replace("''", ""):
+            raise _NotSubset(text)
+        return inner.replace("''", "'")
+    if first == '"':
+        inner = text[1:-1]
+        if len(text) < 2 or text[-1] != '"' or '"' in inner or "\\" in inner:
+            raise _NotSubset(text)
+        return inner
+    if text == "[]":
+        return _EMPTY_LIST
+    if text == "{}":
+        return _EMPTY_DICT
+    return _plain(text)
+
+
+def _is_item(text: str) -> bool:
+    return text[0] == "-" and (len(text) == 1 or text[1] == " ")
+
+
+def _entry(indent: int, text: str) -> tuple[int, int, Any, Any]:
+    """One mapping entry (`key: value` or `key:`) or a bare scalar, as a token."""
+    first = text[0]
+    if first in "'\"":
+        end = text.find(first, 1)
+        while first == "'" and end != -1 and text[end + 1 : end + 2] == "'":
+            end = text.find(first, end + 2)
+        if end == -1 or text[end + 1 : end + 2] != ":":
+            return (indent, _BARE, None, _scalar(text))
+        key = _scalar(text[: end + 1])
+        rest = text[end + 2 :]
+        if rest and rest[0] != " ":
+            raise _NotSubset(text)
+    else:
+        at = text.find(": ")
+        if at == -1:
+            if text[-1] != ":":
+                return (indent, _BARE, None, _scalar(text))
+            key, rest = _plain(text[:-1]), ""
+        else:
+            key, rest = _plain(text[:at]), text[at + 2 :]
+    rest = rest.lstrip(" ")
+    if len(text) - len(rest) > _SIMPLE_KEY_LIMIT:
+        raise _NotSubset("long key")
+    if key == "<<":
+        raise _NotSubset(text)  # a merge key: the constructor's business
+    if not rest:
+        return (indent, _OPEN, key, None)
+    if rest[0] == "#":
+        raise _NotSubset(text)
+    return (indent, _ENTRY, key, _scalar(rest))
+
+
+def _tokens(line: str) -> tuple[tuple[int, int, Any, Any], ...]:
+    """The tokens of one line (right-stripped, not blank, no comment line)."""
+    stripped = line.lstrip(" ")
+    indent = len(line) - len(stripped)
+    tokens: list[tuple[int, int, Any, Any]] = []
+    while _is_item(stripped):
+        rest = stripped[1:].lstrip(" ")
+        if not rest:
+            tokens.append((indent, _ITEM, None, None))
+            return tuple(tokens)
+        column = indent + len(stripped) - len(rest)
+        if _is_item(rest):
+            raise _NotSubset(line)  # "- - x": nested sequences on one line
+        entry = _entry(column, rest)
+        if entry[1] == _BARE:
+            tokens.append((indent, _ITEM_SCALAR, None, entry[3]))
+        else:
+            tokens.append((indent, _ITEM, None, None))
+            tokens.append(entry)
+        return tuple(tokens)
+    tokens.append(_entry(indent, stripped))
+    return tuple(tokens)
+
+
+def _documents(text: str) -> list[list[tuple[int, int, Any, Any]]]:
+    documents: list[list[tuple[int, int, Any, Any]]] = []
+    current: list[tuple[int, int, Any, Any]] = []
+    started = False
+    cache = _line_tokens
+    for raw in text.split("\n"):
+        line = raw.rstrip(" ")
+        if not line:
+            continue
+        found = cache.get(line)
+        if found is None:
+            first = line[0]
+            if first == "-" and line == "---":
+                if current or started:
+                    if not current:
+                        raise _NotSubset("empty document")
+                    documents.append(current)
+                current = []
+                started = True
+                continue
+            if first in "%." and (first == "%" or line.startswith("...")):
+                raise _NotSubset(line)  # directives, document end markers
+            if line.lstrip(" ")[0] == "#":
+                continue
+            if line.startswith("--- ") or line.startswith("---\t"):
+                raise _NotSubset(line)
+            found = _tokens(line)
+            if len(cache) < _CACHE_LIMIT:
+                cache[line] = found
+        current.extend(found)
+    if current:
+        documents.append(current)
+    elif started:
+        raise _NotSubset("empty document")
+    return documents
+
+
+def _fresh(value: Any) -> Any:
+    if value is _EMPTY_LIST:
+        return []
+    if value is _EMPTY_DICT:
+        return {}
+    return value
+
+
+def _node(tokens: list[tuple[int, int, Any, Any]], i: int) -> tuple[Any, int]:
+    """The block that starts at token i (a mapping, a sequence or a bare scalar)."""
+    indent, kind, _, value = tokens[i]
+    if kind in (_ITEM, _ITEM_SCALAR):
+        return _sequence(tokens, i, indent)
+    if kind == _BARE:
+        i += 1
+        if i < len(tokens) and tokens[i][0] > indent:
+            raise _NotSubset("multi-line scalar")
+        return _fresh(value), i
+    return _mapping(tokens, i, indent)
+
+
+def _mapping(tokens: list[tuple[int, int, Any, Any]], i: int, indent: int) -> tuple[dict[Any, Any], int]:
+    out: dict[Any, Any] = {}
+    count = len(tokens)
+    while i < count:
+        at, kind, key, value = tokens[i]
+        if at != indent:
+            if at > indent:
+                raise _NotSubset("indentation")  # a continuation, or an error PyYAML words
+            break
+        i += 1
+        if kind == _ENTRY:
+            out[key] = _fresh(value)
+        elif kind == _OPEN:
+            if i < count and tokens[i][0] > indent:
+                out[key], i = _node(tokens, i)
+            elif i < count and tokens[i][0] == indent and tokens[i][1] in (_ITEM, _ITEM_SCALAR):
+                out[key], i = _sequence(tokens, i, indent)  # an indentless sequence
+            else:
+                out[key] = None
+        elif kind in (_ITEM, _ITEM_SCALAR):
+            return out, i - 1
+        else:
+            raise _NotSubset("scalar in a mapping")
+    return out, i
+
+
+def _sequence(tokens: list[tuple[int, int, Any, Any]], i: int, indent: int) -> tuple[list[Any], int]:
+    out: list[Any] = []
+    count = len(tokens)
+    while i < count:
+        at, kind, _, value = tokens[i]
+        if at != indent:
+            if at > indent:
+                raise _NotSubset("indentation")
+            break
+        if kind == _ITEM_SCALAR:
+            out.append(_fresh(value))
+            i += 1
+            continue
+        if kind != _ITEM:
+            break
+        i += 1
+        if i < count and tokens[i][0] > indent:
+            item, i = _node(tokens, i)
+            out.append(item)
+        else:
+            out.append(None)
+    return out, i
+
+
+def _load_subset(text: str) -> list[Any]:
+    if _NOT_SUBSET.search(text):
+        raise _NotSubset("characters PyYAML treats specially")
+    out = []
+    for tokens in _documents(text):
+        value, end = _node(tokens, 0)
+        if end != len(tokens):
+            raise _NotSubset("more than one block at the top")
+        out.append(value)
+    return out
+
+
+def load_all(text: str) -> list[Any]:
+    """Every document of `text`, as `list(yaml.safe_load_all(text))` gives them; raises the
+    `yaml.YAMLError` that call raises."""
+    try:
+        return _load_subset(text)
+    except _NotSubset:
+        pass
+    if C_LOADER is not None and "\t" not in text:
+        try:
+            return list(yaml.load_all(text, Loader=C_LOADER))
+        except yaml.YAMLError:
+            pass  # parse again below for the pure scanner's message
+    return list(yaml.load_all(text, Loader=yaml.SafeLoader))

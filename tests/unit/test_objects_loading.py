@@ -1,0 +1,172 @@
+"""Manifest loading (dracommon.yamlload, controller.objects): the fast YAML path gives exactly
+`yaml.safe_load_all`'s documents and errors (PyYAML's pure SafeLoader is the reference: it is
+what the tools always used), on generated documents, hand-picked edge cases, and every YAML
+file of the repository."""
+
+from __future__ import annotations
+
+import datetime
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from bench import fleet
+from controller.objects import ManifestError, load_manifests
+from dracommon import yamlload
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def typed(value: Any) -> Any:
+    """The value with every scalar's type beside it: 1, 1.0 and True are equal in Python."""
+    if isinstance(value, dict):
+        return ("dict", [(typed(k), typed(v)) for k, v in value.items()])
+    if isinstance(value, list):
+        return ("list", [typed(v) for v in value])
+    return (type(value).__name__, repr(value))
+
+
+def reference(text: str) -> Any:
+    """What PyYAML's pure SafeLoader makes of `text`: the documents, or the error's text."""
+    try:
+        return typed(list(yaml.load_all(text, Loader=yaml.SafeLoader)))
+    except yaml.YAMLError as err:
+        return ("error", type(err).__name__, str(err))
+
+
+def ours(text: str) -> Any:
+    try:
+        return typed(yamlload.load_all(text))
+    except yaml.YAMLError as err:
+        return ("error", type(err).__name__, str(err))
+
+
+# Scalars whose plain spelling PyYAML resolves to another type, or that need quoting.
+TRICKY = [
+    "yes", "No", "on", "~", "null", "", " ", "0012", "0o17", "0x1F", "1_000", "1:20", "-1", "+1", ".5",
+    "1e3", "1.0e+3", ".inf", "-.Inf", ".nan", "2001-12-14", "2001-12-14t21:59:43.10-05:00", "=", "<<",
+    "- x", "-", "?", ": x", "a: b", "a:b", "#x", "x #y", "x#y", "'q'", '"q"', "it's", "[1]", "{a: 1}",
+    "&a", "*a", "!tag", "|", ">", "%x", "@x", "`x", ",x", " lead", "trail ", "a\nb", "tab\there",
+    "ünïcode", "\u2028", "\x85", "pci0000:17", "0000:18:00.0", "580.65.06", "81559Mi", "9.0.0",
+]  # fmt: skip
+scalars = st.one_of(
+    st.sampled_from(TRICKY),
+    st.text(max_size=12),
+    st.text(alphabet="ab :-#'\"./", max_size=100),  # long ones wrap at the dump width
+    st.integers(-(10**20), 10**20),
+    st.floats(allow_nan=False),
+    st.booleans(),
+    st.none(),
+    st.dates(),
+)
+keys = st.one_of(st.sampled_from(TRICKY), st.text(alphabet="abc./-_:", min_size=1, max_size=8), st.integers())
+documents = st.recursive(
+    scalars,
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(keys, inner, max_size=4)),
+    max_leaves=25,
+)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(documents, min_size=1, max_size=3),
+    st.sampled_from([2, 4]),
+    st.sampled_from([20, 80, 10_000]),
+    st.booleans(),
+)
+def test_dumped_documents_load_as_pyyaml_loads_them(
+    docs: list[Any], indent: int, width: int, sort: bool
+) -> None:
+    text = yaml.safe_dump_all(docs, indent=indent, width=width, sort_keys=sort, allow_unicode=True)
+    assert ours(text) == reference(text)
+
+
+EDGE_CASES = [
+    "", "# only a comment\n", "---\n", "a: 1\n---\n", "# c\n---\na: 1\n", "---\n---\na: 1\n", "a: 1\n...\n",
+    "a: =\n", "a:\t1\n", "a: 1 \t\n", "a: b\x85c: d\n", "\ufeffa: 1\n", "a: b\r\nc: d\r\n",
+    "%YAML 1.1\n---\na: 1\n",
+    "a: 1\na: 2\n", "<<: {a: 1}\nb: 2\n", "a: &x 1\nb: *x\n", "? a\n: b\n", "a: !!str 1\n", "a: |\n  x\n",
+    "a: >-\n  x\n  y\n", "a: [1, 2]\n", "a: {}\nb: []\n", "- - a\n  - b\n", "a:\n- 1\nb:\n  - 2\n",
+    "a: 'it''s'\n", "a: 'it's'\n", 'a: "x\\ty"\n', 'a: "x y"\n', "a:    b   \n", "a: b # comment\n",
+    "a: # comment\n  b: 1\n", "a: 1\n  b: 2\n", "a:\n  b: 1\n - c\n", "- a: 1\n b: 2\n", "- a: 1\n  - b\n",
+    "a: long\n  continued\n", "a: 'long\n  continued'\n", "a:\n\n  b: 1\n", "1: one\ntrue: yes\n~: null\n",
+    "'a': 1\n\"b\": 2\n'c''d': 3\n", "'a'b: 1\n", "a: b: c\n", "a: b:\n", "a:b\n", "-\n- x\n-  y\n",
+    "- \n  a: 1\n", "key: [unclosed\n", "a: 'unclosed\n", "\x00\n", "a: \x07\n", "k" * 1100 + ": v\n",
+    "--- x\n", "---x: 1\n", "----\n", "a:\n  - b:\n    - c\n", "a:\n    - 1\n    - 2\n", "-1: x\n",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("text", EDGE_CASES)
+def test_edge_cases_load_or_fail_as_pyyaml(text: str) -> None:
+    assert ours(text) == reference(text)
+
+
+@pytest.mark.parametrize("loader", ["libyaml", "pure"])
+def test_every_yaml_file_of_the_repository(monkeypatch: pytest.MonkeyPatch, loader: str) -> None:
+    if loader == "pure":
+        monkeypatch.setattr(yamlload, "C_LOADER", None)  # a PyYAML wheel without libyaml
+    listed = subprocess.run(
+        ["git", "ls-files", "*.yaml", "*.yml"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert len(listed) > 20
+    for name in listed:
+        text = (REPO / name).read_text(encoding="utf-8")
+        if "{{" in text:
+            continue  # Helm templates are not YAML until rendered
+        assert ours(text) == reference(text), name
+
+
+def test_the_venv_pyyaml_has_libyaml() -> None:
+    # Path 2 is only fast with libyaml: the wheels the project installs ship it.
+    assert yaml.__with_libyaml__ and yamlload.C_LOADER is yaml.CSafeLoader
+
+
+def test_a_tab_never_depends_on_libyaml() -> None:
+    # libyaml takes a tab as separation where PyYAML's scanner refuses it.
+    assert list(yaml.load_all("a:\t1\n", Loader=yaml.CSafeLoader)) == [{"a": 1}]
+    with pytest.raises(yaml.scanner.ScannerError, match="found character '\\\\t'"):
+        yamlload.load_all("a:\t1\n")
+
+
+def test_libyaml_errors_read_as_pyyaml_words_them() -> None:
+    text = "k" * 1100 + ": v\n"  # libyaml: "... in this context"; PyYAML: "... here"
+    with pytest.raises(yaml.YAMLError) as caught:
+        yamlload.load_all(text)
+    assert "mapping values are not allowed here" in str(caught.value)
+
+
+def test_slices_draplugin_prints_take_the_fast_path() -> None:
+    slices = fleet.node_slices(0, 8) + fleet.node_slices(1, 2, mig=True)
+    text = yaml.safe_dump_all(slices, sort_keys=False)
+    assert yamlload._load_subset(text) == slices
+    stamps = {"when": datetime.date(2001, 12, 14), "count": 12, "octal": 10, "ratio": 0.5}
+    assert yamlload._load_subset("when: 2001-12-14\ncount: 12\noctal: 012\nratio: .5\n") == [stamps]
+
+
+def test_empty_collections_are_fresh_objects() -> None:
+    first, second = yamlload.load_all("a: []\nb: {}\n---\na: []\nb: {}\n")
+    first["a"].append(1)
+    first["b"]["x"] = 1
+    assert second == {"a": [], "b": {}}
+
+
+def test_manifest_error_names_the_file_and_pyyaml_message(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("a: b: c\n")
+    with pytest.raises(yaml.YAMLError) as expected:
+        list(yaml.load_all(path.read_text(), Loader=yaml.SafeLoader))
+    with pytest.raises(ManifestError) as caught:
+        load_manifests([path])
+    assert str(caught.value) == f"{path}: invalid YAML: {expected.value}"
+
+
+def test_json_and_yaml_manifests_load_alike(tmp_path: Path) -> None:
+    claims = fleet.whole_gpu_claims(2)
+    as_yaml = fleet.write_fleet(tmp_path / "y", nodes=3, gpus_per_node=2, fmt="yaml", claims=claims)
+    as_json = fleet.write_fleet(tmp_path / "j", nodes=3, gpus_per_node=2, fmt="json", claims=claims)
+    assert load_manifests(as_yaml.paths) == load_manifests(as_json.paths)
