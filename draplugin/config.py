@@ -55,6 +55,10 @@ DEFAULT_IDLE_AFTER: Final = "30m"
 # grant to its own node and driver (resourceclaims/driver, Kubernetes 1.36+; see claimstatus).
 DEVICE_STATUS_AUTO: Final = "auto"
 DEVICE_STATUS_MODES: Final = (DEVICE_STATUS_AUTO, "on", "off")
+# --device-metadata (KEP-5304, draplugin.prepare.metadata): auto is on wherever the kubelet mounts
+# the files, which is every supported release (it passes the plugin's CDI devices on; it has no
+# gate of its own for them); off writes none (and still removes what an earlier run wrote).
+DEVICE_METADATA_MODES: Final = ("auto", "on", "off")
 
 # Kubernetes limits: a node name is a DNS-1123 subdomain (at most 253). The driver
 # name's rule (a subdomain of at most 63) is dracommon.drivername's.
@@ -263,6 +267,13 @@ RUN_OPTIONS: Final = (
         "write status.devices (data and a Ready condition) on prepared claims: auto (on where the "
         "server narrows the grant to this node and driver, Kubernetes 1.36+), on, or off",
     ),
+    Option(
+        "--device-metadata",
+        "DEVICE_METADATA",
+        "auto",
+        "write each prepared request's device metadata file (KEP-5304) and mount it into its "
+        "containers: auto (on: every supported kubelet mounts it), on, or off",
+    ),
     # Usage metrics and idle claims (draplugin.usage).
     Option(
         "--usage-sample-interval",
@@ -345,6 +356,8 @@ class Settings:
     kubernetes_version: KubernetesVersion | None = None
     # status.devices on prepared claims (draplugin.prepare.claimstatus): auto, on or off.
     device_status: str = DEVICE_STATUS_AUTO
+    # Device metadata files for containers (draplugin.prepare.metadata): auto, on or off.
+    device_metadata: str = "auto"
     # The driver root on the host (paths in CDI specs) and where we read it; None: no driver files.
     driver_root: str | None = None
     driver_root_mount: Path | None = None
@@ -744,6 +757,9 @@ def validate(values: Mapping[str, str | None]) -> Settings:
         kubernetes_version=kubernetes_version,
         device_status=_choice(
             "device_status", values.get("device_status") or DEVICE_STATUS_AUTO, DEVICE_STATUS_MODES
+        ),
+        device_metadata=_choice(
+            "device_metadata", values.get("device_metadata") or "auto", DEVICE_METADATA_MODES
         ),
         driver_root=driver_root,
         driver_root_mount=driver_root_mount,
