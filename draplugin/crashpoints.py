@@ -17,6 +17,8 @@ ENV_VAR = "DRAPLUGIN_CRASH_AT"
 
 AFTER_CHECKPOINT_STARTED = "after-checkpoint-started"
 AFTER_CDI_WRITE = "after-cdi-write"
+# Device metadata documents and their CDI specs written, the claim's record not yet completed.
+AFTER_METADATA_WRITE = "after-metadata-write"
 AFTER_CHECKPOINT_COMPLETED = "after-checkpoint-completed"
 BEFORE_RETURN = "before-return"
 UNPREPARE_AFTER_CDI_REMOVE = "unprepare-after-cdi-remove"
@@ -31,6 +33,7 @@ UNPREPARE_AFTER_TIMESLICE_RESET = "unprepare-after-timeslice-reset"
 POINTS: tuple[str, ...] = (
     AFTER_CHECKPOINT_STARTED,
     AFTER_CDI_WRITE,
+    AFTER_METADATA_WRITE,
     AFTER_CHECKPOINT_COMPLETED,
     BEFORE_RETURN,
     UNPREPARE_AFTER_CDI_REMOVE,

@@ -69,6 +69,8 @@ from draplugin.prepare.api import (
     iter_opaque_configs,
 )
 from draplugin.prepare.claimstatus import ClaimStatusWriter
+from draplugin.prepare.metadata import claim_metadata, with_metadata_devices
+from draplugin.prepare.metadatastore import MetadataStore
 from draplugin.prepare.plan import (
     ClaimPlan,
     PlanError,
@@ -104,6 +106,8 @@ class RecoveryReport:
     rebuilt_from_api: list[str] = field(default_factory=list)
     rebuilt_from_specs: list[str] = field(default_factory=list)
     temp_files_removed: list[str] = field(default_factory=list)
+    # Device metadata documents and specs of claims no record held.
+    metadata_removed: list[str] = field(default_factory=list)
 
 
 class GpuDriver:
@@ -125,6 +129,7 @@ class GpuDriver:
         api_deadline_s: float = DEFAULT_API_DEADLINE_S,
         started_at: float = cdi.PROCESS_STARTED,
         status: ClaimStatusWriter | None = None,
+        metadata: MetadataStore | None = None,
     ) -> None:
         self.driver_name = driver_name
         self.node_name = node_name
@@ -145,6 +150,8 @@ class GpuDriver:
         self.started_at = started_at
         # status.devices of prepared claims, written in the background (claimstatus); None: off.
         self.status = status
+        # Device metadata files (KEP-5304, draplugin.prepare.metadata); None: none, and none removed.
+        self.metadata = metadata
 
     # --- start-up ---------------------------------------------------------------------------------
 
@@ -163,6 +170,7 @@ class GpuDriver:
             for path in self.cdi.remove_stale_temp_files(self.started_at)
             # Checkpoint, sharing ledger, fake MIG state, each MPS claim's mps.json: one sweep.
             + statefile.sweep_state_dirs({self.checkpoint.path.parent, self.sharing.root}, self.started_at)
+            + (self.metadata.remove_stale_temp_files(self.started_at) if self.metadata is not None else [])
         ]
         if report.temp_files_removed:
             log.info(
@@ -191,6 +199,8 @@ class GpuDriver:
                 plan = plan_from_record(record, self.devices, self.cdi_kind, driver=self.driver_name)
                 if self.cdi.write(record.uid, self._spec(plan)):
                     report.specs_restored.append(record.uid)
+                if self.metadata is not None:
+                    self.metadata.restore_specs(record.uid, record.namespace, record.name)
             except (PlanError, OSError, cdi.CdiError) as err:
                 # Keep the record (unprepare must still work) but make the next prepare redo it.
                 log.warning(
@@ -223,6 +233,14 @@ class GpuDriver:
                 log.info("removing leaked CDI spec", extra={"uid": uid})
                 self.cdi.remove(uid)
                 report.specs_removed.append(uid)
+            if self.metadata is not None:
+                # The same for device metadata: a claim no record holds was never answered as
+                # prepared, or its unprepare was cut short. With the records lost they stay, as
+                # the specs do, until the kubelet prepares or unprepares the claim.
+                stale = self.metadata.remove_stale({record.uid for record in self.checkpoint.records()})
+                report.metadata_removed = [str(path) for path in stale]
+                if stale:
+                    log.info("removed device metadata of claims no record holds", extra={"files": len(stale)})
         if loaded.corrupt_reason is None:
             # MIG instances, MPS daemons, time-slices of claims that are not prepared: orphans. With
             # the records lost they may serve running pods: kept, as their CDI specs are; and so are
@@ -494,11 +512,12 @@ class GpuDriver:
             # Repeated prepare (kubelet retry or restart): same answer, and put back
             # anything a reboot or a cleaner took away.
             realized = await asyncio.to_thread(self._materialize, plan)
+            ids = await asyncio.to_thread(self._write_metadata, realized, doc)
             if not self.checkpoint.durable(claim.uid):
                 # Completed in memory only (a start-up rebuild whose save failed): write it first.
                 await self._commit(claim)
             self._report_status(realized, doc)
-            return plan.prepared_devices()
+            return with_metadata_devices(plan.prepared_devices(), ids)
 
         # No await between the check and the record: no other claim can slip in between.
         check_sharing(plan, self.checkpoint.records())
@@ -536,6 +555,10 @@ class GpuDriver:
             await asyncio.to_thread(self.sharing.release, claim.uid)
         realized = await asyncio.to_thread(self._materialize, plan)
         crashpoints.reach(crashpoints.AFTER_CDI_WRITE)
+        # After the claim's own spec, before its record: a kill in between leaves files that no
+        # durable record holds, which start-up removes (MetadataStore.remove_stale).
+        ids = await asyncio.to_thread(self._write_metadata, realized, doc)
+        crashpoints.reach(crashpoints.AFTER_METADATA_WRITE)
 
         self.checkpoint.put(
             ClaimRecord(claim.uid, claim.namespace, claim.name, ClaimState.PREPARE_COMPLETED, records)
@@ -555,7 +578,7 @@ class GpuDriver:
         )
         crashpoints.reach(crashpoints.AFTER_CHECKPOINT_COMPLETED)
         self._report_status(realized, doc)
-        return plan.prepared_devices()
+        return with_metadata_devices(plan.prepared_devices(), ids)
 
     async def _commit(self, claim: ClaimRef, rollback: ClaimRecord | None = None) -> None:
         """Write the checkpoint; on failure put `rollback` back in memory and fail the prepare."""
@@ -589,6 +612,22 @@ class GpuDriver:
             )
         return realized
 
+    def _write_metadata(self, realized: ClaimPlan, doc: dict[str, object]) -> dict[str, str]:
+        """Each request's device metadata document and the CDI spec mounting it; base request →
+        the metadata CDI device ID. Nothing when off. A name that cannot be a path, or a disk that
+        takes no write, fails this claim alone, with the reason."""
+        if self.metadata is None or not self.metadata.enabled:
+            return {}
+        metadata = claim_metadata(realized, doc)
+        try:
+            return self.metadata.write(metadata)
+        except OSError as err:
+            raise PlanError(
+                "DeviceMetadataWriteFailed",
+                f"claim {metadata.namespace}/{metadata.name}: its device metadata cannot be written under "
+                f"{self.metadata.root} or {self.metadata.cdi_root} ({err}); the kubelet's retry tries again",
+            ) from None
+
     def _spec(self, plan: ClaimPlan) -> cdi.Spec:
         return self._realize(plan)[1]
 
@@ -611,6 +650,9 @@ class GpuDriver:
         # edge): only a record of it, from an older release, can exist, and it is forgotten.
         if is_safe_uid(claim.uid):
             removed = await asyncio.to_thread(self.cdi.remove, claim.uid)
+            if self.metadata is not None:
+                # Off or on: what an earlier run wrote for the claim goes with it.
+                await asyncio.to_thread(self.metadata.remove, claim.uid, claim.namespace, claim.name)
             crashpoints.reach(crashpoints.UNPREPARE_AFTER_CDI_REMOVE)
             await asyncio.to_thread(self.sharing.release, claim.uid)
             crashpoints.reach(crashpoints.UNPREPARE_AFTER_RELEASE)

@@ -30,11 +30,13 @@ from draplugin.devices.nvml import NvmlBackend
 from draplugin.events import KubeEvents
 from draplugin.kubelet.dra import DEFAULT_MAX_CONCURRENT_CLAIMS
 from draplugin.kubelet.serialize import held_now, lock_path
+from draplugin.kubelet.sockets import PLUGINS_DIR_NAME
 from draplugin.metrics import ClaimMetrics
 from draplugin.prepare.api import REQUEST_TIMEOUT_S, KubeClaimReader
 from draplugin.prepare.claimstatus import ClaimStatusWriter, enabled_for
 from draplugin.prepare.driver import GpuDriver
 from draplugin.prepare.drivertools import DriverTools
+from draplugin.prepare.metadatastore import MetadataStore
 from draplugin.prepare.mps import DaemonRunner, MpsDaemons
 from draplugin.prepare.mpspod import PodRunner, PodSettings
 from draplugin.prepare.sharing import SharingState
@@ -167,6 +169,16 @@ def _claim_status(
     )
 
 
+def metadata_store(settings: Settings) -> MetadataStore:
+    """Device metadata below the plugin's own kubelet directory, as upstream's helper keeps it
+    (its plugin data directory); the chart mounts that directory at the same path, so the host
+    path the CDI spec names is this one. Always made: with --device-metadata=off it only removes."""
+    plugin_dir = settings.kubelet_root_dir / PLUGINS_DIR_NAME / settings.driver_name
+    return MetadataStore(
+        plugin_dir, settings.cdi_root, settings.driver_name, enabled=settings.device_metadata != "off"
+    )
+
+
 def claim_reader(api: KubeApi) -> KubeClaimReader:
     """The prepare path's claim reader: a GET worker and a pooled connection for every claim the
     kubelet runner lets in at once. With fewer (16 for 64 claims) admitted claims queued for a
@@ -220,6 +232,7 @@ def driver_from_settings(settings: Settings, backend: DeviceBackend | None = Non
         driver_files=files,
         api_deadline_s=settings.prepare_api_deadline_s,
         status=_claim_status(settings, api, status_api),
+        metadata=metadata_store(settings),
     )
     # Beside another plugin pod (rolling update: a pod UID is set) recover under the lock its
     # calls hold, or it could remove a spec that pod is writing for a claim it is preparing.
