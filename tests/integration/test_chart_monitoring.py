@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -14,6 +15,7 @@ from tests.integration.test_chart import by_kind, only, render_chart
 from tests.kube.chart import CHART, HelmError, run_helm
 
 DASHBOARD = CHART / "dashboards" / "draplugin-usage.json"
+PLAIN_RULES = CHART.parents[1] / "monitoring" / "dcgm-compat.rules.yaml"
 
 
 @pytest.fixture
@@ -40,20 +42,64 @@ def test_service_monitor_scrapes_the_plugin_pods_through_the_metrics_service_kee
         }
     }
     objects = render_chart(helm_home, values, namespace="gpu-system")
-    monitor = only(objects, "ServiceMonitor")
+    monitor = of_component(by_kind(objects, "ServiceMonitor"), "kubelet-plugin")
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
     assert monitor["metadata"]["namespace"] == "gpu-system"
     assert monitor["metadata"]["labels"]["release"] == "kps"
     (endpoint,) = monitor["spec"]["endpoints"]
-    assert endpoint == {"port": "metrics", "path": "/metrics", "interval": "15s", "honorLabels": True}
+    # The plugin pod's own namespace/pod/container target labels are dropped: a device's series
+    # (which has none) must not read as used by the plugin pod.
+    assert endpoint == {
+        "port": "metrics",
+        "path": "/metrics",
+        "interval": "15s",
+        "honorLabels": True,
+        "relabelings": [{"action": "labeldrop", "regex": "(namespace|pod|container)"}],
+    }
     assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["gpu-system"]}
     # The monitor turns the headless Service on, and selects it; the Service selects the plugin pods.
-    service = only(objects, "Service")
+    service = of_component(by_kind(objects, "Service"), "kubelet-plugin")
     selector = monitor["spec"]["selector"]["matchLabels"]
     assert selector.items() <= service["metadata"]["labels"].items()
     assert service["spec"]["ports"][0]["name"] == "metrics" and service["spec"]["ports"][0]["port"] == 9400
     daemonset = only(objects, "DaemonSet")
     assert service["spec"]["selector"].items() <= daemonset["spec"]["template"]["metadata"]["labels"].items()
+
+
+def of_component(objects: list[dict[str, Any]], component: str) -> dict[str, Any]:
+    (found,) = [o for o in objects if o["metadata"]["labels"]["app.kubernetes.io/component"] == component]
+    return found
+
+
+def test_service_monitor_scrapes_every_controller_replica_through_a_service_of_its_own(
+    helm_home: Path,
+) -> None:
+    values = {"metrics": {"port": 9401, "serviceMonitor": {"enabled": True, "labels": {"release": "kps"}}}}
+    objects = render_chart(helm_home, values, namespace="gpu-system")
+    monitor = of_component(by_kind(objects, "ServiceMonitor"), "controller")
+    assert monitor["metadata"]["labels"]["release"] == "kps"
+    assert monitor["spec"]["endpoints"] == [{"port": "metrics", "path": "/metrics", "interval": "30s"}]
+    service = of_component(by_kind(objects, "Service"), "controller")
+    assert service["spec"]["clusterIP"] == "None"  # every replica, not one behind a virtual IP
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    (port,) = service["spec"]["ports"]
+    assert (port["name"], port["port"], port["targetPort"]) == ("metrics", 9401, 9401)
+    deployment = only(objects, "Deployment")
+    assert service["spec"]["selector"].items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert "--metrics-port=9401" in container["args"]
+
+
+def test_prometheus_rule_carries_the_plain_rules_file_and_is_off_by_default(helm_home: Path) -> None:
+    assert by_kind(render_chart(helm_home), "PrometheusRule") == []
+    values = {"metrics": {"prometheusRule": {"enabled": True, "labels": {"release": "kps"}}}}
+    rule = only(render_chart(helm_home, values, namespace="gpu-system"), "PrometheusRule")
+    assert rule["apiVersion"] == "monitoring.coreos.com/v1"
+    assert rule["metadata"]["namespace"] == "gpu-system"
+    assert rule["metadata"]["labels"]["release"] == "kps"
+    assert rule["spec"] == yaml.safe_load(PLAIN_RULES.read_text())
+    records = [r["record"] for r in rule["spec"]["groups"][0]["rules"]]
+    assert {"DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_POWER_USAGE"} <= set(records)
 
 
 def test_service_monitor_without_a_metrics_port_is_refused(helm_home: Path) -> None:
@@ -90,6 +136,7 @@ def test_dashboard_config_map_for_the_grafana_sidecar_holds_the_one_dashboard_fi
         ({"metrics": {"dashboard": {"namespace": "Not_A_Namespace"}}}, "namespace"),
         ({"metrics": {"dashboard": {"labels": {"grafana_dashboard": 1}}}}, "labels"),
         ({"metrics": {"dashboard": {"folder": "GPUs"}}}, "folder"),
+        ({"metrics": {"prometheusRule": {"enabled": "yes"}}}, "enabled"),
     ],
 )
 def test_schema_refuses_bad_monitoring_values(
@@ -102,7 +149,15 @@ def test_schema_refuses_bad_monitoring_values(
 def test_helm_lint_strict_with_monitoring_on(helm_home: Path) -> None:
     values_file = helm_home / "monitoring.yaml"
     values_file.write_text(
-        yaml.safe_dump({"metrics": {"serviceMonitor": {"enabled": True}, "dashboard": {"enabled": True}}})
+        yaml.safe_dump(
+            {
+                "metrics": {
+                    "serviceMonitor": {"enabled": True},
+                    "dashboard": {"enabled": True},
+                    "prometheusRule": {"enabled": True},
+                }
+            }
+        )
     )
     out = run_helm(["lint", "--strict", str(CHART), "--values", str(values_file)], helm_home)
     assert "0 chart(s) failed" in out
