@@ -54,8 +54,9 @@ def _print_case(label: str, case: Case) -> None:
     ratio = case.ours.wall_s / case.floor.wall_s
     print(
         f"{label}, {shape(case.nodes, case.gpus)} ({case.devices:,} devices, {case.files:,} YAML files, "
-        f"{case.yaml_bytes / 1e6:.1f} MB): {case.ours.wall_s:.2f} s, peak {case.ours.peak_mib:.0f} MiB; "
-        f"JSON floor {case.floor.wall_s:.2f} s, {case.floor.peak_mib:.0f} MiB; ours/floor {ratio:.2f}x",
+        f"{case.yaml_bytes / 1e6:.1f} MB): {case.ours.wall_s:.2f} s ({case.ours.cpu_s:.2f} s CPU), "
+        f"peak {case.ours.peak_mib:.0f} MiB; JSON floor {case.floor.wall_s:.2f} s "
+        f"({case.floor.cpu_s:.2f} s CPU), {case.floor.peak_mib:.0f} MiB; ours/floor {ratio:.2f}x",
         flush=True,
     )
 

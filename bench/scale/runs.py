@@ -23,6 +23,8 @@ class RunError(RuntimeError):
 class Measured:
     wall_s: float
     peak_mib: float
+    # user + system CPU of the child: steadier than wall time when other work shares the cores
+    cpu_s: float
     returncode: int
     stdout: str
     stderr: str
@@ -46,4 +48,5 @@ def run_timed(command: list[str], timeout_s: float) -> Measured:
         stdout, stderr = out.read(), err.read()
     if wall >= timeout_s and proc.returncode < 0:
         raise RunError(f"{command[0]} ran past {timeout_s:.0f}s")
-    return Measured(wall, usage.ru_maxrss / 1024, proc.returncode, stdout, stderr)  # Linux: KiB
+    cpu = usage.ru_utime + usage.ru_stime
+    return Measured(wall, usage.ru_maxrss / 1024, cpu, proc.returncode, stdout, stderr)  # maxrss: KiB

@@ -14,7 +14,7 @@ from bench.scale.runs import Measured
 
 
 def _run(wall_s: float, peak_mib: float = 100.0) -> Measured:
-    return Measured(wall_s, peak_mib, 0, "", "")
+    return Measured(wall_s, peak_mib, wall_s, 0, "", "")
 
 
 def _case(ours_s: float, floor_s: float, claims: int = 2000) -> Case:
