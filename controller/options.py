@@ -1,6 +1,7 @@
 """Options and helpers shared by simulate, explain and lint: where objects come from
-(manifests with --objects, else the cluster as kubectl would reach it), output format, and the
-Kubernetes release whose rules to follow."""
+(manifests with -f/--filename or --objects, else the cluster as kubectl would reach it), which
+namespace (-n/--namespace, -A/--all-namespaces), output format, and the Kubernetes release whose
+rules to follow."""
 
 from __future__ import annotations
 
@@ -18,7 +19,14 @@ from controller.allocation.nodes import Node
 from controller.allocation.selectors import Compiler
 from controller.cel import compile_selector, versions
 from controller.cel.versions import VERSION_ENV
-from controller.objects import ClusterObjects, ManifestError, load_from_cluster, load_manifests
+from controller.manifests import Source, collect, duplicates
+from controller.objects import (
+    NAMESPACED_KINDS,
+    ClusterObjects,
+    ManifestError,
+    load_from_cluster,
+    load_manifests,
+)
 from controller.scheduler import extendedclaim
 from controller.scheduler.allocator import Allocator
 from dracommon.kubeversion import (
@@ -39,10 +47,24 @@ class InputError(Exception):
 
 def add_source_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
+        "-f",
+        "--filename",
+        action="append",
+        default=[],
+        metavar="FILE_OR_DIR",
+        help="work offline on YAML/JSON manifests: a file, or a directory's .yaml/.yml/.json files "
+        "(repeatable; with -R, directories below too)",
+    )
+    parser.add_argument(
+        "-R", "--recursive", action="store_true", help="read the directories of -f/--filename recursively"
+    )
+    parser.add_argument(
         "--objects",
         nargs="+",
+        default=[],
         metavar="FILE_OR_DIR",
-        help="work offline on YAML/JSON manifests (files, or directories searched recursively)",
+        help="work offline on YAML/JSON manifests (files, or directories searched recursively); "
+        "the older spelling of -f ... -R",
     )
     parser.add_argument(
         "--kubeconfig", help="kubeconfig file (default: in-cluster, else $KUBECONFIG / ~/.kube/config)"
@@ -51,6 +73,62 @@ def add_source_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-o", "--output", choices=OUTPUT_FORMATS, default="text", help="output format")
     add_version_argument(parser)
     add_gates_argument(parser)
+
+
+def add_namespace_arguments(parser: argparse.ArgumentParser, *, every_by_default: bool) -> None:
+    """-n/--namespace and -A/--all-namespaces, which exclude each other. `every_by_default`: a
+    command over the whole cluster (simulate, lint, top) reads every namespace unless -n names
+    one; otherwise (explain) the context's namespace, as kubectl does."""
+    group = parser.add_mutually_exclusive_group()
+    default = "every namespace" if every_by_default else "the kubeconfig context's namespace, else default"
+    group.add_argument("-n", "--namespace", help=f"only this namespace (default: {default})")
+    group.add_argument("-A", "--all-namespaces", action="store_true", help="every namespace")
+
+
+def chosen_namespace(args: argparse.Namespace) -> str | None:
+    """The namespace -n names; None for -A or none named (a whole-cluster command's default)."""
+    if getattr(args, "all_namespaces", False):
+        return None
+    namespace: str | None = getattr(args, "namespace", None)
+    return namespace
+
+
+def default_namespace(args: argparse.Namespace) -> str:
+    """-n, else (reading a cluster) the namespace of the kubeconfig context, else "default"."""
+    named = chosen_namespace(args)
+    if named:
+        return named
+    if manifest_sources(args):
+        return "default"
+    from dracommon.kubeapi import context_namespace
+
+    return context_namespace(args.kubeconfig, args.context) or "default"
+
+
+def in_namespace(objects: ClusterObjects, namespace: str | None) -> ClusterObjects:
+    """The objects with only `namespace`'s namespaced ones (claims, templates, pods, workloads);
+    all of them for None. Cluster-scoped objects (classes, slices, nodes) stay."""
+    if namespace is None:
+        return objects
+
+    def keep(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [
+            o
+            for o in items
+            if o.get("kind") not in NAMESPACED_KINDS
+            or ((o.get("metadata") or {}).get("namespace") or "default") == namespace
+        ]
+
+    return ClusterObjects(
+        device_classes=objects.device_classes,
+        slices=objects.slices,
+        claims=keep(objects.claims),
+        claim_templates=keep(objects.claim_templates),
+        taint_rules=objects.taint_rules,
+        nodes=objects.nodes,
+        pods=keep(objects.pods),
+        workloads=keep(objects.workloads),
+    )
 
 
 def kubernetes_version_argument(text: str) -> KubernetesVersion:
@@ -104,12 +182,33 @@ def release_of(args: argparse.Namespace) -> KubernetesVersion:
     return chosen if chosen is not None else versions.default_version()
 
 
+def manifest_sources(args: argparse.Namespace) -> list[Source]:
+    """--objects (directories always recursive) and -f (recursive with -R), in that order."""
+    return [Source(p, True) for p in getattr(args, "objects", None) or []] + [
+        Source(p, getattr(args, "recursive", False)) for p in getattr(args, "filename", None) or []
+    ]
+
+
+def load_manifest_sources(sources: list[Source]) -> ClusterObjects:
+    """The objects of the manifests, each file read once (a note on stderr for a file named
+    twice); InputError for an unreadable file or an object two files define."""
+    try:
+        found = collect(sources)
+        objects = load_manifests(found.files)
+        repeated = duplicates(objects, found.files)
+    except (ManifestError, OSError) as err:
+        raise InputError(str(err)) from err
+    for path in found.repeated:
+        sys.stderr.write(f"note: {path} is named more than once; read once\n")
+    if repeated:
+        raise InputError("; ".join(repeated))
+    return objects
+
+
 def load_objects(args: argparse.Namespace) -> ClusterObjects:
-    if args.objects:
-        try:
-            return load_manifests(args.objects)
-        except (ManifestError, OSError) as err:
-            raise InputError(str(err)) from err
+    sources = manifest_sources(args)
+    if sources:
+        return load_manifest_sources(sources)
     from dracommon.kubeapi import ApiError, KubeApi, KubeConfigError, load_api_client
 
     try:

@@ -109,8 +109,6 @@ class CommandLine:
         PARTIAL` for `kubectl <plugin> WORD... PARTIAL<TAB>`): one candidate a line, then `:4`,
         cobra's ShellCompDirectiveNoFileComp (argcomplete lists the files itself where a flag
         takes one). The candidates are argcomplete's, for the same command line."""
-        import argcomplete
-
         typed = list(words) or [""]
         # The first word stands for the program and is skipped (`_ARGCOMPLETE=1`); one word.
         line = " ".join([shlex.quote(self.prog), *(shlex.quote(w) for w in typed[:-1]), typed[-1]])
@@ -125,7 +123,7 @@ class CommandLine:
         os.environ.update(request)
         answer = io.StringIO()
         try:
-            argcomplete.autocomplete(
+            _quiet_finder()(
                 self.build_parser(prog),
                 output_stream=answer,
                 exit_method=lambda _code: None,
@@ -140,3 +138,17 @@ class CommandLine:
         candidates = [c for c in answer.getvalue().split("\n") if c]
         out.write("".join(f"{c}\n" for c in candidates) + ":4\n")
         return EXIT_OK
+
+
+def _quiet_finder() -> Callable[..., None]:
+    """argcomplete's finder, debugging to stderr. By default it wraps file descriptor 9 (the
+    debug channel of its shell script) and closes it when done: in a process its script did not
+    start, that is whatever else holds fd 9. argcomplete documents overriding this method."""
+    from argcomplete import io as argcomplete_io
+    from argcomplete.finders import CompletionFinder
+
+    class QuietFinder(CompletionFinder):
+        def _init_debug_stream(self) -> None:
+            argcomplete_io.debug_stream = sys.stderr
+
+    return QuietFinder()

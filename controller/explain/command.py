@@ -1,5 +1,10 @@
 """`dra-controller explain CLAIM|pod/NAME`: why a claim cannot be allocated, filter by filter.
 
+The argument is named as kubectl names objects: `NAME` or `claim/NAME` (also
+`resourceclaim/`, `resourceclaims/`) for a claim, `pod/NAME` (also `pods/`, `po/`) for a
+pod. The namespace is -n, else the kubeconfig context's (as kubectl), else `default`;
+-A looks the name up in every namespace and needs it to be in exactly one.
+
 CLAIM is a ResourceClaim, or the claim a pod makes from a ResourceClaimTemplate.
 A pod's template claims are found as kube-scheduler finds them: by the name in
 `pod.status.resourceClaimStatuses`, else as the controller adopts them; offline,
@@ -32,9 +37,11 @@ from controller.cli import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, Subcommand, regist
 from controller.explain.explanation import Explanation, explain_claim
 from controller.objects import ClusterObjects
 from controller.options import (
+    add_namespace_arguments,
     add_source_arguments,
     build_allocator,
     cluster_nodes,
+    default_namespace,
     emit,
     extended_resources_enabled,
     find_node,
@@ -63,18 +70,37 @@ from controller.scheduler.podclaims import (
 )
 
 JSON = Mapping[str, Any]
-POD_PREFIX = "pod/"
+# kubectl's names of the two kinds explain takes, as TYPE/NAME ("claim" is ours: short to type).
+POD_TYPES = ("pod", "pods", "po")
+CLAIM_TYPES = ("claim", "resourceclaim", "resourceclaims", "resourceclaim.resource.k8s.io")
+
+
+def target_argument(text: str) -> tuple[str, str]:
+    """`NAME`, `claim/NAME` or `pod/NAME` (kubectl's TYPE/NAME) as ("claim" or "pod", NAME)."""
+    kind, slash, name = text.rpartition("/")
+    if not slash:
+        return "claim", text
+    if not name:
+        raise argparse.ArgumentTypeError(f"{text!r}: no name after the /")
+    if kind.lower() in POD_TYPES:
+        return "pod", name
+    if kind.lower() in CLAIM_TYPES:
+        return "claim", name
+    raise argparse.ArgumentTypeError(
+        f"{text!r}: explain takes a ResourceClaim (NAME, claim/NAME) or a pod (pod/NAME), not {kind!r}"
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "claim",
         metavar="CLAIM",
-        help="name of the ResourceClaim (or of the claim a pod makes from a template: offline "
-        "<pod>-<podClaimName>, cut like kube-controller-manager's generateName), or pod/NAME for every "
-        "claim of a pod",
+        type=target_argument,
+        help="name of the ResourceClaim (claim/NAME too; or of the claim a pod makes from a template: "
+        "offline <pod>-<podClaimName>, cut like kube-controller-manager's generateName), or pod/NAME for "
+        "every claim of a pod",
     )
-    parser.add_argument("-n", "--namespace", default="default", help="namespace of the claim or pod")
+    add_namespace_arguments(parser, every_by_default=False)
     parser.add_argument("--node", help="explain for this node only (default: every node the claim may use)")
     add_source_arguments(parser)
 
@@ -244,10 +270,10 @@ def _usable(data: Mapping[str, Any]) -> bool:
     return bool(data["allocated"]) or any(n["allocatable"] for n in data["nodes"])
 
 
-def _explain_pod(args: argparse.Namespace, explainer: _Explainer, name: str) -> int:
-    pod = explainer.find_pod(args.namespace, name)
+def _explain_pod(args: argparse.Namespace, explainer: _Explainer, namespace: str, name: str) -> int:
+    pod = explainer.find_pod(namespace, name)
     if pod is None:
-        sys.stderr.write(f"error: Pod {args.namespace}/{name} not found\n")
+        sys.stderr.write(f"error: Pod {namespace}/{name} not found\n")
         return EXIT_USAGE
     try:
         nodes = explainer.pod_nodes(pod)
@@ -279,17 +305,17 @@ def _explain_pod(args: argparse.Namespace, explainer: _Explainer, name: str) -> 
     return EXIT_OK if error is None and all(_usable(c) for c in claims) else EXIT_FAILURE
 
 
-def _explain_claim(args: argparse.Namespace, explainer: _Explainer) -> int:
-    claim = explainer.objects.find_claim(args.claim, args.namespace)
+def _explain_claim(args: argparse.Namespace, explainer: _Explainer, namespace: str, name: str) -> int:
+    claim = explainer.objects.find_claim(name, namespace)
     if claim is not None:
         nodes = [explainer.only] if explainer.only is not None else explainer.known
         explanation: Explanation = explain_claim(explainer.allocator, claim, nodes or None)
         emit(args, explanation.to_json(), explanation.to_text)
         return EXIT_OK if _usable(explanation.to_json()) else EXIT_FAILURE
-    generated = explainer.find_generated(args.namespace, args.claim)
+    generated = explainer.find_generated(namespace, name)
     if generated is None:
         sys.stderr.write(
-            f"error: ResourceClaim {args.namespace}/{args.claim} not found (nor generated from a "
+            f"error: ResourceClaim {namespace}/{name} not found (nor generated from a "
             "ResourceClaimTemplate for a pod: offline such a claim is named <pod>-<podClaimName>, cut "
             "like kube-controller-manager's generateName when longer than 57 characters)\n"
         )
@@ -315,9 +341,38 @@ def run(args: argparse.Namespace, objects: ClusterObjects) -> int:
     allocator = build_allocator(objects, release_of(args), gates_of(args))
     only = find_node(objects, args.node) if args.node else None
     explainer = _Explainer(objects, allocator, only, extended_resources=extended_resources_enabled(args))
-    if args.claim.startswith(POD_PREFIX):
-        return _explain_pod(args, explainer, args.claim[len(POD_PREFIX) :])
-    return _explain_claim(args, explainer)
+    kind, name = args.claim
+    if args.all_namespaces:
+        found = _namespaces_holding(explainer, kind, name)
+        if len(found) != 1:
+            what = "Pod" if kind == "pod" else "ResourceClaim"
+            where = f"in namespaces {', '.join(found)}: name one with -n" if found else "in any namespace"
+            sys.stderr.write(f"error: {what} {name} {'found' if found else 'not found'} {where}\n")
+            return EXIT_USAGE
+        namespace = found[0]
+    else:
+        namespace = default_namespace(args)
+    if kind == "pod":
+        return _explain_pod(args, explainer, namespace, name)
+    return _explain_claim(args, explainer, namespace, name)
+
+
+def _namespaces_holding(explainer: _Explainer, kind: str, name: str) -> list[str]:
+    """The namespaces with a pod (kind "pod") or a claim, made here from a template too, of that name."""
+    namespaces = sorted(
+        {
+            (o.get("metadata") or {}).get("namespace") or "default"
+            for o in (*explainer.objects.pods, *explainer.objects.claims)
+        }
+    )
+    if kind == "pod":
+        return [ns for ns in namespaces if explainer.find_pod(ns, name) is not None]
+    return [
+        ns
+        for ns in namespaces
+        if explainer.objects.find_claim(name, ns) is not None
+        or explainer.find_generated(ns, name) is not None
+    ]
 
 
 register_subcommand(

@@ -10,11 +10,14 @@ from controller.cli import EXIT_FAILURE, EXIT_OK, Subcommand, register_subcomman
 from controller.lint.linter import lint
 from controller.objects import ClusterObjects
 from controller.options import (
+    add_namespace_arguments,
     add_source_arguments,
     build_allocator,
+    chosen_namespace,
     emit,
     extended_resources_enabled,
     gates_of,
+    in_namespace,
     release_of,
     with_objects,
 )
@@ -22,6 +25,9 @@ from controller.options import (
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_source_arguments(parser)
+    # -n: only that namespace's claims, templates, pods and workloads are judged; the devices
+    # other namespaces' allocated claims hold still count.
+    add_namespace_arguments(parser, every_by_default=True)
     parser.add_argument("--strict", action="store_true", help="fail on warnings too")
     # From a cluster, also list Deployments, Jobs, ...: their pod templates are linted as pods.
     parser.set_defaults(list_workloads=True)
@@ -30,7 +36,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 @with_objects
 def run(args: argparse.Namespace, objects: ClusterObjects) -> int:
     allocator = build_allocator(objects, release_of(args), gates_of(args))
-    report = lint(objects, allocator, extended_resources=extended_resources_enabled(args))
+    judged = in_namespace(objects, chosen_namespace(args))
+    report = lint(judged, allocator, extended_resources=extended_resources_enabled(args))
     emit(
         args,
         report.to_json(),

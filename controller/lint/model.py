@@ -53,7 +53,12 @@ class Report:
         return sum(1 for f in self.findings if f.severity == "error")
 
     def to_json(self) -> dict[str, Any]:
-        return {"findings": [f.to_json() for f in self.findings], "errors": self.errors}
+        # `errors` is a list in every command's JSON (cel: devices, top: endpoints): here the
+        # findings of severity error, as they appear in `findings`; count them with `length`.
+        return {
+            "findings": [f.to_json() for f in self.findings],
+            "errors": [f.to_json() for f in self.findings if f.severity == "error"],
+        }
 
 
 @dataclass(frozen=True)

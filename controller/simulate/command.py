@@ -36,13 +36,16 @@ from controller.cli import EXIT_FAILURE, EXIT_OK, Subcommand, register_subcomman
 from controller.explain.explanation import explain_claim
 from controller.objects import ClusterObjects
 from controller.options import (
+    add_namespace_arguments,
     add_source_arguments,
     build_allocator,
+    chosen_namespace,
     cluster_nodes,
     emit,
     extended_resources_enabled,
     find_node,
     gates_of,
+    in_namespace,
     release_of,
     with_objects,
 )
@@ -402,6 +405,9 @@ def to_text(results: Sequence[ClaimResult]) -> str:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_source_arguments(parser)
+    # -n: only that namespace's pending claims and pods are allocated; allocated claims of every
+    # namespace still hold their devices.
+    add_namespace_arguments(parser, every_by_default=True)
     parser.add_argument(
         "--node", help="allocate every claim on this node (default: the first node that fits)"
     )
@@ -412,7 +418,8 @@ def run(args: argparse.Namespace, objects: ClusterObjects) -> int:
     allocator = build_allocator(objects, release_of(args), gates_of(args))
     nodes = cluster_nodes(objects, allocator)
     only = find_node(objects, args.node) if args.node else None
-    results = simulate(objects, allocator, nodes, only, extended_resources=extended_resources_enabled(args))
+    pending = in_namespace(objects, chosen_namespace(args))
+    results = simulate(pending, allocator, nodes, only, extended_resources=extended_resources_enabled(args))
     emit(args, {"claims": [r.to_json() for r in results]}, lambda: to_text(results))
     return EXIT_OK if all(r.allocated for r in results) else EXIT_FAILURE
 

@@ -19,12 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from controller.cli import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, Subcommand, register_subcommand
-from controller.options import emit
+from controller.options import add_namespace_arguments, chosen_namespace, emit
 from controller.top import sources
 from controller.top.snapshot import ClaimedDevice, ExpositionError, read_exposition
 from controller.top.table import by_waste, render, select
 
-OUTPUT_FORMATS = ("table", "json", "yaml")
+# wide: the table with the device UUID and the endpoint each row was read from.
+OUTPUT_FORMATS = ("table", "wide", "json", "yaml")
 
 
 def _endpoint_argument(text: str) -> str:
@@ -45,7 +46,7 @@ def _positive_seconds(text: str) -> float:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("-n", "--namespace", help="only claims in this namespace (default: every namespace)")
+    add_namespace_arguments(parser, every_by_default=True)
     parser.add_argument("--node", help="only devices of this node (and only that node's plugin is read)")
     parser.add_argument(
         "--idle", action="store_true", help="only claims flagged idle past the plugin's threshold"
@@ -150,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
                 "or a node without devices)"
             )
         rows.extend(usage.rows)
-    shown = by_waste(select(rows, namespace=args.namespace, node=args.node, idle_only=args.idle))
+    shown = by_waste(select(rows, namespace=chosen_namespace(args), node=args.node, idle_only=args.idle))
     data = {"devices": [r.to_json() for r in shown], "errors": errors}
     emit(args, data, lambda: _table_text(shown, args))
     for note in notes:
@@ -162,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _table_text(rows: list[ClaimedDevice], args: argparse.Namespace) -> str:
     if rows:
-        return render(rows)
+        return render(rows, wide=args.output == "wide")
     which = "idle claims" if args.idle else "claimed devices"
     return f"No {which} found."
 

@@ -13,6 +13,9 @@ from collections.abc import Iterable, Sequence
 from controller.top.snapshot import ClaimedDevice
 
 HEADERS = ("NODE", "DEVICE", "MODEL", "CLAIM", "PODS", "UTIL", "MEMORY", "IDLE FOR")
+# `-o wide`, as kubectl's: the same columns and then more, the device's UUID and the metrics
+# endpoint (or file) the row was read from.
+WIDE_HEADERS = (*HEADERS, "UUID", "SOURCE")
 _BINARY_UNITS = ("Ki", "Mi", "Gi", "Ti", "Pi")
 
 
@@ -84,10 +87,11 @@ def format_utilization(ratio: float | None) -> str:
     return "?" if ratio is None else f"{ratio * 100:.0f}%"
 
 
-def cells(row: ClaimedDevice) -> tuple[str, ...]:
+def cells(row: ClaimedDevice, wide: bool = False) -> tuple[str, ...]:
     idle_for = format_duration(row.idle_seconds)
     if row.idle:
         idle_for = f"{idle_for} IDLE"
+    more = (row.uuid or "?", row.source or "?") if wide else ()
     return (
         row.node,
         row.device,
@@ -97,13 +101,15 @@ def cells(row: ClaimedDevice) -> tuple[str, ...]:
         format_utilization(row.utilization),
         f"{format_bytes(row.memory_used_bytes)}/{format_bytes(row.memory_total_bytes)}",
         idle_for,
+        *more,
     )
 
 
-def render(rows: Sequence[ClaimedDevice]) -> str:
+def render(rows: Sequence[ClaimedDevice], wide: bool = False) -> str:
     """A kubectl-style table: upper-case headers, columns three spaces apart, no borders."""
-    table = [HEADERS, *(cells(r) for r in rows)]
-    widths = [max(len(line[i]) for line in table) for i in range(len(HEADERS))]
+    headers = WIDE_HEADERS if wide else HEADERS
+    table = [headers, *(cells(r, wide) for r in rows)]
+    widths = [max(len(line[i]) for line in table) for i in range(len(headers))]
     return "\n".join(
         "   ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in table
     )
