@@ -21,8 +21,10 @@ import argparse
 import os
 import platform
 import sys
+import tempfile
 from pathlib import Path
 
+from bench.scale.fixtures import FleetPair
 from bench.scale.offline import Case, measure_explain, measure_simulate
 from bench.scale.phases import SchedulingRun
 from bench.scale.rows import (
@@ -98,30 +100,27 @@ def main(argv: list[str] | None = None) -> int:
         failed.append(part)
 
     simulated: dict[int, tuple[Case, Measured]] = {}
-    if "offline" in parts:
-        try:
-            case = measure_explain(args.nodes, args.gpus)
-            _print_case("explain of one unfit claim", case)
-            keep(explain_rows(case))
-        except Exception as err:
-            fail("explain", "ours", err)
-        try:
-            claims = claims_at(args.nodes, args.gpus, args.claims)
-            simulated[args.nodes] = measure_simulate(args.nodes, args.gpus, claims)
-            _print_case(f"simulate of {claims:,} claims", simulated[args.nodes][0])
-            keep(simulate_rows(simulated[args.nodes][0]))
-        except Exception as err:
-            fail("simulate", "ours", err)
+    offline_sizes = [args.nodes] if "offline" in parts else []
     if "per-claim" in parts:
-        for nodes in args.per_claim_nodes:
-            if nodes in simulated:
-                continue
+        offline_sizes += [n for n in args.per_claim_nodes if n not in offline_sizes]
+    for nodes in offline_sizes:
+        with tempfile.TemporaryDirectory(prefix=f"scale-{nodes}-") as tmp:
+            fleet = FleetPair(Path(tmp), nodes, args.gpus)
+            if "offline" in parts and nodes == args.nodes:
+                try:
+                    case = measure_explain(fleet)
+                    _print_case("explain of one unfit claim", case)
+                    keep(explain_rows(case))
+                except Exception as err:
+                    fail("explain", "ours", err)
             try:
                 claims = claims_at(nodes, args.gpus, args.claims)
-                simulated[nodes] = measure_simulate(nodes, args.gpus, claims)
+                simulated[nodes] = measure_simulate(fleet, claims)
                 _print_case(f"simulate of {claims:,} claims", simulated[nodes][0])
+                if "offline" in parts and nodes == args.nodes:
+                    keep(simulate_rows(simulated[nodes][0]))
             except Exception as err:
-                fail(f"simulate per claim at {nodes} nodes", "ours", err)
+                fail(f"simulate at {nodes} nodes", "ours", err)
     runs: dict[int, SchedulingRun] = {}
     version = ""
     if "scheduler" in parts:

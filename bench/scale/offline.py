@@ -15,20 +15,19 @@ with its peak RSS and CPU time from its own rusage:
 - simulate of one claim on the same fleet: what loading and set-up cost, so that
   (simulate N - simulate 1) / (N - 1) is the time per claim (the per-claim table).
 
-The files are written before any timing and read once untimed, so every command finds them in
-the page cache.
+The fleet is written once per size, in both formats, each case adding its claims file
+(bench.scale.fixtures.FleetPair); every file is read once untimed, so each command finds them
+in the page cache. The files are passed to `--objects` one by one (1,002 paths at 1,000 nodes).
 """
 
 from __future__ import annotations
 
 import json
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.fleet import FleetFiles
-from bench.scale.fixtures import explain_case, simulate_case
+from bench.scale.fixtures import FleetPair, Objects
 from bench.scale.runs import Measured, RunError, run_timed
 from dracommon.subcommands import EXIT_FAILURE, EXIT_OK
 
@@ -37,8 +36,8 @@ UNFIT_CLAIM = "unfittable"
 TIMEOUT_S = 1800.0
 FLOOR_TRIES = 3
 FLOOR_CODE = (
-    "import json, pathlib, sys\n"
-    "for path in sorted(pathlib.Path(sys.argv[1]).rglob('*.json')):\n"
+    "import json, sys\n"
+    "for path in sys.argv[1:]:\n"
     "    with open(path, 'rb') as handle:\n"
     "        json.load(handle)\n"
 )
@@ -58,25 +57,19 @@ class Case:
     floor: Measured
 
 
-def warm(files: FleetFiles) -> None:
-    """Read every file once, untimed, so the timed commands find them in the page cache."""
-    for path in files.paths:
-        path.read_bytes()
-
-
-def json_floor(directory: Path, tries: int = FLOOR_TRIES) -> Measured:
+def json_floor(paths: list[Path], tries: int = FLOOR_TRIES) -> Measured:
     """The fastest of `tries` runs: the floor is cheap, and the least disturbed run is the floor."""
     runs = []
     for _ in range(tries):
-        done = run_timed([sys.executable, "-c", FLOOR_CODE, str(directory)], TIMEOUT_S)
+        done = run_timed([sys.executable, "-c", FLOOR_CODE, *map(str, paths)], TIMEOUT_S)
         if done.returncode != 0:
             raise RunError(f"the JSON floor exited {done.returncode}: {done.stderr.strip()[-2000:]}")
         runs.append(done)
     return min(runs, key=lambda r: r.wall_s)
 
 
-def explain_unfit(directory: Path) -> Measured:
-    command = [CLI, "explain", UNFIT_CLAIM, "--namespace", "default", "--objects", str(directory)]
+def explain_unfit(paths: list[Path]) -> Measured:
+    command = [CLI, "explain", UNFIT_CLAIM, "--namespace", "default", "--objects", *map(str, paths)]
     done = run_timed(command, TIMEOUT_S)
     if done.returncode != EXIT_FAILURE or UNFIT_CLAIM not in done.stdout:
         raise RunError(
@@ -102,8 +95,8 @@ def allocation_problems(output: str, claims: int) -> list[str]:
     return problems
 
 
-def simulate_all(directory: Path, claims: int) -> Measured:
-    done = run_timed([CLI, "simulate", "--objects", str(directory), "-o", "json"], TIMEOUT_S)
+def simulate_all(paths: list[Path], claims: int) -> Measured:
+    done = run_timed([CLI, "simulate", "-o", "json", "--objects", *map(str, paths)], TIMEOUT_S)
     if done.returncode != EXIT_OK:
         raise RunError(f"simulate exited {done.returncode}: {done.stderr.strip()[-2000:]}")
     problems = allocation_problems(done.stdout, claims)
@@ -112,29 +105,26 @@ def simulate_all(directory: Path, claims: int) -> Measured:
     return done
 
 
-def measure_explain(nodes: int, gpus: int) -> Case:
-    with tempfile.TemporaryDirectory(prefix="scale-explain-") as tmp:
-        yaml = explain_case(Path(tmp) / "yaml", nodes, gpus, "yaml")
-        twin = explain_case(Path(tmp) / "json", nodes, gpus, "json")
-        warm(yaml)
-        warm(twin)
-        floor = json_floor(twin.directory)
-        ours = explain_unfit(yaml.directory)
-        return Case(nodes, gpus, 1, yaml.devices, len(yaml.paths), yaml.bytes, ours, floor)
+def _case(fleet: FleetPair, objects: Objects, claims: int, ours: Measured, floor: Measured) -> Case:
+    return Case(fleet.nodes, fleet.gpus, claims, objects.devices, objects.files, objects.bytes, ours, floor)
 
 
-def measure_simulate(nodes: int, gpus: int, claims: int) -> tuple[Case, Measured]:
+def measure_explain(fleet: FleetPair) -> Case:
+    yaml, twin = fleet.explain_case("yaml"), fleet.explain_case("json")
+    floor = json_floor(twin.paths)
+    return _case(fleet, yaml, 1, explain_unfit(yaml.paths), floor)
+
+
+def measure_simulate(fleet: FleetPair, claims: int) -> tuple[Case, Measured]:
     """simulate of `claims` beside the floor, and simulate of one claim on the same fleet."""
-    with tempfile.TemporaryDirectory(prefix="scale-simulate-") as tmp:
-        yaml = simulate_case(Path(tmp) / "yaml", nodes, gpus, claims, "yaml")
-        twin = simulate_case(Path(tmp) / "json", nodes, gpus, claims, "json")
-        one = simulate_case(Path(tmp) / "one", nodes, gpus, 1, "yaml")
-        for files in (yaml, twin, one):
-            warm(files)
-        floor = json_floor(twin.directory)
-        ours = simulate_all(yaml.directory, claims)
-        single = simulate_all(one.directory, 1)
-        return Case(nodes, gpus, claims, yaml.devices, len(yaml.paths), yaml.bytes, ours, floor), single
+    yaml, twin, one = (
+        fleet.simulate_case(claims, "yaml"),
+        fleet.simulate_case(claims, "json"),
+        fleet.simulate_case(1, "yaml"),
+    )
+    floor = json_floor(twin.paths)
+    ours = simulate_all(yaml.paths, claims)
+    return _case(fleet, yaml, claims, ours, floor), simulate_all(one.paths, 1)
 
 
 def per_claim_ms(many: Measured, one: Measured, claims: int) -> float:
