@@ -171,6 +171,11 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "--event-interval-seconds", "at most one such Event per claim per this many seconds", "600", _seconds
     ),
+    Option(
+        "--plugin-namespace",
+        "the kubelet plugin's namespace: report its DaemonSet's pods refused by Pod Security (default: off)",
+        None,
+    ),
     Option("--log-format", "text or json", "text", _log_format),
     Option("--log-level", "debug, info, warning or error", "info", _log_level),
 )
@@ -274,6 +279,7 @@ def run(args: argparse.Namespace) -> int:
         leader_config=values["leader_config"],
         event_after_s=values["event_after_seconds"],
         event_interval_s=values["event_interval_seconds"],
+        plugin_namespace=values["plugin_namespace"],
     )
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):

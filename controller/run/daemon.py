@@ -20,9 +20,10 @@ from controller.objects import RESOURCE_API, TAINT_RULES
 from controller.run.api import KubeClaimApi
 from controller.run.leader import KubeLeaseApi, LeaderConfig, LeaderElector
 from controller.run.metrics import ControllerMetrics, MetricsServer
+from controller.run.podsecurity import PodSecurityCheck
 from controller.run.reconciler import Reconciler, ReconcilerSettings, Snapshot
 from controller.run.watchcache import KubeListWatch, WatchCache
-from dracommon.drivername import DEFAULT_DRIVER_NAME
+from dracommon.drivername import DEFAULT_DRIVER_NAME, reporting_controller
 from dracommon.kubeapi import ApiError, KubeApi
 from dracommon.kubeversion import NEWEST_KNOWN, KubernetesVersion
 
@@ -50,6 +51,8 @@ class DaemonSettings:
     leader_config: LeaderConfig = field(default_factory=LeaderConfig)
     release: KubernetesVersion = NEWEST_KNOWN  # the cluster's: allocate by its rules
     feature_gates: Mapping[str, bool] = field(default_factory=dict)
+    # The kubelet plugin's namespace, whose Pod Security refusals the leader reports (podsecurity.py).
+    plugin_namespace: str | None = None
 
 
 def _served(api: KubeApi, path: str) -> bool:
@@ -116,6 +119,17 @@ class ControllerDaemon:
             ),
             is_leader=self.elector.is_leader if settings.leader_elect else lambda: True,
         )
+        self.pod_security = (
+            PodSecurityCheck(
+                api,
+                settings.plugin_namespace,
+                controller=reporting_controller(settings.driver_name),
+                instance=settings.identity,
+                is_leader=self.elector.is_leader if settings.leader_elect else lambda: True,
+            )
+            if settings.plugin_namespace
+            else None
+        )
         self._threads: list[threading.Thread] = []
         self._server: MetricsServer | None = None
 
@@ -154,6 +168,9 @@ class ControllerDaemon:
         else:
             self.metrics.leader.set(1)
         self._spawn("reconcile", self._loop)
+        if self.pod_security is not None:
+            check = self.pod_security
+            self._spawn("pod-security", lambda: check.run(self._stop))
         log.info(
             "controller started",
             extra={

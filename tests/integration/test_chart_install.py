@@ -18,8 +18,10 @@ from typing import Any
 import pytest
 import yaml
 
+from controller.run.podsecurity import PodSecurityCheck
 from devcluster.binaries import REPO_ROOT
 from devcluster.controlplane import ControlPlane
+from devcluster.wait import wait_for
 from dracommon.kubeapi import ApiError, KubeApi
 from tests.integration.test_chart import container_env, only, render_chart
 from tests.kube.chart import CHART, HelmError, run_helm
@@ -168,6 +170,38 @@ def test_a_namespace_enforcing_baseline_refuses_the_plugin_and_the_notes_say_how
         kube_cluster.kubeconfig,
     )
     assert "Pod Security" not in out
+
+
+@pytest.mark.cluster
+def test_the_controller_reports_the_plugin_daemonset_refused_by_pod_security(
+    helm_home: Path, kube: KubeApi, test_namespace: str, fake_node: Callable[..., str]
+) -> None:
+    """A namespace that enforces baseline (as --create-namespace's unlabelled one does under a
+    cluster default of baseline): the real DaemonSet controller's pod creations are refused, and
+    the controller's check (`dra-controller run --plugin-namespace`, the chart passes it) logs it and
+    records PodSecurityRefused on the DaemonSet, naming the fix."""
+    kube.merge_patch(f"/api/v1/namespaces/{test_namespace}", {"metadata": {"labels": {
+        "pod-security.kubernetes.io/enforce": "baseline"}}})  # fmt: skip
+    node = fake_node()
+    pinned = {"kubeletPlugin": {"nodeSelector": {"kubernetes.io/hostname": node}}}
+    objects = render_chart(helm_home, pinned, namespace=test_namespace)
+    daemonset = only(objects, "DaemonSet")
+    # Only the fake node, affinity and all: give it the labels NVIDIA's GPU nodes have.
+    kube.merge_patch(f"/api/v1/nodes/{node}", {"metadata": {"labels": {"nvidia.com/gpu.present": "true"}}})
+    created = kube.create(f"/apis/apps/v1/namespaces/{test_namespace}/daemonsets", daemonset)
+    check = PodSecurityCheck(
+        kube, test_namespace, controller="gpu.draplugin.dev/dra-controller", instance="t"
+    )
+    (refusal,) = wait_for("the DaemonSet controller's FailedCreate Event", check.check_once, 60)
+    assert (refusal.uid, refusal.level) == (created["metadata"]["uid"], "baseline")
+    assert "hostPath volumes" in refusal.detail and "privileged" in refusal.detail
+    events = kube.get(f"/apis/events.k8s.io/v1/namespaces/{test_namespace}/events")["items"]
+    (ours,) = [e for e in events if e["reason"] == "PodSecurityRefused"]
+    assert ours["regarding"]["uid"] == created["metadata"]["uid"]
+    assert (
+        f"kubectl label namespace {test_namespace} --overwrite pod-security.kubernetes.io/enforce=privileged"
+        in ours["note"]
+    )
 
 
 # --- values -------------------------------------------------------------------------------------------

@@ -100,6 +100,12 @@ _HELM_INSTALL = (
     "installs into a real cluster; tests/integration/test_chart.py renders the same chart (and values file) "
     "and has the real API server admit every object"
 )
+_PSA_LABEL = (
+    "changes a real cluster's namespace; tests/integration/test_chart_install.py shows on the real API "
+    "server that a namespace enforcing baseline refuses the plugin's pods and this label admits them"
+)
+_REGISTRY = "pushes to or pulls from a real registry (there is none here)"
+_PIPX = "installs the wheel on an admin's machine; `make release` builds it (entry points: pyproject.toml)"
 _CLUSTER_CLAIM = "needs a live cluster holding that claim; the --objects form of the command is run here"
 _MAKE = "the project's own set-up and test entry points (run by CI, not from inside the test suite)"
 _TOP_CLUSTER = (
@@ -135,6 +141,31 @@ NOT_RUN: dict[str, str] = {
     "kubectl apply -f examples/01-single-gpu/single-gpu.yaml": _KUBECTL_EXAMPLES,
     "kubectl get resourceclaims -o wide": _KUBECTL_INSPECT,
     "kubectl logs single-gpu": _KUBECTL_INSPECT,
+    "kubectl label namespace draplugin-system --overwrite pod-security.kubernetes.io/enforce=privileged": (
+        _PSA_LABEL
+    ),
+    # docs/configuration.md
+    "kubectl label namespace draplugin --overwrite pod-security.kubernetes.io/enforce=privileged": _PSA_LABEL,
+    # docs/install.md
+    "make release": "builds the release artifacts into dist/; tests/e2e/test_chart_live.py installs the "
+    "chart archive its `tools/release.sh chart` part packages",
+    "skopeo copy oci-archive:dist/draplugin-image-$VERSION.oci.tar"
+    " docker://$REGISTRY/draplugin:$VERSION": _REGISTRY,
+    "helm push dist/draplugin-$VERSION.tgz oci://$REGISTRY/charts": _REGISTRY,
+    "kubectl create namespace draplugin": _PSA_LABEL,
+    "kubectl label namespace draplugin pod-security.kubernetes.io/enforce=privileged": _PSA_LABEL,
+    "helm install draplugin oci://$REGISTRY/charts/draplugin --version $VERSION --namespace draplugin"
+    " --set image.repository=$REGISTRY/draplugin": _REGISTRY,
+    "helm install draplugin dist/draplugin-$VERSION.tgz --namespace draplugin"
+    " --set image.repository=$REGISTRY/draplugin": (
+        "installs into a real cluster; tests/e2e/test_chart_live.py installs the packaged archive on the "
+        "local cluster (our image imported into its containerd, not pulled)"
+    ),
+    "pipx install dist/draplugin-$VERSION-py3-none-any.whl": _PIPX,
+    # docs/troubleshooting.md
+    "kubectl -n draplugin-system get daemonset"
+    " -l app.kubernetes.io/component=kubelet-plugin": _KUBECTL_INSPECT,
+    "kubectl -n draplugin-system get events --field-selector involvedObject.kind=DaemonSet": _KUBECTL_INSPECT,
     # docs/deviceclasses.md
     "kubectl get resourceslices -o yaml > slices.yaml": _KUBECTL_INSPECT,
     'dra-controller cel \'device.attributes["gpu.draplugin.dev"].type == "mig"\' -f slices.yaml': (
