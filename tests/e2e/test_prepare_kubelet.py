@@ -158,6 +158,13 @@ def expected_cdi_id(claim: dict[str, Any]) -> str:
     return f"{DRIVER}/gpu={claim['metadata']['uid']}-{device}"
 
 
+def expected_cdi_ids(claim: dict[str, Any]) -> list[str]:
+    """The device's CDI ID, then its request's device metadata (on by default, --device-metadata):
+    `<driver>/metadata=<claim uid>_<request>` on the request's first device, as upstream's helper."""
+    request = claim["status"]["allocation"]["devices"]["results"][0]["request"]
+    return [expected_cdi_id(claim), f"{DRIVER}/metadata={claim['metadata']['uid']}_{request}"]
+
+
 def records_of(node: KubeletNode, namespace: str, pod_name: str) -> list[dict[str, Any]]:
     return [
         r for r in node.container_records() if r["podNamespace"] == namespace and r["podName"] == pod_name
@@ -205,9 +212,21 @@ def wait_unprepared(plugin: PluginProcess, node: KubeletNode, uid: str) -> None:
     """The kubelet unprepares after the pod is gone (pod cleanup runs every few seconds)."""
 
     def unprepared() -> bool:
-        return not spec_path(node, uid).exists() and uid not in checkpoint_uids(plugin)
+        return (
+            not spec_path(node, uid).exists()
+            and uid not in checkpoint_uids(plugin)
+            and not metadata_left(plugin, node, uid)
+        )
 
     wait_for(f"claim {uid} to be unprepared", unprepared, POD_TIMEOUT, interval=0.5)
+
+
+def metadata_left(plugin: PluginProcess, node: KubeletNode, uid: str) -> list[Path]:
+    """The claim's device metadata documents and CDI specs still on the node."""
+    documents = plugin.kubelet_root_dir / "plugins" / DRIVER / "dra-device-metadata"
+    return sorted(node.cdi_root.glob(f"{DRIVER}_metadata_{uid}_*.json")) + [
+        path for path in documents.glob("*/*/metadata.json") if uid in path.read_text()
+    ]
 
 
 def spec_writes(plugin: PluginProcess, claim_uid: str) -> int:
@@ -248,8 +267,8 @@ def test_template_claim_shared_by_two_containers(
     cdi_id = expected_cdi_id(claim)
     records = records_of(fakecri_node, test_namespace, "two")
     assert {r["containerName"]: r["cdiDevices"] for r in records} == {
-        "trainer": [cdi_id],
-        "profiler": [cdi_id],
+        "trainer": expected_cdi_ids(claim),
+        "profiler": expected_cdi_ids(claim),
     }
     assert spec_writes(healthy_plugin, claim["metadata"]["uid"]) == 1
 
@@ -299,7 +318,7 @@ def test_two_pods_share_one_claim_prepared_once(
         for name in ("first", "second")
         for r in records_of(fakecri_node, test_namespace, name)
     ]
-    assert ids == [[expected_cdi_id(claim)], [expected_cdi_id(claim)]]
+    assert ids == [expected_cdi_ids(claim), expected_cdi_ids(claim)]
     assert spec_writes(healthy_plugin, uid) == 1
 
     delete_pod_and_wait(api, test_namespace, "first")
@@ -315,6 +334,7 @@ def test_two_pods_share_one_claim_prepared_once(
     [
         crashpoints.AFTER_CHECKPOINT_STARTED,
         crashpoints.AFTER_CDI_WRITE,
+        crashpoints.AFTER_METADATA_WRITE,
         crashpoints.AFTER_CHECKPOINT_COMPLETED,
         crashpoints.BEFORE_RETURN,
     ],
@@ -342,7 +362,7 @@ def test_kill_during_prepare_then_restart(
     claim = pod_claim(api, test_namespace, running)
     uid = claim["metadata"]["uid"]
     assert [r["cdiDevices"] for r in records_of(fakecri_node, test_namespace, "crash")] == [
-        [expected_cdi_id(claim)]
+        expected_cdi_ids(claim)
     ]
     cdicheck(kube_cluster, fakecri_node, expected_cdi_id(claim))
     assert uid in checkpoint_uids(healthy_plugin)
@@ -419,7 +439,7 @@ def test_reboot_wipes_cdi_root_and_prepare_restores_it(
         assert [c["state"] for c in saved["claims"] if c["uid"] == uid] == ["PrepareStarted"]
 
         devices = asyncio.run(_kubelet_style_prepare(healthy_plugin, claim))
-        assert [list(d.cdi_device_ids) for d in devices] == [[expected_cdi_id(claim)]]
+        assert [list(d.cdi_device_ids) for d in devices] == [expected_cdi_ids(claim)]
         cdicheck(kube_cluster, fakecri_node, expected_cdi_id(claim))
         delete_pod_and_wait(api, test_namespace, "reboot")
         wait_unprepared(healthy_plugin, fakecri_node, uid)
