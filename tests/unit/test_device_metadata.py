@@ -18,9 +18,8 @@ from typing import Any
 
 import pytest
 
-from draplugin import crashpoints
+from draplugin import crashpoints, statefile
 from draplugin.kubelet.interface import ClaimError
-from draplugin.prepare import metadatastore
 from draplugin.prepare.driver import GpuDriver
 from draplugin.prepare.metadata import POD_CLAIM_NAME_ANNOTATION, _go_json
 from draplugin.prepare.metadatastore import MetadataStore
@@ -209,7 +208,7 @@ async def test_a_symlink_out_of_the_metadata_dir_is_refused(node: MetadataNode, 
 async def test_a_full_disk_fails_the_claim_alone_and_the_retry_succeeds(
     node: MetadataNode, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real = metadatastore.statefile.atomic_write
+    real = statefile.atomic_write
 
     def full(path: Path, content: bytes, mode: int = 0o644, *, durable: bool = True) -> None:
         # What write(2) answers on a full filesystem.
@@ -217,12 +216,12 @@ async def test_a_full_disk_fails_the_claim_alone_and_the_retry_succeeds(
 
     driver = node.driver()
     ref = node.claims.add(claim_doc(results=[result("gpu", "gpu-0")]))
-    monkeypatch.setattr(metadatastore.statefile, "atomic_write", full)
+    monkeypatch.setattr(statefile, "atomic_write", full)
     with pytest.raises(ClaimError, match=r"device metadata cannot be written.*No space left"):
         await driver.prepare_claim(ref)
     record = driver.checkpoint.get("uid-1")
     assert record is not None and not record.completed  # not answered as prepared
-    monkeypatch.setattr(metadatastore.statefile, "atomic_write", real)
+    monkeypatch.setattr(statefile, "atomic_write", real)
     devices = await driver.prepare_claim(ref)
     assert devices[0].cdi_device_ids[-1] == f"{DRIVER}/metadata=uid-1_gpu"
 
