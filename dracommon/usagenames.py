@@ -49,13 +49,15 @@ DEVICE_GPU_UTILIZATION = MetricName(
     "draplugin_device_gpu_utilization_ratio",
     "gauge",
     DEVICE_LABELS,
-    "SM busy fraction of the device over the last sample period, 0..1.",
+    "Fraction of the last sample period during which one or more kernels ran on the device, 0..1 "
+    "(NVML's utilization.gpu, as DCGM_FI_DEV_GPU_UTIL; not how many SMs were busy).",
 )
 DEVICE_MEMORY_UTILIZATION = MetricName(
     "draplugin_device_memory_utilization_ratio",
     "gauge",
     DEVICE_LABELS,
-    "Memory-controller busy fraction of the device over the last sample period, 0..1.",
+    "Fraction of the last sample period during which device memory was read or written, 0..1 "
+    "(NVML's utilization.memory, as DCGM_FI_DEV_MEM_COPY_UTIL).",
 )
 DEVICE_MEMORY_USED = MetricName(
     "draplugin_device_memory_used_bytes",
@@ -95,7 +97,8 @@ CLAIM_GPU_UTILIZATION = MetricName(
     "draplugin_claim_gpu_utilization_ratio",
     "gauge",
     (*DEVICE_LABELS, *HOLDER_LABELS),
-    "The holder's share of the device's SM utilization, 0..1 (an exclusive claim: the device's).",
+    "The holder's share of the device's utilization (time a kernel ran), 0..1 "
+    "(an exclusive claim: the device's).",
 )
 CLAIM_MEMORY_USED = MetricName(
     "draplugin_claim_memory_used_bytes",
@@ -119,7 +122,8 @@ DEVICE_UNATTRIBUTED_GPU_UTILIZATION = MetricName(
     "draplugin_device_unattributed_gpu_utilization_ratio",
     "gauge",
     DEVICE_LABELS,
-    "SM utilization of processes on the device that could not be mapped to a pod of a holder, 0..1.",
+    "Utilization (time a kernel ran) of processes on the device that could not be mapped to a pod "
+    "of a holder, 0..1.",
 )
 DEVICE_UNATTRIBUTED_MEMORY_USED = MetricName(
     "draplugin_device_unattributed_memory_used_bytes",

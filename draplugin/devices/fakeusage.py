@@ -3,7 +3,7 @@
 Fake GPUs run no work, yet demos and tests need utilization that moves and
 can be predicted: each fake GPU follows a sine wave around a busy level,
 a function of its index and the wall clock only, so two runs at the same time
-report the same numbers. A GPU with `usage: idle` stays at 0% SM (for idle
+report the same numbers. A GPU with `usage: idle` stays at 0% busy (for idle
 claim detection).
 
     gpus:
@@ -39,7 +39,7 @@ class FakeUsage:
     memory_percent: float
 
     def sm_ratio(self, phase: float, now: float) -> float:
-        """SM busy fraction at wall time `now`; `phase` (0..1) offsets GPUs from each other."""
+        """Busy fraction (time a kernel ran) at wall time `now`; `phase` (0..1) offsets GPUs."""
         wave = math.sin(2 * math.pi * (now / self.period_s + phase))
         return min(1.0, max(0.0, (self.busy_percent + self.swing_percent * wave) / 100.0))
 

@@ -60,10 +60,11 @@ def format_duration(seconds: float) -> str:
 
 
 def idle_note(holder: Holder, models: Mapping[str, str], mean_ratio: float, seconds: float) -> str:
-    """ "gpu-0 (NVIDIA H100 80GB HBM3) held by team-a/train-7 at 2% SM for 45m"."""
+    """ "gpu-0 (NVIDIA H100 80GB HBM3) held by team-a/train-7 at 2% busy for 45m": busy is the time
+    a kernel ran (NVML's utilization), not SM occupancy."""
     devices = ", ".join(f"{d} ({models[d]})" if models.get(d) else d for d in holder.devices)
     return (
-        f"{devices} held by {holder.namespace}/{holder.name} at {mean_ratio * 100:.0f}% SM "
+        f"{devices} held by {holder.namespace}/{holder.name} at {mean_ratio * 100:.0f}% busy "
         f"for {format_duration(seconds)}"
     )
 

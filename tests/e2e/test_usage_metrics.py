@@ -276,7 +276,7 @@ def test_an_idle_claim_gets_one_event_on_the_claim_and_its_pod(
     note = events[0]["note"]
     # The stretch may have begun on the device's own wave before the file took over: under 5% either way.
     assert re.fullmatch(
-        rf"{device} \(NVIDIA [^)]+\) held by {namespace}/sleepy at [0-4]% SM for \d+s", note
+        rf"{device} \(NVIDIA [^)]+\) held by {namespace}/sleepy at [0-4]% busy for \d+s", note
     ), note
     assert all(e["type"] == "Normal" for e in events)
     (seconds,) = series(scrape(plugin), names.CLAIM_IDLE_SECONDS.name, claim="sleepy")

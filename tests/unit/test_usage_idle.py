@@ -45,7 +45,7 @@ def test_idle_after_the_duration_with_one_event_on_the_claim_and_its_pods() -> N
     assert claim == ClaimRef("team-a", "uid-claim", "train-7")
     assert (reason, warning) == (IDLE_REASON, False)
     assert note == (
-        "gpu-0 (NVIDIA H100 80GB HBM3), gpu-1 (NVIDIA H100 80GB HBM3) held by team-a/train-7 at 2% SM for 45m"
+        "gpu-0 (NVIDIA H100 80GB HBM3), gpu-1 (NVIDIA H100 80GB HBM3) held by team-a/train-7 at 2% busy for 45m"
     )
     assert events.pods[0][0] == POD and events.pods[0][2] == note
 
@@ -97,5 +97,5 @@ def test_durations_read_the_way_people_say_them() -> None:
     assert [format_duration(s) for s in (30, 60, 45 * 60, 3600, 3900)] == ["30s", "1m", "45m", "1h", "1h5m"]
     one = Holder("team-a", "train-7", "u", ("gpu-0",))
     assert idle_note(one, {"gpu-0": "NVIDIA H100 80GB HBM3"}, 0.02, 2700) == (
-        "gpu-0 (NVIDIA H100 80GB HBM3) held by team-a/train-7 at 2% SM for 45m"
+        "gpu-0 (NVIDIA H100 80GB HBM3) held by team-a/train-7 at 2% busy for 45m"
     )
