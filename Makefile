@@ -21,12 +21,14 @@ kube: kube-tools
 
 # What the tests need that does not depend on the Kubernetes release, built
 # once and shared by every release: containerd and crictl (runtime-<version>),
-# Helm (helm-<version>); runc, the CNI plugins and busybox come from Debian
-# (installed only when missing); our image from deploy/Dockerfile (buildah).
+# Helm (helm-<version>), promtool (promtool-<version>, for the DCGM recording
+# rules); runc, the CNI plugins and busybox come from Debian (installed only
+# when missing); our image from deploy/Dockerfile (buildah).
 kube-tools:
 	tests/cluster/install_debs.sh
 	tests/cluster/build_runtime.sh >/dev/null
 	tests/cluster/build_helm.sh >/dev/null
+	tests/cluster/build_promtool.sh >/dev/null
 	tests/cluster/build_image.sh >/dev/null
 
 # NVIDIA's software that the GPU half is tested against, without a GPU, each cached and
