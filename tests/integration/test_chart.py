@@ -61,6 +61,8 @@ NON_DEFAULT_VALUES: dict[str, Any] = {
         "hostNetwork": True,
         "leaderElection": {"leaseDuration": "30s"},
         "priorityClassName": "system-cluster-critical",
+        "featureGates": {"DRAPrioritizedList": False},
+        "extraArgs": ["--event-after-seconds=30"],
     },
     "metrics": {"port": 9400, "service": {"enabled": True}},
     "deviceClasses": {
