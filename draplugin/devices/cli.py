@@ -19,6 +19,7 @@ from draplugin.cli import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, Subcommand, registe
 from draplugin.devices import DeviceBackend, load_backend
 from draplugin.devices.fake import FakeConfigError
 from draplugin.devices.model import DeviceValidationError
+from draplugin.devices.naming import NVIDIA_DRIVER_NAME, DeviceNaming
 from draplugin.devices.nvml import NvmlUnavailableError
 from draplugin.devices.shared import SharedGpus
 from draplugin.slices.render import NodeRef, render_pool
@@ -28,7 +29,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--node-name", required=True, help="node whose pool to render (pool name, fake UUID seed)"
     )
-    parser.add_argument("--driver-name", default=DEFAULT_DRIVER_NAME, help="DRA driver name")
+    parser.add_argument(
+        "--driver-name",
+        help=f"driver name (default {DEFAULT_DRIVER_NAME}; with --device-naming=nvidia {NVIDIA_DRIVER_NAME})",
+    )
     parser.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml", help="output format")
     parser.add_argument(
         "--expect-taints", action="store_true", help="use the 64-device slice limit (health on)"
@@ -55,6 +59,12 @@ def add_backend_arguments(parser: argparse.ArgumentParser) -> None:
         default=SharedGpus.OFF.value,
         help="publish whole GPUs for several claims at once (consumable memory, and compute)",
     )
+    parser.add_argument(
+        "--device-naming",
+        choices=tuple(DeviceNaming),
+        default=DeviceNaming.DRAPLUGIN.value,
+        help="device names: draplugin (ours) or nvidia (NVIDIA's DRA driver's), as `draplugin run` has them",
+    )
     nvml = parser.add_argument_group("nvml backend")
     nvml.add_argument("--nvml-lib-path", help="libnvidia-ml.so.1 file or NVIDIA driver root directory")
     nvml.add_argument(
@@ -74,6 +84,7 @@ def backend_from_args(args: argparse.Namespace) -> DeviceBackend:
     options: dict[str, Any] = {
         "partitionable": args.partitionable,
         "shared_gpus": SharedGpus(args.shared_gpus),
+        "naming": DeviceNaming(args.device_naming),
     }
     if args.backend == "fake":
         options.update(config_file=args.fake_config, gpus=args.fake_gpus, model=args.fake_model)
@@ -84,6 +95,10 @@ def backend_from_args(args: argparse.Namespace) -> DeviceBackend:
     return load_backend(args.backend, args.node_name, **options)
 
 
+def _default_driver(naming: DeviceNaming) -> str:
+    return NVIDIA_DRIVER_NAME if naming is DeviceNaming.NVIDIA else DEFAULT_DRIVER_NAME
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         backend = backend_from_args(args)
@@ -91,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
             backend.discover(),
             backend.shared_counters(),
             node=NodeRef(args.node_name, None),
-            driver=check_driver_name(args.driver_name),
+            driver=check_driver_name(args.driver_name or _default_driver(DeviceNaming(args.device_naming))),
             expect_taints=args.expect_taints,
         )
     except (FakeConfigError, DeviceValidationError) as err:

@@ -10,6 +10,7 @@ as on machines where the two differ, so a name from the wrong one shows.
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -214,3 +215,18 @@ def test_nvidia_naming_goes_with_nvidias_driver_name_and_reaches_the_backend() -
 def test_nvidia_naming_and_nvidias_driver_name_are_refused_apart(values: dict[str, str]) -> None:
     with pytest.raises(config.ConfigError, match="--device-naming"):
         settings(**values)
+
+
+def test_the_devices_preview_renders_nvidias_names_under_nvidias_driver_name(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`draplugin devices --device-naming nvidia`: what `draplugin run` in that mode would publish."""
+    from draplugin.cli import main
+
+    argv = ["devices", "--node-name", NODE, "--backend", "fake", "--fake-gpus", "1", "-o", "json"]
+    assert main([*argv, "--device-naming", "nvidia"]) == 0
+    (obj,) = json.loads(capsys.readouterr().out)["items"]
+    assert obj["spec"]["driver"] == NVIDIA_DRIVER_NAME
+    assert main(argv) == 0
+    (obj,) = json.loads(capsys.readouterr().out)["items"]
+    assert obj["spec"]["driver"] == "gpu.draplugin.dev"
