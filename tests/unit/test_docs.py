@@ -68,6 +68,15 @@ RUN_HERE: frozenset[str] = frozenset({
     "dra-controller top --metrics-file docs/usage/gpu-node-1.prom",
     "dra-controller top --metrics-file docs/usage/gpu-node-1.prom --idle",
     "dra-controller top --metrics-file docs/usage/gpu-node-1.prom --namespace team-b -o json",
+    # docs/cli.md
+    "dra-controller --version",
+    "draplugin --version",
+    "dra-controller simulate -f examples/deviceclasses.yaml -f examples/resourceslices/"
+    " -f examples/01-single-gpu/",
+    "dra-controller explain claim/team-gpu -f examples/deviceclasses.yaml -f examples/resourceslices/"
+    " -f examples/03-preallocated-shared-claim/",
+    "dra-controller lint -R -f examples/",
+    "dra-controller top --metrics-file docs/usage/gpu-node-1.prom -o wide",
 })  # fmt: skip
 
 # Pages whose every command (kubectl against a cluster included) runs in order on a local cluster
@@ -108,6 +117,14 @@ _REGISTRY = "pushes to or pulls from a real registry (there is none here)"
 _PIPX = "installs the wheel on an admin's machine; `make release` builds it (entry points: pyproject.toml)"
 _CLUSTER_CLAIM = "needs a live cluster holding that claim; the --objects form of the command is run here"
 _MAKE = "the project's own set-up and test entry points (run by CI, not from inside the test suite)"
+_KUBECTL_PLUGIN = (
+    "kubectl dra against a user's cluster; tests/integration/test_kubectl_plugin.py runs kubectl dra (and "
+    "its completion) with the kubectl the test set-up builds"
+)
+_COMPLETION = (
+    "changes the interactive shell; tests/unit/test_cli_habits.py evaluates the same line in bash and "
+    "completes partial words through it"
+)
 _TOP_CLUSTER = (
     "reads the plugin pods of a live cluster; tests/integration/test_top_cluster.py runs it against the real "
     "API server's pod proxy, tests/e2e/test_top_plugin.py against a real plugin's /metrics"
@@ -240,6 +257,12 @@ NOT_RUN: dict[str, str] = {
     "kubectl get pod two-gpus-a -o jsonpath='{.status.extendedResourceClaimStatus}'": _KUBECTL_INSPECT,
     "kubectl logs two-gpus-a": _KUBECTL_INSPECT,
     "kubectl delete -f examples/device-plugin/extended-resource/": _KUBECTL_EXTENDED,
+    # docs/cli.md
+    "kubectl dra explain pod/my-pod -n my-namespace": _KUBECTL_PLUGIN,
+    "kubectl dra simulate -A": _KUBECTL_PLUGIN,
+    "kubectl dra lint": _KUBECTL_PLUGIN,
+    'eval "$(register-python-argcomplete dra-controller)"': _COMPLETION,
+    'eval "$(register-python-argcomplete draplugin)"': _COMPLETION,
 }
 
 _FENCE = re.compile(r"^\s*```(\S*)\s*$")
