@@ -42,6 +42,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/dynamic-resource-allocation/api/metadata"
+	metadatav1beta1 "k8s.io/dynamic-resource-allocation/api/metadata/v1beta1"
 	"k8s.io/dynamic-resource-allocation/devicemetadata"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	drapbv1 "k8s.io/kubelet/pkg/apis/dra/v1"
@@ -68,17 +69,17 @@ func main() {
 // --- decode ---------------------------------------------------------------------------------------
 
 type verdict struct {
-	Path       string                   `json:"path"`
-	Kind       string                   `json:"kind"` // "metadata" or "cdi"
-	Mode       string                   `json:"mode"`
-	OK         bool                     `json:"ok"`
-	Error      string                   `json:"error,omitempty"`
-	GVK        string                   `json:"gvk,omitempty"`
-	Decoded    *metadata.DeviceMetadata `json:"decoded,omitempty"`
-	CDIKind    string                   `json:"cdiKind,omitempty"`
-	CDIVersion string                   `json:"cdiVersion,omitempty"`
-	MinVersion string                   `json:"minVersion,omitempty"`
-	Devices    []cdispec.Device         `json:"devices,omitempty"`
+	Path       string                          `json:"path"`
+	Kind       string                          `json:"kind"` // "metadata" or "cdi"
+	Mode       string                          `json:"mode"`
+	OK         bool                            `json:"ok"`
+	Error      string                          `json:"error,omitempty"`
+	GVK        string                          `json:"gvk,omitempty"`
+	Decoded    *metadatav1beta1.DeviceMetadata `json:"decoded,omitempty"`
+	CDIKind    string                          `json:"cdiKind,omitempty"`
+	CDIVersion string                          `json:"cdiVersion,omitempty"`
+	MinVersion string                          `json:"minVersion,omitempty"`
+	Devices    []cdispec.Device                `json:"devices,omitempty"`
 }
 
 func decodeDir(root string) []verdict {
@@ -138,7 +139,13 @@ func decodeMetadata(path string, entry fs.DirEntry) verdict {
 	}
 	if err == nil {
 		v.GVK = gvk.String()
-		v.Decoded = &dm
+		// What a v1beta1 consumer reads, for the test to look at (the internal type has no JSON names).
+		var versioned metadatav1beta1.DeviceMetadata
+		if err := devicemetadata.DecodeMetadataFromStream(json.NewDecoder(bytes.NewReader(data)), &versioned); err != nil {
+			v.OK, v.Error = false, "decode as v1beta1: "+err.Error()
+		} else {
+			v.Decoded = &versioned
+		}
 	}
 	return v
 }
