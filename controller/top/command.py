@@ -5,7 +5,8 @@ utilization, memory used/total, how long the claim has been idle), read from the
 plugins' Prometheus endpoints (`controller.top.sources`): the chart's plugin pods through
 the API server's pod proxy, any `--endpoint URL` directly, and any `--metrics-file` saved
 scrape. An endpoint that cannot be read is named on stderr with the reason and the rest are
-still shown; the exit code is then 1.
+still shown; the exit code is then 1. `-o wide` adds each device's UUID and the endpoint its
+row came from.
 
 JSON/YAML: `{"devices": [row, ...], "errors": [{"endpoint", "error"}, ...]}`, rows as
 `ClaimedDevice.to_json()` (ratios 0..1, sizes in bytes, `idleSeconds`, `idle`).

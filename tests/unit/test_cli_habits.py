@@ -204,3 +204,27 @@ def test_devices_spells_its_flags_as_run_does() -> None:
     # Each flag's first long spelling is its name in --help; older spellings may follow it.
     devices = {next(s for s in a.option_strings if s.startswith("--")) for a in parsers["devices"]._actions}
     assert devices - DEVICES_ONLY_FLAGS <= run_flags, sorted(devices - DEVICES_ONLY_FLAGS - run_flags)
+
+
+@pytest.mark.parametrize(
+    ("program", "words", "expected"),
+    [
+        ("dra-controller", ["dra-controller", "explain", "--all"], ["--all-namespaces "]),
+        ("draplugin", ["draplugin", "devices", "--partitionable-m"], ["--partitionable-mig "]),
+    ],
+)
+def test_the_documented_bash_line_completes(program: str, words: list[str], expected: list[str]) -> None:
+    # docs/cli.md's line, evaluated in a real bash; then what bash does on TAB: set the COMP_*
+    # variables and call the function the line registered for the program.
+    line = " ".join(words)
+    script = (
+        f'eval "$(register-python-argcomplete {program})"\n'
+        f"COMP_WORDS=({line}); COMP_CWORD={len(words) - 1}; COMP_LINE='{line}'; COMP_POINT={len(line)}\n"
+        f"_python_argcomplete {program}\n"
+        'printf "%s\\n" "${COMPREPLY[@]}"\n'
+    )
+    env = {**os.environ, "PATH": f"{BIN_DIR}{os.pathsep}{os.environ.get('PATH', '')}"}
+    done = subprocess.run(
+        ["bash", "-c", script], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.splitlines() == expected, done.stderr
