@@ -34,15 +34,18 @@ kube-tools:
 # NVIDIA's software that the GPU half is tested against, without a GPU, each cached and
 # rebuilt only when its inputs change: the C-ABI NVML double over go-nvml's mock machines
 # (build_nvml_double.sh), Debian's non-free NVIDIA 550.163.01 packages unpacked
-# (fetch_nvidia_debs.sh, never installed) and nvidia-ctk v1.20.2 (build_nvidia_ctk.sh).
+# (fetch_nvidia_debs.sh, never installed), nvidia-ctk v1.20.2 (build_nvidia_ctk.sh) and
+# metadatacheck, upstream's device metadata reader and helper (build_metadatacheck.sh).
 # The tests find each by the directory its script prints.
 NVIDIA_ENV = DRA_NVML_DOUBLE_DIR="$$(tests/cluster/build_nvml_double.sh)" \
   DRA_NVIDIA_DEBS_DIR="$$(tests/cluster/fetch_nvidia_debs.sh)" \
-  DRA_NVIDIA_CTK_DIR="$$(tests/cluster/build_nvidia_ctk.sh)"
+  DRA_NVIDIA_CTK_DIR="$$(tests/cluster/build_nvidia_ctk.sh)" \
+  DRA_METADATACHECK_DIR="$$(tests/cluster/build_metadatacheck.sh)"
 nvidia-tools:
 	tests/cluster/build_nvml_double.sh >/dev/null
 	tests/cluster/fetch_nvidia_debs.sh >/dev/null
 	tests/cluster/build_nvidia_ctk.sh >/dev/null
+	tests/cluster/build_metadatacheck.sh >/dev/null
 
 proto: venv
 	$(PY) -m tools.protogen
