@@ -21,6 +21,7 @@ import yaml
 
 from controller.cel import ENGINES, CompileError, EvaluationError, compile_selector
 from controller.cli import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, Subcommand, register_subcommand
+from controller.manifests import Source, collect
 from controller.objects import ManifestError, flatten_document
 from controller.options import add_version_argument
 from dracommon.kubeversion import KubernetesVersion
@@ -125,7 +126,11 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         required=True,
         type=Path,
         metavar="SLICES",
-        help="ResourceSlice YAML/JSON file (multi-document or a List); repeatable; '-' reads stdin",
+        help="ResourceSlice YAML/JSON file (multi-document or a List), or a directory's .yaml/.yml/.json "
+        "files; repeatable; '-' reads stdin",
+    )
+    parser.add_argument(
+        "-R", "--recursive", action="store_true", help="read the directories of -f/--filename recursively"
     )
     parser.add_argument("--driver", help="only slices of this driver; also the driver of slices without one")
     parser.add_argument("-o", "--output", choices=("text", "json"), default="text")
@@ -135,9 +140,21 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     add_version_argument(parser)
 
 
+def _slice_files(args: argparse.Namespace) -> list[Path]:
+    """-f as the other commands read it (controller.manifests): directories expanded, each file
+    once; '-' (stdin) last."""
+    named = [str(path) for path in args.files if str(path) != "-"]
+    try:
+        files = collect(Source(path, args.recursive) for path in named).files
+    except ManifestError as err:
+        raise InputError(str(err)) from None
+    return files + [Path("-")] * (len(named) < len(args.files))
+
+
 def _run(args: argparse.Namespace) -> int:
     try:
-        report = evaluate(args.expression, args.files, args.driver, args.engine, args.kubernetes_version)
+        files = _slice_files(args)
+        report = evaluate(args.expression, files, args.driver, args.engine, args.kubernetes_version)
     except CompileError as err:
         print(f"dra-controller cel: compile error: {err}", file=sys.stderr)
         return EXIT_USAGE

@@ -220,3 +220,20 @@ def test_top_wide_adds_the_uuid_and_source_columns(capsys: pytest.CaptureFixture
     assert wide[0].split()[-2:] == ["UUID", "SOURCE"] and "UUID" not in narrow[0]
     assert len(wide) == len(narrow)
     assert all(METRICS in line for line in wide[1:])
+
+
+def test_cel_reads_slices_from_directories_as_the_other_commands_do(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    below = tmp_path / "slices" / "below"
+    below.mkdir(parents=True)
+    shutil.copy(EXAMPLES / "resourceslices" / "fake-node.yaml", below / "fake-node.yaml")
+    single = ["cel", "true", "-o", "json", "-f", f"{SLICES}/fake-node.yaml"]
+    assert main(single) == 0
+    devices = _json_out(capsys)["matches"]
+    assert main(["cel", "true", "-o", "json", "-f", SLICES, "-f", f"{SLICES}/fake-node.yaml"]) == 0
+    assert _json_out(capsys)["matches"] == devices  # the file named twice is read once
+    assert main(["cel", "true", "-o", "json", "-f", str(tmp_path / "slices")]) == 0
+    assert _json_out(capsys)["matches"] == []
+    assert main(["cel", "true", "-o", "json", "-R", "-f", str(tmp_path / "slices")]) == 0
+    assert _json_out(capsys)["matches"] == devices

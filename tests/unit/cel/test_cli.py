@@ -107,7 +107,8 @@ def test_unreadable_input_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert main(["cel", "true", "-f", str(bad)]) == 2
     assert "not valid YAML or JSON" in capsys.readouterr().err
     assert main(["cel", "true", "-f", str(tmp_path / "missing.yaml")]) == 2
-    assert "cannot read" in capsys.readouterr().err
+    # Said as simulate, explain and lint say it (controller.manifests).
+    assert "missing.yaml: no such file or directory" in capsys.readouterr().err
     wrong = tmp_path / "pod.yaml"
     wrong.write_text("kind: Pod\nspec: {}\n")
     assert main(["cel", "true", "-f", str(wrong)]) == 2
