@@ -154,6 +154,16 @@ NOT_RUN: dict[str, str] = {
     "helm upgrade --install draplugin deploy/helm/draplugin --namespace draplugin-system --create-namespace"
     " -f deploy/helm/values-fake-gpus.yaml": _HELM_INSTALL,
     "helm uninstall draplugin --namespace draplugin-system": "removes a release from a real cluster",
+    # docs/operations.md, docs/troubleshooting.md
+    "helm upgrade draplugin deploy/helm/draplugin --namespace draplugin-system --reuse-values": (
+        "upgrades a release in a real cluster; tests/integration/test_chart.py renders the same chart with "
+        "each value and has the real API server admit every object"
+    ),
+    "helm upgrade draplugin deploy/helm/draplugin --namespace draplugin-system --reuse-values"
+    " --set logLevel=debug": (
+        "upgrades a release in a real cluster; the chart passes logLevel to both daemons as --log-level "
+        "(tests/integration/test_chart.py), tests/unit/test_log_style.py checks what the logs then hold"
+    ),
     "kubectl get resourceslices --field-selector spec.driver=gpu.draplugin.dev": _KUBECTL_INSPECT,
     "kubectl apply -f examples/01-single-gpu/single-gpu.yaml": _KUBECTL_EXAMPLES,
     "kubectl get resourceclaims -o wide": _KUBECTL_INSPECT,
