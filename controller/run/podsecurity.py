@@ -135,7 +135,10 @@ class PodSecurityCheck:
         found = self._api.get(f"/api/v1/namespaces/{self._namespace}/events", query)
         new = [r for r in refusals(found.get("items") or []) if r.uid not in self._reported]
         for refusal in new:
-            log.error(explain(refusal), extra={"daemonset": f"{refusal.namespace}/{refusal.name}"})
+            log.error(
+                "Pod Security refuses the kubelet plugin's pods",
+                extra={"daemonset": f"{refusal.namespace}/{refusal.name}", "detail": explain(refusal)},
+            )
             try:
                 path = f"/apis/events.k8s.io/v1/namespaces/{refusal.namespace}/events"
                 self._api.create(path, refusal_event(refusal, self._controller, self._instance))
