@@ -262,6 +262,12 @@ NOT_RUN: dict[str, str] = {
     "kubectl logs small-inference": _KUBECTL_INSPECT,
     "kubectl logs large-inference": _KUBECTL_INSPECT,
     "kubectl delete -f examples/13-shared-gpu/shared-gpu.yaml": _KUBECTL_EXAMPLES,
+    # examples/14-device-metadata/README.md, docs/device-metadata.md
+    "kubectl apply -f examples/14-device-metadata/device-metadata.yaml": _KUBECTL_EXAMPLES,
+    "kubectl logs reader-a": _KUBECTL_INSPECT,
+    "kubectl logs reader-b": _KUBECTL_INSPECT,
+    "kubectl logs template-reader": _KUBECTL_INSPECT,
+    "kubectl delete -f examples/14-device-metadata/device-metadata.yaml": _KUBECTL_EXAMPLES,
     # examples/device-plugin/extended-resource/README.md
     "kubectl apply -f examples/device-plugin/extended-resource/": _KUBECTL_EXTENDED,
     "kubectl get pod two-gpus-a -o jsonpath='{.status.extendedResourceClaimStatus}'": _KUBECTL_INSPECT,

@@ -217,3 +217,13 @@ def test_example_13_on_unshared_gpus_the_second_claim_waits_for_the_h100() -> No
     small, large = run("13-shared-gpu")
     assert small.allocated and devices(small) == ["gpu-0"]
     assert not large.allocated
+
+
+def test_example_14_shared_claim_and_template_claim_each_get_a_gpu() -> None:
+    # README: reader-a and reader-b share shared-gpu (the first pod allocates it), template-reader
+    # gets its own. What the containers read from their metadata files is tests/e2e's to check.
+    shared, template = run("14-device-metadata")
+    assert (shared.name, shared.pod, shared.allocated) == ("shared-gpu", "reader-a", True)
+    assert (template.pod, template.template, template.allocated) == ("template-reader", "one-gpu", True)
+    assert len(devices(shared)) == len(devices(template)) == 1
+    assert set(devices(shared) + devices(template)) <= WHOLE_GPUS and devices(shared) != devices(template)
