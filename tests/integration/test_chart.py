@@ -585,3 +585,16 @@ def test_api_server_rejects_a_broken_object(dynamic_client: DynamicClient, test_
     with pytest.raises(k8s.ApiException):
         # Nothing was stored by the dry runs.
         k8s.ResourceV1Api(dynamic_client.client).read_device_class(bad["metadata"]["name"])
+
+
+@pytest.mark.parametrize(
+    ("values", "expected"), [({}, "auto"), ({"kubeletPlugin": {"deviceMetadata": "off"}}, "off")]
+)
+def test_device_metadata_setting_reaches_the_plugin(
+    helm_home: Path, values: dict[str, Any], expected: str
+) -> None:
+    """kubeletPlugin.deviceMetadata is the plugin's DEVICE_METADATA (docs/device-metadata.md)."""
+    (container,) = only(render_chart(helm_home, values), "DaemonSet")["spec"]["template"]["spec"][
+        "containers"
+    ]
+    assert container_env(container)["DEVICE_METADATA"] == expected

@@ -297,3 +297,17 @@ async def test_start_up_keeps_prepared_claims_restores_their_specs_and_sweeps_te
     assert spec.read_bytes() == content
     assert str(temp) in report.temp_files_removed and not temp.exists()
     assert doc_of(request_dir / "metadata.json")["metadata"]["uid"] == "uid-1"
+
+
+def test_the_setting_turns_writing_off_and_names_the_plugin_directory(tmp_path: Path) -> None:
+    from draplugin import config as plugin_config
+    from draplugin.prepare.wiring import metadata_store
+
+    environ = {"DEVICE_METADATA": "off", "KUBELET_ROOT_DIR": str(tmp_path)}
+    settings = plugin_config.load({"node_name": "n"}, environ=environ)
+    store = metadata_store(settings)
+    assert not store.enabled
+    assert store.root == tmp_path / "plugins" / settings.driver_name / "dra-device-metadata"
+    assert metadata_store(plugin_config.load({"node_name": "n"}, environ={})).enabled  # auto: on
+    with pytest.raises(plugin_config.ConfigError, match=r"--device-metadata \(DEVICE_METADATA\): 'yes'"):
+        plugin_config.load({"node_name": "n"}, environ={"DEVICE_METADATA": "yes"})
