@@ -28,6 +28,7 @@ import shutil
 from collections.abc import Collection, Iterator
 from pathlib import Path
 
+from dracommon.kubenames import dns_label_problem, dns_subdomain_problem
 from draplugin import statefile
 from draplugin.prepare import metadata as md
 
@@ -129,6 +130,8 @@ class MetadataStore:
             with contextlib.suppress(FileNotFoundError):
                 spec.unlink()
                 removed = True
+        if dns_label_problem(namespace) or dns_subdomain_problem(name):
+            return removed  # a name prepare refuses: no document of it can exist, nowhere to look
         claim_dir = self.claim_dir(namespace, name)
         for request_dir, doc in self._documents(namespace, name):
             if doc is not None and _uid_of(doc) not in (uid, None):

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from draplugin import crashpoints, statefile
-from draplugin.kubelet.interface import ClaimError
+from draplugin.kubelet.interface import ClaimError, ClaimRef
 from draplugin.prepare.driver import GpuDriver
 from draplugin.prepare.metadata import POD_CLAIM_NAME_ANNOTATION, _go_json
 from draplugin.prepare.metadatastore import MetadataStore
@@ -311,3 +311,16 @@ def test_the_setting_turns_writing_off_and_names_the_plugin_directory(tmp_path: 
     assert metadata_store(plugin_config.load({"node_name": "n"}, environ={})).enabled  # auto: on
     with pytest.raises(plugin_config.ConfigError, match=r"--device-metadata \(DEVICE_METADATA\): 'yes'"):
         plugin_config.load({"node_name": "n"}, environ={"DEVICE_METADATA": "yes"})
+
+
+async def test_unprepare_of_an_unsafe_name_looks_nowhere_outside(node: MetadataNode, tmp_path: Path) -> None:
+    victim = tmp_path / "victim" / "gpu"
+    victim.mkdir(parents=True)
+    (victim / "metadata.json").write_text("{}")
+    driver = node.driver()
+    (node.metadata_root / "ns_x").mkdir(parents=True)  # some claim x's directory
+    # "ns_" + this name is the victim's directory, seen from inside the metadata directory.
+    bad = ClaimRef("ns", "uid-9", "x/../../../victim")
+    assert (node.metadata_root / f"ns_{bad.name}").resolve() == victim.parent
+    await driver.unprepare_claim(bad)
+    assert (victim / "metadata.json").exists()
