@@ -19,10 +19,16 @@ from typing import Any
 from controller.allocation.features import Features
 from controller.allocation.nodes import Node, NodeSelectorError
 from controller.allocation.pools import Pool, gather_pools
-from controller.allocation.requests import claim_ref, claim_requests
+from controller.allocation.requests import EXACT_COUNT, Request, alternatives, claim_ref, claim_requests
 from controller.allocation.result import NodeSelectorConflict, allocation_config, device_result, node_selector
 from controller.allocation.search import AllocationError, Candidate, Search, pool_candidates
-from controller.allocation.selectors import Compiler, SelectorCache, SelectorError
+from controller.allocation.selectors import (
+    Compiler,
+    SelectorCache,
+    SelectorError,
+    request_steps,
+    step_expressions,
+)
 from controller.allocation.state import AllocatedState, allocated_state, apply_taint_rules
 from controller.allocation.unsupported import Unsupported, claim_problems, slice_problems
 from dracommon.quantity import QuantityError
@@ -50,16 +56,36 @@ class Failure:
     error: bool = False
 
 
+# kube-scheduler's words when no combination of devices fits.
+CANNOT_ALLOCATE = "cannot allocate all claims"
+# A selector step errs on the device (kept apart from "fails at step i": an error is never a verdict).
+_ERRS = -1
+# A claim's requests, each as its alternatives (the firstAvailable subrequests, or the one request),
+# each with its DeviceClass and selector expressions: what screening (`cannot_fit`, `cannot_err`)
+# looks at.
+_Option = tuple[Request, JSON, tuple[str, ...]]
+_Shape = tuple[tuple[_Option, ...], ...]
+_SHAPE_CACHE_SIZE = 4096
+
+
 @dataclass
 class _NodeView:
     """What the allocator searches on one node, built once per node from the slices: the pools,
     their candidate devices (with their per-device facts and selector verdicts) and the first
-    unsupported field in the pools' slices (`problem_known` once looked for)."""
+    unsupported field in the pools' slices (`problem_known` once looked for).
+
+    `first_failing`: per selector expressions (a request's `step_expressions`), each candidate's
+    first failing step (None: every step matches; _ERRS: a step errs), pool by pool; CEL is pure
+    over the device, so it is evaluated once per device for all claims of that shape. `plain`:
+    nothing on the node makes a search err or fail other than by its devices' selectors, use and
+    counts (see `Allocator._plain`)."""
 
     pools: list[Pool]
     candidates: list[list[Candidate]]
     problem: Unsupported | None = None
     problem_known: bool = False
+    first_failing: dict[tuple[str, ...], list[list[int | None]]] = field(default_factory=dict)
+    plain: bool | None = None
 
 
 @dataclass
@@ -106,6 +132,11 @@ class Allocator:
         self._shared_slices: list[JSON] = []
         self._indexed: list[JSON] | None = None
         self._views: dict[tuple[str, tuple[tuple[str, str], ...]] | None, _NodeView] = {}
+        # Claims screened lately, by id (the claim is kept so that its id is not reused).
+        self._shapes: dict[int, tuple[JSON, _Shape | None]] = {}
+        # Screen.cannot_err's answers by the claims' expressions, then by node (kept, as above):
+        # a Filter over 1,000 nodes asks each of them, claim after claim.
+        self._error_free: dict[tuple[tuple[str, ...], ...], dict[int, tuple[Node | None, bool]]] = {}
         self._index_slices()
 
     def _index_slices(self) -> None:
@@ -115,6 +146,8 @@ class Allocator:
         self._slices_by_node = {}
         self._shared_slices = []
         self._views = {}
+        self._view_of_node: dict[int, tuple[Node | None, _NodeView]] = {}
+        self._error_free = {}
         for slice_obj in self.slices:
             node_name = (slice_obj.get("spec") or {}).get("nodeName")
             if node_name:
@@ -138,6 +171,11 @@ class Allocator:
         (one per pod) then cost no pool gathering and share the candidates' selector verdicts."""
         if self._indexed is not self.slices:
             self._index_slices()
+        # By the Node object first (kept, so its id is not reused; Node is frozen): simulate and
+        # explain ask for the same 1,000 nodes claim after claim.
+        known = self._view_of_node.get(id(node))
+        if known is not None and known[0] is node:
+            return known[1]
         key = None if node is None else (node.name, tuple(sorted(node.labels.items())))
         view = self._views.get(key)
         if view is None:
@@ -145,6 +183,9 @@ class Allocator:
             pools = gather_pools([*local, *self._shared_slices], self.slices, node, self.features)
             view = _NodeView(pools, [pool_candidates(p) for p in pools])
             self._views[key] = view
+        if len(self._view_of_node) >= _SHAPE_CACHE_SIZE * 16:
+            self._view_of_node.clear()
+        self._view_of_node[id(node)] = (node, view)
         return view
 
     def search(self, claims: Sequence[JSON], node: Node | None) -> Search:
@@ -169,6 +210,9 @@ class Allocator:
         missing = self._missing_class(claims)
         if missing:
             return AllocationOutcome(failure=Failure(missing), node=node_name)
+        if Screen(self, claims).cannot_fit(node):
+            # What the search would conclude, known from the devices' selector verdicts alone.
+            return AllocationOutcome(failure=Failure(CANNOT_ALLOCATE), node=node_name)
         try:
             search = self.search(claims, node)
             unsupported = self._unsupported(claims, self._view(node))
@@ -182,7 +226,7 @@ class Allocator:
                     return AllocationOutcome(
                         failure=Failure("invalid resource pools were encountered"), node=node_name
                     )
-                return AllocationOutcome(failure=Failure("cannot allocate all claims"), node=node_name)
+                return AllocationOutcome(failure=Failure(CANNOT_ALLOCATE), node=node_name)
             allocations = [self._allocation(plan_index, search, node) for plan_index in range(len(claims))]
         except SelectorError as err:
             return AllocationOutcome(failure=Failure(err.message, error=True), node=node_name)
@@ -208,6 +252,90 @@ class Allocator:
             )
             view.problem_known = True
         return view.problem
+
+    # ----- screening: Filter outcomes known without a search (see Screen) --------------------------
+
+    def screen(self, claims: Sequence[JSON]) -> Screen:
+        """Screening of `claims` (together) node by node; see `Screen`."""
+        return Screen(self, claims)
+
+    def cannot_fit(self, claims: Sequence[JSON], node: Node | None) -> bool:
+        return self.screen(claims).cannot_fit(node)
+
+    def cannot_err(self, claims: Sequence[JSON], node: Node | None) -> bool:
+        return self.screen(claims).cannot_err(node)
+
+    def _shape(self, claim: JSON) -> _Shape | None:
+        """The claim's requests for screening, or None when screening does not cover it: a
+        missing class, a field we do not model, an All request, or anything `prepare` refuses
+        (those answers are the same on every node, and `allocate` gives them)."""
+        cached = self._shapes.get(id(claim))
+        if cached is not None and cached[0] is claim:
+            return cached[1]
+        shape: _Shape | None = None
+        if not self._missing_class([claim]) and not claim_problems(claim):
+            try:
+                Search(
+                    claims=[claim], node=None, pools=[], classes=self.classes, state=self.state,
+                    features=self.features, selectors=self.selectors, candidates=[],
+                ).prepare()  # fmt: skip
+                options = [alternatives(request) for request in claim_requests(claim)]
+                if all(option.allocation_mode == EXACT_COUNT for group in options for option in group):
+                    shape = tuple(tuple(self._option(option) for option in group) for group in options)
+            except Exception:  # prepare's refusals (and malformed fields): allocate reports them
+                shape = None
+        if len(self._shapes) >= _SHAPE_CACHE_SIZE:
+            self._shapes.clear()
+        self._shapes[id(claim)] = (claim, shape)
+        return shape
+
+    def _option(self, request: Request) -> _Option:
+        device_class = self.classes[request.device_class_name]
+        return request, device_class, step_expressions(device_class, request)
+
+    def _first_failing(self, view: _NodeView, option: _Option) -> list[list[int | None]]:
+        request, device_class, expressions = option
+        found = view.first_failing.get(expressions)
+        if found is None:
+            # Step names only word error messages, which are not kept: any claim's will do.
+            steps = request_steps(device_class, request, "")
+            found = []
+            for candidates in view.candidates:
+                row: list[int | None] = []
+                for candidate in candidates:
+                    try:
+                        failed = self.selectors.first_non_match(
+                            steps, candidate.device_id.driver, candidate.device
+                        )
+                    except SelectorError:
+                        row.append(_ERRS)
+                        continue
+                    row.append(failed)
+                    # The search's own memo of the same verdict (Search.selectable).
+                    candidate.selected[expressions] = failed is None
+                found.append(row)
+            view.first_failing[expressions] = found
+        return found
+
+    def _plain(self, view: _NodeView) -> bool:
+        """Complete, valid pools of node-local slices, no unsupported field, and devices with no
+        per-device node selection, shared counters, sharing, or unparsed capacity: then a search
+        there fails only for want of devices and cannot err (see `cannot_fit`, `cannot_err`)."""
+        if view.plain is None:
+            view.plain = self._unsupported([], view) is None and all(
+                not pool.incomplete
+                and not pool.invalid
+                and all((s.get("spec") or {}).get("nodeName") for s in pool.slices_on_node)
+                and all(
+                    not c.per_device_node_selection
+                    and not c.consumes_counters
+                    and c.plain_capacity
+                    and not c.device.get("allowMultipleAllocations")
+                    for c in candidates
+                )
+                for pool, candidates in zip(view.pools, view.candidates, strict=True)
+            )
+        return view.plain
 
     def commit(self, claim: JSON, allocation: JSON) -> None:
         """Mark the devices of a new allocation as in use for later calls."""
@@ -249,6 +377,82 @@ class Allocator:
         if selector is not None:
             allocation["nodeSelector"] = selector
         return allocation
+
+
+class Screen:
+    """Filter outcomes of some claims (allocated together) known without a search, node by node.
+
+    At fleet size most Filter calls are on nodes that cannot fit the claim (no device of the
+    model, or all in use); `Allocator.allocate` asks `cannot_fit` first, and a Filter over many
+    nodes that only needs the first feasible one skips the nodes that `cannot_err` after it. Both
+    are exact (never True where the search would say otherwise) and conservative (False in any
+    case they do not cover). The per-claim work (shapes) is done once per Screen.
+    """
+
+    def __init__(self, allocator: Allocator, claims: Sequence[JSON]) -> None:
+        self.allocator = allocator
+        shapes = [allocator._shape(claim) for claim in claims]
+        self.shapes: list[_Shape] | None = (
+            None if not shapes or any(s is None for s in shapes) else [s for s in shapes if s is not None]
+        )
+        self.key = (
+            tuple(option[2] for shape in self.shapes for options in shape for option in options)
+            if self.shapes is not None
+            else ()
+        )
+        if allocator._indexed is not allocator.slices:
+            allocator._index_slices()  # new slices: the answers kept for the old ones go
+        self._error_free = allocator._error_free.setdefault(self.key, {})
+
+    def cannot_fit(self, node: Node | None) -> bool:
+        """True when `allocate(claims, node)` fails with CANNOT_ALLOCATE (no error): no device of
+        the node that is free (or any, for admin access) passes the selectors of any alternative of
+        the first claim's first request, and nothing else there could err first."""
+        if self.shapes is None or not self.shapes[0]:
+            return False  # not covered, or a first claim without requests (allocated trivially)
+        allocator = self.allocator
+        view = allocator._view(node)
+        if not allocator._plain(view):
+            return False
+        in_use = allocator.state.devices
+        for option in self.shapes[0][0]:
+            admin = option[0].admin_access
+            failing_steps = allocator._first_failing(view, option)
+            for candidates, failing in zip(view.candidates, failing_steps, strict=True):
+                for candidate, failed in zip(candidates, failing, strict=True):
+                    if failed is not None and failed != _ERRS:
+                        continue
+                    if not admin and candidate.device_id in in_use:
+                        continue  # the search skips it before its selectors
+                    return False  # a free device passes (or errs): only a search can tell
+        return True
+
+    def cannot_err(self, node: Node | None) -> bool:
+        """True when `allocate(claims, node)` returns no error, whatever it allocates: claims of
+        ExactCount requests that prepare cleanly, a plain node (devices consume no counters and
+        are not shared, slices node-local), and every selector evaluating cleanly on every device."""
+        if self.shapes is None:
+            return False
+        by_node = self._error_free
+        found = by_node.get(id(node))
+        if found is not None and found[0] is node:
+            return found[1]
+        allocator = self.allocator
+        features = allocator.features
+        if features.consumable_capacity and features.capacity_check_at_result_index:
+            return False  # 1.34.4 checks capacity on another device of the slice, and may crash
+        view = allocator._view(node)
+        known = allocator._plain(view) and not any(
+            _ERRS in failing
+            for shape in self.shapes
+            for options in shape
+            for option in options
+            for failing in allocator._first_failing(view, option)
+        )
+        if len(by_node) >= _SHAPE_CACHE_SIZE * 16:
+            by_node.clear()
+        by_node[id(node)] = (node, known)
+        return known
 
 
 def allocate(

@@ -121,4 +121,35 @@ def filter_nodes(
     return result
 
 
-__all__ = ["FILTER_ERROR_PREFIX", "FilterResult", "NodeOutcome", "filter_nodes", "scheduling_error_message"]
+def first_fit(allocator: Allocator, claims: Sequence[JSON], nodes: Sequence[Node | None]) -> FilterResult:
+    """`filter_nodes(allocator, claims, nodes)`'s `chosen` and `failure`, for a caller that takes
+    the first feasible node (simulate's claims on their own, as dra-controller pre-allocates).
+
+    Past the first feasible node only an error can change the answer, so only the nodes where
+    the Filter might err are filtered there (`Screen.cannot_err`); the first error in order ends
+    the scan, as it fails the attempt. `feasible` holds the first feasible node only, `rejected`
+    the nodes rejected before it.
+    """
+    result = FilterResult()
+    screen = allocator.screen(claims)
+    for node in nodes:
+        if result.feasible and screen.cannot_err(node):
+            continue
+        entry = NodeOutcome(node, allocator.allocate(claims, node))
+        failure = entry.outcome.failure
+        if failure is not None and failure.error:
+            result.error = entry
+            break
+        if not result.feasible:
+            (result.feasible if entry.outcome.ok else result.rejected).append(entry)
+    return result
+
+
+__all__ = [
+    "FILTER_ERROR_PREFIX",
+    "FilterResult",
+    "NodeOutcome",
+    "filter_nodes",
+    "first_fit",
+    "scheduling_error_message",
+]

@@ -26,7 +26,7 @@ node only try that node.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,7 +52,7 @@ from controller.options import (
 from controller.run.reconciler import ANY_NODE_SYNONYMS, preallocate_annotation
 from controller.scheduler.allocator import AllocationOutcome, Allocator, Failure
 from controller.scheduler.extendedclaim import Mapped
-from controller.scheduler.nodefilter import filter_nodes
+from controller.scheduler.nodefilter import filter_nodes, first_fit
 from controller.scheduler.nodescore import ScoreError, choose_node
 from controller.scheduler.podclaims import (
     PodClaim,
@@ -165,6 +165,7 @@ class Simulator:
         self.nodes: list[Node | None] = [*nodes] if nodes else [None]
         self.explain = explain
         self._next = 0
+        self._positions = {id(node): i for i, node in enumerate(self.nodes)}
         # Claims allocated during this run, by namespace/name, so pods sharing them see it.
         self.allocated: dict[str, dict[str, Any]] = {}
 
@@ -173,18 +174,21 @@ class Simulator:
         return [self.nodes[(self._next + i) % count] for i in range(count)]
 
     def _advance_past(self, node: Node | None) -> None:
-        if node in self.nodes:
-            self._next = (self.nodes.index(node) + 1) % len(self.nodes)
+        # By identity first: the chosen node is one of self.nodes (a scan of 1,000 nodes per claim
+        # compared dataclasses field by field).
+        index = self._positions.get(id(node))
+        if index is None and node in self.nodes:
+            index = self.nodes.index(node)
+        if index is not None:
+            self._next = (index + 1) % len(self.nodes)
 
     def _try(
-        self,
-        claims: Sequence[JSON],
-        candidates: Sequence[Node | None],
-        available: Callable[[Node | None], bool] = lambda _node: True,
+        self, claims: Sequence[JSON], candidates: Sequence[Node | None]
     ) -> tuple[AllocationOutcome, Node | None]:
-        """Filter every candidate, as kube-scheduler does before it picks a node: the first
-        feasible one wins, unless a Filter error on any of them fails the whole attempt."""
-        filtered = filter_nodes(self.allocator, claims, candidates, available)
+        """Filter the candidates as kube-scheduler does before it picks a node: the first
+        feasible one wins, unless a Filter error on any of them fails the whole attempt
+        (`first_fit`: past the first feasible node, only nodes where the Filter may err)."""
+        filtered = first_fit(self.allocator, claims, candidates)
         chosen = filtered.chosen
         if chosen is not None:
             return chosen.outcome, chosen.node
