@@ -20,13 +20,7 @@ from controller.allocation.selectors import Compiler
 from controller.cel import compile_selector, versions
 from controller.cel.versions import VERSION_ENV
 from controller.manifests import Source, collect, duplicates
-from controller.objects import (
-    NAMESPACED_KINDS,
-    ClusterObjects,
-    ManifestError,
-    load_from_cluster,
-    load_manifests,
-)
+from controller.objects import ClusterObjects, ManifestError, load_from_cluster, load_manifests
 from controller.scheduler import extendedclaim
 from controller.scheduler.allocator import Allocator
 from dracommon.kubeversion import (
@@ -112,12 +106,7 @@ def in_namespace(objects: ClusterObjects, namespace: str | None) -> ClusterObjec
         return objects
 
     def keep(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        return [
-            o
-            for o in items
-            if o.get("kind") not in NAMESPACED_KINDS
-            or ((o.get("metadata") or {}).get("namespace") or "default") == namespace
-        ]
+        return [o for o in items if ((o.get("metadata") or {}).get("namespace") or "default") == namespace]
 
     return ClusterObjects(
         device_classes=objects.device_classes,
