@@ -125,6 +125,27 @@ def test_the_install_notes_warn_only_while_no_node_has_a_gpu_label(
 # --- Pod Security -------------------------------------------------------------------------------------
 
 
+def plugin_daemonset(
+    helm_home: Path, kube: KubeApi, namespace: str, values: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The chart's DaemonSet for `namespace`, with its ServiceAccounts created there (a pod of a
+    missing ServiceAccount is refused for that, before Pod Security has its say)."""
+    objects = render_chart(helm_home, values, namespace=namespace)
+    for account in (o for o in objects if o["kind"] == "ServiceAccount"):
+        try:
+            kube.create(f"/api/v1/namespaces/{namespace}/serviceaccounts", account)
+        except ApiError as err:
+            if err.status != 409:
+                raise
+    return dict(only(objects, "DaemonSet"))
+
+
+def probe_pod(daemonset: dict[str, Any]) -> dict[str, Any]:
+    """A Pod of the DaemonSet's template: what the DaemonSet controller would create."""
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "plugin-probe"},
+            "spec": daemonset["spec"]["template"]["spec"]}  # fmt: skip
+
+
 @pytest.mark.cluster
 def test_a_namespace_enforcing_baseline_refuses_the_plugin_and_the_notes_say_how_to_fix_it(
     helm_home: Path, kube_cluster: ControlPlane, kube: KubeApi, test_namespace: str
@@ -135,15 +156,7 @@ def test_a_namespace_enforcing_baseline_refuses_the_plugin_and_the_notes_say_how
     # What the DaemonSet controller meets creating the plugin's pod there: PodSecurity refuses it
     # (hostPath volumes), in every mode; the fake-GPU values too.
     for values in (None, yaml.safe_load((REPO_ROOT / "deploy/helm/values-fake-gpus.yaml").read_text())):
-        template = only(render_chart(helm_home, values, namespace=test_namespace), "DaemonSet")["spec"][
-            "template"
-        ]
-        pod = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": "plugin-probe"},
-            "spec": template["spec"],
-        }
+        pod = probe_pod(plugin_daemonset(helm_home, api, test_namespace, values))
         with pytest.raises(ApiError) as refused:
             api.create(f"/api/v1/namespaces/{test_namespace}/pods", pod, {"dryRun": "All"})
         assert refused.value.status == 403 and 'violates PodSecurity "baseline' in refused.value.message
@@ -161,8 +174,7 @@ def test_a_namespace_enforcing_baseline_refuses_the_plugin_and_the_notes_say_how
     # Labelled as the notes say, the namespace admits the plugin's pod and the notes say nothing more.
     api.merge_patch(f"/api/v1/namespaces/{test_namespace}", {"metadata": {"labels": {
         "pod-security.kubernetes.io/enforce": "privileged"}}})  # fmt: skip
-    template = only(render_chart(helm_home, namespace=test_namespace), "DaemonSet")["spec"]["template"]
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "plugin-probe"}, "spec": template["spec"]}
+    pod = probe_pod(plugin_daemonset(helm_home, api, test_namespace))
     api.create(f"/api/v1/namespaces/{test_namespace}/pods", pod, {"dryRun": "All"})
     out = run_helm(
         ["install", "psa", str(CHART), "-n", test_namespace, "--dry-run=server"],
@@ -184,8 +196,7 @@ def test_the_controller_reports_the_plugin_daemonset_refused_by_pod_security(
         "pod-security.kubernetes.io/enforce": "baseline"}}})  # fmt: skip
     node = fake_node()
     pinned = {"kubeletPlugin": {"nodeSelector": {"kubernetes.io/hostname": node}}}
-    objects = render_chart(helm_home, pinned, namespace=test_namespace)
-    daemonset = only(objects, "DaemonSet")
+    daemonset = plugin_daemonset(helm_home, kube, test_namespace, pinned)
     # Only the fake node, affinity and all: give it the labels NVIDIA's GPU nodes have.
     kube.merge_patch(f"/api/v1/nodes/{node}", {"metadata": {"labels": {"nvidia.com/gpu.present": "true"}}})
     created = kube.create(f"/apis/apps/v1/namespaces/{test_namespace}/daemonsets", daemonset)
