@@ -285,7 +285,8 @@ RUN_OPTIONS: Final = (
         "--idle-threshold-percent",
         "IDLE_THRESHOLD_PERCENT",
         DEFAULT_IDLE_THRESHOLD_PERCENT,
-        "a claim whose devices all stay below this SM utilization (0-100) for --idle-after is idle",
+        "a claim whose devices all stay below this utilization (0-100, time a kernel ran) for --idle-after "
+        "is idle",
     ),
     Option(
         "--idle-after",
