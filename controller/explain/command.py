@@ -34,7 +34,7 @@ from typing import Any
 
 from controller.allocation.nodes import Node, NodeSelectorError
 from controller.cli import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, Subcommand, register_subcommand
-from controller.explain.explanation import Explanation, explain_claim
+from controller.explain.explanation import NODE_LIMIT, Explanation, explain_claim
 from controller.objects import ClusterObjects
 from controller.options import (
     add_namespace_arguments,
@@ -102,6 +102,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_namespace_arguments(parser, every_by_default=False)
     parser.add_argument("--node", help="explain for this node only (default: every node the claim may use)")
+    parser.add_argument(
+        "--every-node",
+        action="store_true",
+        help=f"list every node in text output (default: the first {NODE_LIMIT}, the rest counted by "
+        "verdict on one line; JSON and YAML always list every node)",
+    )
     add_source_arguments(parser)
 
 
@@ -115,8 +121,10 @@ class _Explainer:
         only: Node | None,
         *,
         extended_resources: bool = True,
+        node_limit: int | None = NODE_LIMIT,
     ) -> None:
         self.objects = objects
+        self.node_limit = node_limit
         self.allocator = allocator
         self.only = only
         self.known = cluster_nodes(objects, allocator)
@@ -172,7 +180,7 @@ class _Explainer:
             data = {"claim": ref, "allocated": False, "summary": summary, "nodes": [], **extra}
             return data, f"{header}\n{summary}"
         explanation = explain_claim(self.allocator, entry.claim, nodes or None)
-        return {**explanation.to_json(), **extra}, f"{header}\n{explanation.to_text()}"
+        return {**explanation.to_json(), **extra}, f"{header}\n{explanation.to_text(self.node_limit)}"
 
     def _device_plugin_note(self, entry: PodClaim) -> str:
         """Nodes where a device plugin advertises the resource: the scheduler prefers it there."""
@@ -310,8 +318,9 @@ def _explain_claim(args: argparse.Namespace, explainer: _Explainer, namespace: s
     if claim is not None:
         nodes = [explainer.only] if explainer.only is not None else explainer.known
         explanation: Explanation = explain_claim(explainer.allocator, claim, nodes or None)
-        emit(args, explanation.to_json(), explanation.to_text)
-        return EXIT_OK if _usable(explanation.to_json()) else EXIT_FAILURE
+        data = explanation.to_json()  # once: at 1,000 nodes it is most of the output's work
+        emit(args, data, lambda: explanation.to_text(explainer.node_limit))
+        return EXIT_OK if _usable(data) else EXIT_FAILURE
     generated = explainer.find_generated(namespace, name)
     if generated is None:
         sys.stderr.write(
@@ -340,7 +349,13 @@ def _explain_claim(args: argparse.Namespace, explainer: _Explainer, namespace: s
 def run(args: argparse.Namespace, objects: ClusterObjects) -> int:
     allocator = build_allocator(objects, release_of(args), gates_of(args))
     only = find_node(objects, args.node) if args.node else None
-    explainer = _Explainer(objects, allocator, only, extended_resources=extended_resources_enabled(args))
+    explainer = _Explainer(
+        objects,
+        allocator,
+        only,
+        extended_resources=extended_resources_enabled(args),
+        node_limit=None if args.every_node else NODE_LIMIT,
+    )
     kind, name = args.claim
     if args.all_namespaces:
         found = _namespaces_holding(explainer, kind, name)

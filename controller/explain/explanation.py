@@ -16,13 +16,15 @@ from controller.allocation.capacity import CapacityRequestError, request_fits
 from controller.allocation.nodes import Node
 from controller.allocation.pools import DeviceID, pool_generation, pool_key
 from controller.allocation.requests import ALL, alternatives, blocking_taint, claim_ref, claim_requests
-from controller.allocation.search import RequestPlan, Search, pool_candidates
-from controller.allocation.selectors import SelectorError, request_steps
-from controller.scheduler.allocator import Allocator
+from controller.allocation.search import Candidate, RequestPlan, Search
+from controller.allocation.selectors import SelectorError, SelectorStep, request_steps
+from controller.scheduler.allocator import SELECTOR_ERRS, Allocator
 from controller.scheduler.nodefilter import scheduling_error_message
 
 JSON = Mapping[str, Any]
 
+# Nodes listed one by one in text output by default (JSON lists every node).
+NODE_LIMIT = 20
 # Filter keys, in the order they are applied, with the words used in text output.
 FILTERS: dict[str, str] = {
     "incomplete-pool": "incomplete pool",
@@ -162,9 +164,12 @@ class Explanation:
             "nodes": [n.to_json() for n in self.nodes],
         }
 
-    def to_text(self) -> str:
+    def to_text(self, node_limit: int | None = NODE_LIMIT) -> str:
+        """The summary, then node by node; past `node_limit` nodes (None: no limit) one line
+        counts the rest by verdict, so 1,000 nodes read as a page, not 3,000 lines."""
         lines = [self.summary]
-        for node in self.nodes:
+        shown = self.nodes if node_limit is None else self.nodes[:node_limit]
+        for node in shown:
             error = " (Filter error: fails the pod on every node)" if node.error else ""
             lines.append(f"node {node.node or '(none)'}: {node.verdict}{error}")
             for request in node.requests:
@@ -186,7 +191,18 @@ class Explanation:
                         lines.append(f"      {message}")
                     if pool.note:
                         lines.append(f"      {pool.note}")
+        left_out = self.nodes[len(shown) :]
+        if left_out:
+            lines.append(left_out_line(left_out))
         return "\n".join(lines)
+
+
+def left_out_line(nodes: Sequence[NodeReport]) -> str:
+    """`... and 980 more node(s), not listed (--every-node lists them): 975 cannot allocate all
+    claims; 5 allocatable`: the nodes past the limit, counted by verdict, most first."""
+    verdicts = Counter(n.verdict + (" (Filter error)" if n.error else "") for n in nodes)
+    counted = "; ".join(f"{count} {verdict}" for verdict, count in verdicts.most_common())
+    return f"... and {len(nodes)} more node(s), not listed (--every-node lists them): {counted}"
 
 
 def _pool_device_count(allocator: Allocator, driver: str, pool: str, generation: int) -> int:
@@ -203,7 +219,12 @@ def _explain_request(
     request = plan.request
     needed = "all" if request.allocation_mode == ALL else str(request.count)
     report = RequestReport(request=request.result_name, device_class=request.device_class_name, needed=needed)
-    for pool in search.pools:
+    # Each device's first failing selector, kept by the allocator per node and selector
+    # expressions: CEL runs once per device for every claim and node that asks.
+    failing = allocator.first_failing(search.node, request)
+    steps = request_steps(plan.device_class, plan.request, claim_ref(search.claims[key[0]]))
+    class_steps = len((plan.device_class.get("spec") or {}).get("selectors") or [])
+    for pool_index, pool in enumerate(search.pools):
         pool_report = PoolReport(pool=pool.id)
         report.pools.append(pool_report)
         if pool.incomplete or pool.invalid:
@@ -216,9 +237,12 @@ def _explain_request(
             pool_report.removed[reason] = count
             pool_report.note = pool.invalid_reason
             continue
-        for candidate in pool_candidates(pool):
+        for candidate, failed in zip(search.candidates[pool_index], failing[pool_index], strict=True):
             pool_report.devices += 1
-            verdict = _device_verdict(search, key, plan, candidate, pool_report)
+            if failed is not None and failed != SELECTOR_ERRS:
+                verdict: str | None = "class-selector" if failed < class_steps else "request-selector"
+            else:
+                verdict = _device_verdict(search, key, plan, candidate, pool_report, steps, class_steps)
             if verdict is None:
                 pool_report.usable += 1
             else:
@@ -227,18 +251,22 @@ def _explain_request(
 
 
 def _device_verdict(
-    search: Search, key: tuple[int, int, int], plan: RequestPlan, candidate: Any, report: PoolReport
+    search: Search,
+    key: tuple[int, int, int],
+    plan: RequestPlan,
+    candidate: Candidate,
+    report: PoolReport,
+    steps: list[SelectorStep],
+    class_steps: int,
 ) -> str | None:
     """The first filter that removes the device, or None when it is usable."""
     device = candidate.device
-    steps = request_steps(plan.device_class, plan.request, claim_ref(search.claims[key[0]]))
     try:
         failed = search.selectors.first_non_match(steps, candidate.device_id.driver, device)
     except SelectorError as err:
         report.cel_errors.append(err.message)
         return "cel-error"
     if failed is not None:
-        class_steps = len((plan.device_class.get("spec") or {}).get("selectors") or [])
         return "class-selector" if failed < class_steps else "request-selector"
     if not search.selectable(key, plan, candidate):
         return "node-selection"
@@ -264,7 +292,7 @@ def _device_verdict(
     return None
 
 
-def _counters_fit(search: Search, candidate: Any) -> bool:
+def _counters_fit(search: Search, candidate: Candidate) -> bool:
     fits = search._take_counters(candidate)
     if fits:
         search._release_counters(candidate)

@@ -59,7 +59,7 @@ class Failure:
 # kube-scheduler's words when no combination of devices fits.
 CANNOT_ALLOCATE = "cannot allocate all claims"
 # A selector step errs on the device (kept apart from "fails at step i": an error is never a verdict).
-_ERRS = -1
+SELECTOR_ERRS = _ERRS = -1
 # A claim's requests, each as its alternatives (the firstAvailable subrequests, or the one request),
 # each with its DeviceClass and selector expressions: what screening (`cannot_fit`, `cannot_err`)
 # looks at.
@@ -254,6 +254,12 @@ class Allocator:
         return view.problem
 
     # ----- screening: Filter outcomes known without a search (see Screen) --------------------------
+
+    def first_failing(self, node: Node | None, request: Request) -> list[list[int | None]]:
+        """For each of `pools(node)`'s candidates (`search(...).candidates`, pool by pool), the first
+        selector step of `request` (its class's, then its own) the device fails: None when all
+        match, SELECTOR_ERRS when one errs (evaluate again for the message). Kept per node view."""
+        return self._first_failing(self._view(node), self._option(request))
 
     def screen(self, claims: Sequence[JSON]) -> Screen:
         """Screening of `claims` (together) node by node; see `Screen`."""
