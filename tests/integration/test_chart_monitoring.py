@@ -5,6 +5,7 @@ in the ConfigMap is the chart's one JSON file, byte for byte."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -66,7 +67,7 @@ def test_service_monitor_scrapes_the_plugin_pods_through_the_metrics_service_kee
     assert service["spec"]["selector"].items() <= daemonset["spec"]["template"]["metadata"]["labels"].items()
 
 
-def of_component(objects: list[dict[str, Any]], component: str) -> dict[str, Any]:
+def of_component(objects: Sequence[Mapping[str, Any]], component: str) -> Mapping[str, Any]:
     (found,) = [o for o in objects if o["metadata"]["labels"]["app.kubernetes.io/component"] == component]
     return found
 

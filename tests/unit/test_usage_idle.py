@@ -45,7 +45,8 @@ def test_idle_after_the_duration_with_one_event_on_the_claim_and_its_pods() -> N
     assert claim == ClaimRef("team-a", "uid-claim", "train-7")
     assert (reason, warning) == (IDLE_REASON, False)
     assert note == (
-        "gpu-0 (NVIDIA H100 80GB HBM3), gpu-1 (NVIDIA H100 80GB HBM3) held by team-a/train-7 at 2% busy for 45m"
+        "gpu-0 (NVIDIA H100 80GB HBM3), gpu-1 (NVIDIA H100 80GB HBM3) held by team-a/train-7 "
+        "at 2% busy for 45m"
     )
     assert events.pods[0][0] == POD and events.pods[0][2] == note
 
