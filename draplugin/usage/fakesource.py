@@ -16,7 +16,8 @@ device split between the pods that run them:
 A device listed in the file reports what its processes add up to (SM capped
 at 100%); the others follow their wave and report no processes. A MIG device
 reports only its memory and its processes' memory, as NVML does: no
-utilization, power, temperature or ECC (`_mig_reading`). A file that
+utilization, power, temperature or ECC (`_mig_reading`), and on its first
+read the same NotSupported errors the NVML source records once. A file that
 does not parse is logged and its last good content kept.
 """
 
@@ -93,8 +94,13 @@ def _memory_total(device: Device) -> int:
     return parse_quantity(raw).value() if raw else 0
 
 
+# The calls NvmlUsageSource makes that NVML does not support on a MIG device, each recorded once as
+# NotSupported and never tried again (draplugin.usage.nvmlsource): the fake records the same.
+MIG_UNSUPPORTED_CALLS = ("utilization", "power", "temperature", "ecc", "throttle", "process_utilization")
+
+
 def _mig_reading(
-    device: Device, total: int, processes: tuple[ProcessUsage, ...], usage: FakeUsage
+    device: Device, total: int, processes: tuple[ProcessUsage, ...], usage: FakeUsage, first: bool
 ) -> DeviceReading:
     """What NVML gives for a MIG device: its memory and its processes' memory, nothing more.
 
@@ -108,7 +114,8 @@ def _mig_reading(
         processes = tuple(ProcessUsage(p.pid, None, p.memory_bytes) for p in processes)
     else:
         used = int(total * usage.memory_ratio())
-    return DeviceReading(memory_used_bytes=used, memory_total_bytes=total, processes=processes)
+    errors = ("NotSupported",) * len(MIG_UNSUPPORTED_CALLS) if first else ()
+    return DeviceReading(memory_used_bytes=used, memory_total_bytes=total, processes=processes, errors=errors)
 
 
 class FakeUsageSource:
@@ -126,6 +133,7 @@ class FakeUsageSource:
         self._lock = threading.Lock()
         self._stamp: tuple[float, int] | None = None
         self._processes: Mapping[str, tuple[ProcessUsage, ...]] = {}
+        self._mig_seen: set[str] = set()  # MIG devices whose unsupported calls were reported
 
     def processes(self) -> Mapping[str, tuple[ProcessUsage, ...]]:
         """The file's processes per device, read again when its mtime or size changed."""
@@ -154,7 +162,10 @@ class FakeUsageSource:
         total = _memory_total(device)
         processes = self.processes().get(device.name, ())
         if device.kind != KIND_GPU:
-            return _mig_reading(device, total, processes, self._backend.usage_of(device.index))
+            with self._lock:
+                first = device.uuid not in self._mig_seen
+                self._mig_seen.add(device.uuid)
+            return _mig_reading(device, total, processes, self._backend.usage_of(device.index), first)
         if processes:
             sm = min(1.0, sum(p.sm_ratio or 0.0 for p in processes))
             used = min(total, sum(p.memory_bytes or 0 for p in processes))

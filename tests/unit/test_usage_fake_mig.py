@@ -56,3 +56,14 @@ def test_processes_on_a_fake_mig_device_carry_memory_and_no_sm_figure(tmp_path: 
     assert reading.gpu_ratio is None
     assert [(p.pid, p.sm_ratio, p.memory_bytes) for p in reading.processes] == [(4242, None, 2 << 30)]
     assert reading.memory_used_bytes == 2 << 30
+
+
+def test_a_fake_mig_device_reports_its_unsupported_calls_once_as_nvml_source_does() -> None:
+    """NvmlUsageSource records NotSupported once per call a device does not support and never
+    tries that call again: utilization, power, temperature, ECC, clock reasons, process samples."""
+    fake = _backend()
+    source = FakeUsageSource(fake, clock=lambda: 1_700_000_000.0)
+    first, second = [d for d in fake.discover() if d.kind != KIND_GPU]
+    assert source.read(first).errors == ("NotSupported",) * 6
+    assert source.read(first).errors == ()
+    assert source.read(second).errors == ("NotSupported",) * 6
