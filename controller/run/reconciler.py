@@ -72,14 +72,14 @@ from typing import Any
 from controller.allocation.features import Features
 from controller.allocation.nodes import Node
 from controller.allocation.pools import DeviceID
-from controller.allocation.requests import claim_ref
+from controller.allocation.requests import claim_ref, claim_requests
 from controller.cel import compile_selector
 from controller.explain.explanation import explain_claim
 from controller.run.api import ClaimApi, Conflict, NotFound
 from controller.run.events import REASON, EventLimiter, cannot_allocate_event
 from controller.run.metrics import ControllerMetrics
 from controller.scheduler.allocator import Allocator
-from controller.scheduler.nodefilter import filter_nodes
+from controller.scheduler.nodefilter import filter_nodes, first_fit
 from controller.scheduler.nodescore import choose_node
 from dracommon.drivername import DEFAULT_DRIVER_NAME, annotation_key, reporting_controller
 from dracommon.kubeversion import NEWEST_KNOWN, KubernetesVersion
@@ -491,7 +491,12 @@ class Reconciler:
         # Every target node is filtered, as kube-scheduler does: a Filter error on any of them
         # (e.g. All mode while another node's pool is being updated) means the scheduler would
         # not place this claim anywhere now, so neither do we.
-        filtered = filter_nodes(allocator, [claim], nodes)
+        # Without firstAvailable every feasible node scores alike and the first one wins, so
+        # past it only a Filter error matters (first_fit skips the nodes that cannot err).
+        if any(request.get("firstAvailable") for request in claim_requests(claim)):
+            filtered = filter_nodes(allocator, [claim], nodes)
+        else:
+            filtered = first_fit(allocator, [claim], nodes)
         chosen = filtered.chosen
         if chosen is not None:
             # Where several nodes fit, the one the scheduler's DynamicResources Score prefers
