@@ -66,6 +66,7 @@ SELECTOR_ERRS = _ERRS = -1
 _Option = tuple[Request, JSON, tuple[str, ...]]
 _Shape = tuple[tuple[_Option, ...], ...]
 _SHAPE_CACHE_SIZE = 4096
+_RISKY_CACHE_SIZE = 256
 
 
 @dataclass
@@ -148,6 +149,9 @@ class Allocator:
         self._views = {}
         self._view_of_node: dict[int, tuple[Node | None, _NodeView]] = {}
         self._error_free = {}
+        self._risky: dict[
+            tuple[tuple[tuple[str, ...], ...], int], tuple[Sequence[Node | None], list[int]]
+        ] = {}
         for slice_obj in self.slices:
             node_name = (slice_obj.get("spec") or {}).get("nodeName")
             if node_name:
@@ -459,6 +463,21 @@ class Screen:
             by_node.clear()
         by_node[id(node)] = (node, known)
         return known
+
+    def risky_positions(self, nodes: Sequence[Node | None]) -> list[int]:
+        """The positions in `nodes` where `cannot_err` is False (all of them for claims screening
+        does not cover), kept per node list (by identity: a simulation asks with its one list)."""
+        if self.shapes is None:
+            return list(range(len(nodes)))
+        cache = self.allocator._risky
+        found = cache.get((self.key, id(nodes)))
+        if found is not None and found[0] is nodes:
+            return found[1]
+        positions = [i for i, node in enumerate(nodes) if not self.cannot_err(node)]
+        if len(cache) >= _RISKY_CACHE_SIZE:
+            cache.clear()  # callers with a fresh list each time (the reconciler) gain nothing here
+        cache[(self.key, id(nodes))] = (nodes, positions)
+        return positions
 
 
 def allocate(

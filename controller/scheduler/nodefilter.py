@@ -121,27 +121,44 @@ def filter_nodes(
     return result
 
 
-def first_fit(allocator: Allocator, claims: Sequence[JSON], nodes: Sequence[Node | None]) -> FilterResult:
-    """`filter_nodes(allocator, claims, nodes)`'s `chosen` and `failure`, for a caller that takes
-    the first feasible node (simulate's claims on their own, as dra-controller pre-allocates).
+def first_fit(
+    allocator: Allocator, claims: Sequence[JSON], nodes: Sequence[Node | None], *, start: int = 0
+) -> FilterResult:
+    """`filter_nodes(allocator, claims, rotated)`'s `chosen` and `failure`, where `rotated` is
+    `nodes` from position `start` on, wrapping around: for a caller that takes the first
+    feasible node (simulate's claims on their own, dra-controller's pre-allocation).
 
     Past the first feasible node only an error can change the answer, so only the nodes where
-    the Filter might err are filtered there (`Screen.cannot_err`); the first error in order ends
-    the scan, as it fails the attempt. `feasible` holds the first feasible node only, `rejected`
-    the nodes rejected before it.
+    the Filter might err are filtered there (`Screen.risky_positions`, kept per node list), in
+    rotating order; the first error ends the scan, as it fails the attempt. `feasible` holds the
+    first feasible node only, `rejected` the nodes rejected before it.
     """
     result = FilterResult()
-    screen = allocator.screen(claims)
-    for node in nodes:
-        if result.feasible and screen.cannot_err(node):
-            continue
+    count = len(nodes)
+    chosen_at = count
+    for offset in range(count):
+        node = nodes[(start + offset) % count]
         entry = NodeOutcome(node, allocator.allocate(claims, node))
         failure = entry.outcome.failure
         if failure is not None and failure.error:
             result.error = entry
+            return result
+        if entry.outcome.ok:
+            result.feasible.append(entry)
+            chosen_at = offset
             break
-        if not result.feasible:
-            (result.feasible if entry.outcome.ok else result.rejected).append(entry)
+        result.rejected.append(entry)
+    later = sorted(
+        offset
+        for offset in ((p - start) % count for p in allocator.screen(claims).risky_positions(nodes))
+        if offset > chosen_at
+    )
+    for offset in later:
+        node = nodes[(start + offset) % count]
+        outcome = allocator.allocate(claims, node)
+        if outcome.failure is not None and outcome.failure.error:
+            result.error = NodeOutcome(node, outcome)
+            break
     return result
 
 

@@ -183,12 +183,13 @@ class Simulator:
             self._next = (index + 1) % len(self.nodes)
 
     def _try(
-        self, claims: Sequence[JSON], candidates: Sequence[Node | None]
+        self, claims: Sequence[JSON], candidates: Sequence[Node | None], start: int = 0
     ) -> tuple[AllocationOutcome, Node | None]:
-        """Filter the candidates as kube-scheduler does before it picks a node: the first
-        feasible one wins, unless a Filter error on any of them fails the whole attempt
-        (`first_fit`: past the first feasible node, only nodes where the Filter may err)."""
-        filtered = first_fit(self.allocator, claims, candidates)
+        """Filter the candidates (from `start` on, wrapping around) as kube-scheduler does before
+        it picks a node: the first feasible one wins, unless a Filter error on any of them fails
+        the whole attempt (`first_fit`: past the first feasible node, only nodes where the Filter
+        may err)."""
+        filtered = first_fit(self.allocator, claims, candidates, start=start)
         chosen = filtered.chosen
         if chosen is not None:
             return chosen.outcome, chosen.node
@@ -204,7 +205,7 @@ class Simulator:
         if pinned is not None:
             candidates = [n for n in self.nodes if n is not None and n.name == pinned] or [Node(pinned)]
             return self._try([claim], candidates)
-        outcome, node = self._try([claim], self._rotation())
+        outcome, node = self._try([claim], self.nodes, self._next)  # in rotating order
         if outcome.ok:
             self._advance_past(node)
         return outcome, node

@@ -146,7 +146,7 @@ def test_first_fit_chooses_and_fails_as_filtering_every_node(monkeypatch: pytest
         for start in range(len(nodes)):
             rotation = nodes[start:] + nodes[:start]
             for c in claims():
-                fast = first_fit(allocator, [c], rotation)
+                fast = first_fit(allocator, [c], nodes, start=start)  # the same rotation
                 full = filter_nodes(allocator, [c], rotation)
                 assert (fast.chosen and fast.chosen.node) == (full.chosen and full.chosen.node)
                 if full.chosen is None:  # what the failure says matters only then
