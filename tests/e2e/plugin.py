@@ -27,6 +27,7 @@ def running_plugin(
     backend_args: tuple[str, ...] = ("--backend", "fake"),
     expected_devices: Sequence[str] | None = None,
     command_prefix: tuple[str, ...] = (),
+    driver_name: str = DEFAULT_DRIVER_NAME,
 ) -> Iterator[PluginProcess]:
     """`draplugin run` for the kubelet node, registered and with its slices published.
 
@@ -45,6 +46,7 @@ def running_plugin(
         metrics_port=metrics_port,
         backend_args=backend_args,
         command_prefix=command_prefix,
+        driver_name=driver_name,
     )
     try:
         process.start()
@@ -53,5 +55,5 @@ def running_plugin(
         yield process
     finally:
         process.stop()
-        if node_slices(api.api_client, kubelet_node.name, DEFAULT_DRIVER_NAME):
-            delete_node_slices(api.api_client, kubelet_node.name, DEFAULT_DRIVER_NAME)
+        if node_slices(api.api_client, kubelet_node.name, driver_name):
+            delete_node_slices(api.api_client, kubelet_node.name, driver_name)
