@@ -2,12 +2,14 @@
 # Install the Debian packages the real container runtime needs: runc (the OCI
 # runtime containerd starts containers with), containernetworking-plugins
 # (bridge + host-local: pod addresses that exist only inside the pods' network
-# namespaces) and busybox-static (the workload image's only binary).
+# namespaces), busybox-static (the workload image's only binary) and
+# bash-completion (kubectl's bash completion script needs it, as on an admin's
+# machine: tests/integration/test_kubectl_plugin.py completes `kubectl dra` with it).
 # Idempotent: asks dpkg first and runs apt-get (update included) only when a
 # package is missing. Needs root for the install itself, like the kubelet.
 set -euo pipefail
 # Callers may name more packages (build_image.sh: buildah, mmdebstrap).
-packages=(runc containernetworking-plugins busybox-static "$@")
+packages=(runc containernetworking-plugins busybox-static bash-completion "$@")
 missing=()
 for package in "${packages[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed"; then
