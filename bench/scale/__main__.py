@@ -64,11 +64,15 @@ def _print_case(label: str, case: Case) -> None:
 
 
 def _print_run(run: SchedulingRun, version: str, setup: dict[str, float]) -> None:
+    attempts = ", ".join(
+        f"{k.removeprefix('attempts_')} {v:,.0f}" for k, v in setup.items() if k.startswith("attempts_")
+    )
     print(
         f"kube-scheduler {version}, {run.nodes:,} nodes, {run.pods:,} pods (created beforehand at "
         f"{setup['pods_created_per_s']:,.0f}/s): first bound {run.until_first_s:.2f} s after its start, "
         f"last {run.start_to_last_s:.2f} s; {run.pods_per_s():,.0f} pods/s start to last, "
-        f"{run.phase_pods_per_s():,.0f} pods/s first to last",
+        f"{run.phase_pods_per_s():,.0f} pods/s first to last; scheduling attempts: "
+        f"{attempts or 'not read'}",
         flush=True,
     )
 
@@ -81,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--claims", type=int, default=2000, help="pending claims (one pod each)")
     parser.add_argument("--per-claim-nodes", type=sizes, default=[100, 1000, 5000])
     parser.add_argument("--scheduler-nodes", type=sizes, default=None, help="default: --nodes")
+    parser.add_argument("--keep", action="store_true", help="keep the scheduler runs' clusters (logs, data)")
     args = parser.parse_args(argv)
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     unknown = [p for p in parts if p not in PARTS]
@@ -128,9 +133,8 @@ def main(argv: list[str] | None = None) -> int:
 
         for nodes in args.scheduler_nodes or [args.nodes]:
             try:
-                runs[nodes], version, setup = measure(
-                    nodes, args.gpus, claims_at(nodes, args.gpus, args.claims)
-                )
+                claims = claims_at(nodes, args.gpus, args.claims)
+                runs[nodes], version, setup = measure(nodes, args.gpus, claims, keep=args.keep)
                 _print_run(runs[nodes], version, setup)
             except Exception as err:
                 fail(f"kube-scheduler at {nodes} nodes", "kube-scheduler", err)

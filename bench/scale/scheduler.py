@@ -20,16 +20,20 @@ kube-controller-manager from $DRA_KUBE_BIN_DIR):
 4. Each pod's first watch event with spec.nodeName is its bind time. Figures: pods / (last
    bind - scheduler start) (start-up, informer sync, every decision: what simulate's wall time
    holds too) and (pods - 1) / (last bind - first bind), the scheduling phase alone.
-5. Afterwards every claim must have an allocation (the scheduler wrote it) and every pod a node.
+5. Afterwards every claim must have an allocation (the scheduler wrote it) and every pod a node;
+   the scheduler's scheduler_schedule_attempts_total says how many attempts each result had
+   (a pod tried more than once shows as unschedulable or error attempts).
 """
 
 from __future__ import annotations
 
 import logging
 import shutil
+import ssl
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -131,7 +135,7 @@ def _create_fleet(api: KubeApi, cluster: ControlPlane, nodes: int, gpus: int, cl
     _in_parallel(lambda c: api.create(CLAIMS, {k: v for k, v in c.items() if k != "status"}), claims)
 
 
-def _start_scheduler(cluster: ControlPlane, qps: int, burst: int) -> tuple[float, Callable[[], bool]]:
+def _start_scheduler(cluster: ControlPlane, qps: int, burst: int) -> tuple[float, Callable[[], bool], int]:
     config = cluster.state_dir / "scale-scheduler.yaml"
     config.write_text(scheduler_config(cluster.kubeconfig, qps, burst))
     port = free_port()
@@ -149,12 +153,35 @@ def _start_scheduler(cluster: ControlPlane, qps: int, burst: int) -> tuple[float
         "--v=1",
         *gates,
     ])  # fmt: skip
-    return started, component.alive
+    return started, component.alive, port
+
+
+def schedule_attempts(metrics: str) -> dict[str, int]:
+    """scheduler_schedule_attempts_total by result (scheduled, unschedulable, error), from /metrics."""
+    counts: dict[str, int] = {}
+    for line in metrics.splitlines():
+        if line.startswith("scheduler_schedule_attempts_total{"):
+            labels, value = line.rsplit(" ", 1)
+            result = labels.split('result="', 1)[1].split('"', 1)[0]
+            counts[result] = counts.get(result, 0) + int(float(value))
+    return counts
+
+
+def _scrape(port: int, token: str) -> str:
+    """The measured scheduler's /metrics (its own self-signed certificate, on loopback)."""
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    request = urllib.request.Request(
+        f"https://127.0.0.1:{port}/metrics", headers={"Authorization": f"Bearer {token}"}
+    )
+    with urllib.request.urlopen(request, context=context, timeout=10) as response:
+        return str(response.read().decode())
 
 
 def measure(
     nodes: int, gpus: int, claims_n: int, *, qps: int = CLIENT_QPS, burst: int = CLIENT_BURST,
-    timeout_s: float = 900.0,
+    timeout_s: float = 900.0, keep: bool = False,
 ) -> tuple[SchedulingRun, str, dict[str, float]]:  # fmt: skip
     """One run: kube-scheduler's figures, its release, and how the set-up went (seconds, rates)."""
     cluster = start_control_plane("scale-scheduler-")
@@ -176,7 +203,7 @@ def measure(
             setup["pods_created_s"] = time.perf_counter() - began
             setup["pods_created_per_s"] = len(pods) / setup["pods_created_s"]
             watch = BindWatch(KubeApi(cluster.api_client(), timeout_s=120), len(pods))
-            started, alive = _start_scheduler(cluster, qps, burst)
+            started, alive, port = _start_scheduler(cluster, qps, burst)
             deadline = started + timeout_s
             while not watch.done.wait(1.0):
                 if not alive():
@@ -192,6 +219,11 @@ def measure(
                     f"{len(run.bound)} of {len(pods)} pods bound within {timeout_s:.0f}s "
                     f"(logs in {cluster.logs})"
                 )
+            try:
+                attempts = schedule_attempts(_scrape(port, cluster.token))
+                setup.update({f"attempts_{result}": float(n) for result, n in attempts.items()})
+            except OSError as err:
+                print(f"kube-scheduler's /metrics could not be read: {err}", file=sys.stderr)
             allocated = sum(bool((c.get("status") or {}).get("allocation")) for c in api.list(CLAIMS)[0])
             if allocated != claims_n:
                 raise SchedulerRunError(
@@ -202,5 +234,8 @@ def measure(
         print(f"kept for a look: {cluster.state_dir} (logs/ has every component's log)", file=sys.stderr)
         raise
     cluster.stop()
-    shutil.rmtree(cluster.state_dir, ignore_errors=True)
+    if keep:
+        print(f"kept: {cluster.state_dir}", file=sys.stderr)
+    else:
+        shutil.rmtree(cluster.state_dir, ignore_errors=True)
     return run, cluster.kubernetes_version, setup

@@ -11,6 +11,7 @@ from bench.scale.offline import Case, allocation_problems, per_claim_ms
 from bench.scale.phases import SchedulingRun
 from bench.scale.rows import explain_rows, per_claim_row, simulate_rows, targets, versus_scheduler_rows
 from bench.scale.runs import Measured
+from bench.scale.scheduler import schedule_attempts
 
 
 def _run(wall_s: float, peak_mib: float = 100.0) -> Measured:
@@ -86,3 +87,15 @@ def test_simulate_answers_with_an_unallocated_claim_or_a_device_twice_are_refuse
     assert allocation_problems(twice, 2) == ["b: gpu.draplugin.dev/n1/gpu-0 allocated twice"]
     missing = json.dumps({"claims": [entry("a", "gpu-0", allocated=False)]})
     assert allocation_problems(missing, 2) == ["1 claims in the answer, expected 2", "a: not allocated: x"]
+
+
+def test_scheduling_attempts_are_summed_by_result_over_profiles() -> None:
+    metrics = "\n".join([
+        "# HELP scheduler_schedule_attempts_total [STABLE] Number of attempts to schedule pods",
+        'scheduler_schedule_attempts_total{profile="default-scheduler",result="error"} 0',
+        'scheduler_schedule_attempts_total{profile="default-scheduler",result="scheduled"} 398',
+        'scheduler_schedule_attempts_total{profile="other",result="scheduled"} 2',
+        'scheduler_schedule_attempts_total{profile="default-scheduler",result="unschedulable"} 5',
+        'scheduler_pod_scheduling_attempts_bucket{le="1"} 400',
+    ])  # fmt: skip
+    assert schedule_attempts(metrics) == {"error": 0, "scheduled": 400, "unschedulable": 5}
