@@ -67,12 +67,13 @@ def _print_run(run: SchedulingRun, version: str, setup: dict[str, float]) -> Non
     attempts = ", ".join(
         f"{k.removeprefix('attempts_')} {v:,.0f}" for k, v in setup.items() if k.startswith("attempts_")
     )
+    cpu = ", ".join(f"{k.removeprefix('cpu_')} {v:.1f} s" for k, v in setup.items() if k.startswith("cpu_"))
     print(
         f"kube-scheduler {version}, {run.nodes:,} nodes, {run.pods:,} pods (created beforehand at "
         f"{setup['pods_created_per_s']:,.0f}/s): first bound {run.until_first_s:.2f} s after its start, "
         f"last {run.start_to_last_s:.2f} s; {run.pods_per_s():,.0f} pods/s start to last, "
         f"{run.phase_pods_per_s():,.0f} pods/s first to last; scheduling attempts: "
-        f"{attempts or 'not read'}",
+        f"{attempts or 'not read'}; CPU from its start to the last bind: {cpu}",
         flush=True,
     )
 

@@ -28,6 +28,7 @@ kube-controller-manager from $DRA_KUBE_BIN_DIR):
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import ssl
 import sys
@@ -156,6 +157,26 @@ def _start_scheduler(cluster: ControlPlane, qps: int, burst: int) -> tuple[float
     return started, component.alive, port
 
 
+def process_cpu_seconds(stat: str) -> float:
+    """utime + stime of a /proc/<pid>/stat line, in seconds (fields 14 and 15, after the command)."""
+    fields = stat.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(cluster: ControlPlane) -> dict[str, float]:
+    """CPU each running component has used so far: kube-scheduler's, and the API server's and
+    etcd's, which serve its lists, watches and writes on the same two cores."""
+    used = {}
+    for component in cluster.processes.components:
+        try:
+            used[component.name] = process_cpu_seconds(
+                Path(f"/proc/{component.process.pid}/stat").read_text()
+            )
+        except OSError:
+            continue
+    return used
+
+
 def schedule_attempts(metrics: str) -> dict[str, int]:
     """scheduler_schedule_attempts_total by result (scheduled, unschedulable, error), from /metrics."""
     counts: dict[str, int] = {}
@@ -203,6 +224,7 @@ def measure(
             setup["pods_created_s"] = time.perf_counter() - began
             setup["pods_created_per_s"] = len(pods) / setup["pods_created_s"]
             watch = BindWatch(KubeApi(cluster.api_client(), timeout_s=120), len(pods))
+            before = cpu_seconds(cluster)
             started, alive, port = _start_scheduler(cluster, qps, burst)
             deadline = started + timeout_s
             while not watch.done.wait(1.0):
@@ -211,6 +233,8 @@ def measure(
                 if time.perf_counter() > deadline:
                     break
             watch.stop.set()
+            after = cpu_seconds(cluster)
+            setup.update({f"cpu_{name}": used - before.get(name, 0.0) for name, used in after.items()})
             if watch.error is not None:
                 raise SchedulerRunError(f"the pod watch failed: {watch.error}")
             run = SchedulingRun.from_events(nodes, len(pods), started, dict(watch.bound_at))

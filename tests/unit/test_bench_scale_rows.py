@@ -4,6 +4,7 @@ times, and the issue's two targets called met or missed (figures here are made u
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -11,7 +12,7 @@ from bench.scale.offline import Case, allocation_problems, per_claim_ms
 from bench.scale.phases import SchedulingRun
 from bench.scale.rows import explain_rows, per_claim_row, simulate_rows, targets, versus_scheduler_rows
 from bench.scale.runs import Measured
-from bench.scale.scheduler import schedule_attempts
+from bench.scale.scheduler import process_cpu_seconds, schedule_attempts
 
 
 def _run(wall_s: float, peak_mib: float = 100.0) -> Measured:
@@ -99,3 +100,10 @@ def test_scheduling_attempts_are_summed_by_result_over_profiles() -> None:
         'scheduler_pod_scheduling_attempts_bucket{le="1"} 400',
     ])  # fmt: skip
     assert schedule_attempts(metrics) == {"error": 0, "scheduled": 400, "unschedulable": 5}
+
+
+def test_process_cpu_is_user_plus_system_time_from_proc_stat() -> None:
+    ticks = os.sysconf("SC_CLK_TCK")
+    # A command with a space and a parenthesis in it: fields are counted after the last ")".
+    stat = f"4242 (kube (sched) R 1 4242 4242 0 -1 4194560 100 0 0 0 {3 * ticks} {ticks} 0 0 20 0 9 0"
+    assert process_cpu_seconds(stat) == 4.0
