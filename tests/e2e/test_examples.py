@@ -467,6 +467,48 @@ def plugin_restarted_with(api: KubeApi, plugin: PluginProcess, env: dict[str, st
         restart(before)
 
 
+def metadata_files(plugin: PluginProcess, node: KubeletNode, uid: str) -> list[Path]:
+    """The claim's device metadata documents and CDI specs on the node (docs/device-metadata.md)."""
+    documents = plugin.kubelet_root_dir / "plugins" / DRIVER / "dra-device-metadata"
+    return sorted(node.cdi_root.glob(f"{DRIVER}_metadata_{uid}_*.json")) + [
+        path for path in documents.glob("*/*/metadata.json") if uid in path.read_text()
+    ]
+
+
+def test_14_device_metadata(
+    kubelet_node: KubeletNode, api: KubeApi, namespace: str, plugin: PluginProcess
+) -> None:
+    apply_example(api, "14-device-metadata", namespace)
+    published = {
+        device["name"]: device["attributes"]
+        for piece in node_slices(api.api_client, kubelet_node.name, DRIVER)
+        for device in piece["spec"].get("devices", [])
+    }
+    uids = set()
+    for pod_name, claim_name in (("reader-a", "gpu"), ("reader-b", "gpu"), ("template-reader", "my-gpu")):
+        claim = claims_of(api, namespace, wait_running(api, namespace, pod_name, kubelet_node))[claim_name]
+        (device,) = devices(claim)
+        uids.add(claim["metadata"]["uid"])
+        attributes = published[device]
+        expected = [
+            f"uuid={attributes['uuid']['string']}",
+            f"pciBusID={attributes['resource.kubernetes.io/pciBusID']['string']}",
+        ]
+
+        def printed(pod: str = pod_name) -> list[str] | None:
+            lines = pods.container_log(api, namespace, pod, "app").splitlines()
+            return lines if len(lines) >= 2 else None
+
+        # Read by the container itself from the file containerd mounted (the example's command).
+        assert wait_for(f"{pod_name} to print from its metadata file", printed, POD_TIMEOUT)[:2] == expected
+    assert len(uids) == 2  # the two readers of shared-gpu share one claim, the template's pod has its own
+    for uid in uids:
+        assert len(metadata_files(plugin, kubelet_node, uid)) == 2  # its document and its CDI spec
+    release_namespace(api, plugin, namespace, POD_TIMEOUT)
+    for uid in uids:
+        assert metadata_files(plugin, kubelet_node, uid) == []  # gone with the claim's unprepare
+
+
 def test_13_shared_gpu(
     kubelet_node: KubeletNode, api: KubeApi, namespace: str, plugin: PluginProcess, driver_root: Path
 ) -> None:
