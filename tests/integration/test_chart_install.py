@@ -43,6 +43,13 @@ def helm_home(tmp_path: Path) -> Path:
     return tmp_path
 
 
+def install_notes(helm_output: str) -> str:
+    """The NOTES part of `helm install`'s output (the rendered manifests come before it)."""
+    _, found, notes = helm_output.partition("\nNOTES:\n")
+    assert found, helm_output[-2000:]
+    return notes
+
+
 @pytest.fixture
 def kube(kube_cluster: ControlPlane) -> Iterator[KubeApi]:
     with kube_cluster.api_client() as client:
@@ -91,8 +98,9 @@ def test_the_no_gpu_node_warning_stays_quiet_under_a_client_dry_run(helm_home: P
     out = run_helm(
         ["install", "r", str(CHART), "-n", "dra", "--dry-run=client"], helm_home, helm_home / "none"
     )
-    assert "is installed in namespace dra" in out
-    assert "WARNING" not in out and "Pod Security" not in out
+    notes = install_notes(out)
+    assert "is installed in namespace dra" in notes
+    assert "WARNING" not in notes and "Pod Security" not in notes
 
 
 @pytest.mark.cluster
@@ -104,11 +112,8 @@ def test_the_install_notes_warn_only_while_no_node_has_a_gpu_label(
     fake_node: Callable[..., str],
 ) -> None:
     def notes() -> str:
-        return run_helm(
-            ["install", f"n-{uuid.uuid4().hex[:6]}", str(CHART), "-n", test_namespace, "--dry-run=server"],
-            helm_home,
-            kube_cluster.kubeconfig,
-        )
+        args = ["install", f"n-{uuid.uuid4().hex[:6]}", str(CHART), "-n", test_namespace, "--dry-run=server"]
+        return install_notes(run_helm(args, helm_home, kube_cluster.kubeconfig))
 
     api = kube
     gpu_nodes = [
@@ -166,7 +171,8 @@ def test_a_namespace_enforcing_baseline_refuses_the_plugin_and_the_notes_say_how
         helm_home,
         kube_cluster.kubeconfig,
     )
-    assert PSA_WARNING in out, out[-2000:]
+    out = install_notes(out)
+    assert PSA_WARNING in out, out
     fix = (
         f"kubectl label namespace {test_namespace} --overwrite pod-security.kubernetes.io/enforce=privileged"
     )
@@ -181,7 +187,7 @@ def test_a_namespace_enforcing_baseline_refuses_the_plugin_and_the_notes_say_how
         helm_home,
         kube_cluster.kubeconfig,
     )
-    assert "Pod Security" not in out
+    assert "Pod Security" not in install_notes(out)
 
 
 @pytest.mark.cluster
@@ -203,7 +209,9 @@ def test_the_controller_reports_the_plugin_daemonset_refused_by_pod_security(
     check = PodSecurityCheck(
         kube, test_namespace, controller="gpu.draplugin.dev/dra-controller", instance="t"
     )
-    (refusal,) = wait_for("the DaemonSet controller's FailedCreate Event", check.check_once, 60)
+    (refusal,) = wait_for(
+        "the DaemonSet controller's FailedCreate Event", lambda: check.check_once() or None, 60
+    )
     assert (refusal.uid, refusal.level) == (created["metadata"]["uid"], "baseline")
     assert "hostPath volumes" in refusal.detail and "privileged" in refusal.detail
     events = kube.get(f"/apis/events.k8s.io/v1/namespaces/{test_namespace}/events")["items"]
