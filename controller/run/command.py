@@ -107,7 +107,12 @@ def _log_level(value: str) -> str:
 OPTIONS: tuple[Option, ...] = (
     Option("--kubeconfig", "kubeconfig file (default: in-cluster, else $KUBECONFIG / ~/.kube/config)", None),
     Option("--context", "kubeconfig context to use", None),
-    Option("--namespace", "only handle claims (and pods) in this namespace (default: all namespaces)", None),
+    Option(
+        "--namespace",
+        "only handle claims (and pods) in this namespace (default: all namespaces)",
+        None,
+        aliases=("-n",),  # as kubectl and the other subcommands spell it
+    ),
     Option(
         "--driver-name",
         "driver name; annotations are <driver>/preallocate, Events report as <driver>/dra-controller",

@@ -228,3 +228,8 @@ def test_the_documented_bash_line_completes(program: str, words: list[str], expe
         ["bash", "-c", script], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60, check=True
     )
     assert done.stdout.splitlines() == expected, done.stderr
+
+
+def test_the_controller_daemon_takes_n_for_its_namespace() -> None:
+    parsers = controller_cli.COMMAND_LINE._build(None)[1]
+    assert parsers["run"].parse_args(["-n", "team-a"]).namespace == "team-a"
