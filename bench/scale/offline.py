@@ -7,9 +7,11 @@ with its peak RSS and CPU time from its own rusage:
 - floor: the fastest of three runs of `python -c` that json.loads every file of the JSON twin
   of the objects (one JSON List per file, as bench.fleet writes them): interpreter start plus
   the parse, nothing else.
-- explain: `dra-controller explain unfittable --objects DIR` on the YAML files: the fleet's
+- explain: `dra-controller explain unfittable --objects FILE...` on the YAML files: the fleet's
   slices, the chart's DeviceClasses and one claim that fits on no node (bench.fleet), so every
-  node is accounted for. Exit 1 (not allocatable) is its expected answer.
+  node is accounted for. Exit 1 (not allocatable) is its expected answer. Beside the JSON floor
+  (the issue's figure), beside the YAML floor (the same files parsed by PyYAML's libyaml loader,
+  what any Python tool reading YAML pays), and the same explain on the JSON files.
 - simulate: `dra-controller simulate --objects DIR -o json` on the YAML files with N pending
   claims and one pod per claim; every claim must come back allocated, no device twice.
 - simulate of one claim on the same fleet: what loading and set-up cost, so that
@@ -27,6 +29,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.fleet import Format
 from bench.scale.fixtures import FleetPair, Objects
 from bench.scale.runs import Measured, RunError, run_timed
 from dracommon.subcommands import EXIT_FAILURE, EXIT_OK
@@ -35,12 +38,22 @@ CLI = str(Path(sys.executable).parent / "dra-controller")
 UNFIT_CLAIM = "unfittable"
 TIMEOUT_S = 1800.0
 FLOOR_TRIES = 3
-FLOOR_CODE = (
-    "import json, sys\n"
-    "for path in sys.argv[1:]:\n"
-    "    with open(path, 'rb') as handle:\n"
-    "        json.load(handle)\n"
-)
+FLOOR_CODE = {
+    "json": (
+        "import json, sys\n"
+        "for path in sys.argv[1:]:\n"
+        "    with open(path, 'rb') as handle:\n"
+        "        json.load(handle)\n"
+    ),
+    # libyaml's loader where the wheel has it, as a careful YAML reader would use.
+    "yaml": (
+        "import sys, yaml\n"
+        "loader = getattr(yaml, 'CSafeLoader', yaml.SafeLoader)\n"
+        "for path in sys.argv[1:]:\n"
+        "    with open(path, 'rb') as handle:\n"
+        "        list(yaml.load_all(handle, Loader=loader))\n"
+    ),
+}
 
 
 @dataclass(frozen=True)
@@ -57,13 +70,13 @@ class Case:
     floor: Measured
 
 
-def json_floor(paths: list[Path], tries: int = FLOOR_TRIES) -> Measured:
+def parse_floor(paths: list[Path], fmt: Format = "json", tries: int = FLOOR_TRIES) -> Measured:
     """The fastest of `tries` runs: the floor is cheap, and the least disturbed run is the floor."""
     runs = []
     for _ in range(tries):
-        done = run_timed([sys.executable, "-c", FLOOR_CODE, *map(str, paths)], TIMEOUT_S)
+        done = run_timed([sys.executable, "-c", FLOOR_CODE[fmt], *map(str, paths)], TIMEOUT_S)
         if done.returncode != 0:
-            raise RunError(f"the JSON floor exited {done.returncode}: {done.stderr.strip()[-2000:]}")
+            raise RunError(f"the {fmt} floor exited {done.returncode}: {done.stderr.strip()[-2000:]}")
         runs.append(done)
     return min(runs, key=lambda r: r.wall_s)
 
@@ -109,10 +122,22 @@ def _case(fleet: FleetPair, objects: Objects, claims: int, ours: Measured, floor
     return Case(fleet.nodes, fleet.gpus, claims, objects.devices, objects.files, objects.bytes, ours, floor)
 
 
-def measure_explain(fleet: FleetPair) -> Case:
+@dataclass(frozen=True)
+class ExplainCases:
+    """explain on the YAML files beside the JSON floor (the issue's figure), the same command
+    beside the YAML floor (libyaml's parse of those files), and explain on the JSON files."""
+
+    yaml: Case
+    yaml_floor: Measured
+    json: Case
+
+
+def measure_explain(fleet: FleetPair) -> ExplainCases:
     yaml, twin = fleet.explain_case("yaml"), fleet.explain_case("json")
-    floor = json_floor(twin.paths)
-    return _case(fleet, yaml, 1, explain_unfit(yaml.paths), floor)
+    floor = parse_floor(twin.paths)
+    on_yaml = _case(fleet, yaml, 1, explain_unfit(yaml.paths), floor)
+    on_json = _case(fleet, twin, 1, explain_unfit(twin.paths), floor)
+    return ExplainCases(on_yaml, parse_floor(yaml.paths, "yaml"), on_json)
 
 
 def measure_simulate(fleet: FleetPair, claims: int) -> tuple[Case, Measured]:
@@ -122,7 +147,7 @@ def measure_simulate(fleet: FleetPair, claims: int) -> tuple[Case, Measured]:
         fleet.simulate_case(claims, "json"),
         fleet.simulate_case(1, "yaml"),
     )
-    floor = json_floor(twin.paths)
+    floor = parse_floor(twin.paths)
     ours = simulate_all(yaml.paths, claims)
     return _case(fleet, yaml, claims, ours, floor), simulate_all(one.paths, 1)
 

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from bench.scale.offline import Case, allocation_problems, per_claim_ms
+from bench.scale.offline import Case, ExplainCases, allocation_problems, per_claim_ms
 from bench.scale.phases import SchedulingRun
 from bench.scale.rows import explain_rows, per_claim_row, simulate_rows, targets, versus_scheduler_rows
 from bench.scale.runs import Measured
@@ -34,11 +34,17 @@ def test_kube_scheduler_rates_come_from_its_start_and_the_bind_times() -> None:
     assert not SchedulingRun.from_events(1000, 6, 10.0, bound).complete
 
 
-def test_explain_and_simulate_rows_put_the_json_floor_beside_ours() -> None:
-    wall, rss = explain_rows(_case(3.0, 1.5))
+def _explained(yaml_s: float, floor_s: float) -> ExplainCases:
+    return ExplainCases(_case(yaml_s, floor_s, claims=1), _run(2.5), _case(0.9, floor_s, claims=1))
+
+
+def test_explain_and_simulate_rows_put_the_floors_beside_ours() -> None:
+    wall, beside_yaml, on_json, rss = explain_rows(_explained(3.0, 1.5))
     assert wall.figure == "explain of one unfit claim, 1,000 nodes x 8 GPUs, YAML, wall"
     assert (wall.unit, wall.ours, wall.peer, wall.ratio) == ("s", 3.0, 1.5, 2.0)
     assert "json.load" in wall.peer_name and not wall.higher_is_better
+    assert (beside_yaml.ours, beside_yaml.peer) == (3.0, 2.5) and "libyaml" in beside_yaml.peer_name
+    assert on_json.figure.endswith("JSON, wall") and (on_json.ours, on_json.peer) == (0.9, 1.5)
     assert (rss.unit, rss.ours, rss.peer) == ("MiB", 120.0, 60.0)
     sim_wall, _ = simulate_rows(_case(10.0, 2.0))
     assert sim_wall.figure == "simulate of 2,000 claims (pods), 1,000 nodes x 8 GPUs, YAML, wall"
@@ -68,12 +74,15 @@ def test_targets_call_explain_within_3x_and_simulate_at_half_the_scheduler_met()
     run = SchedulingRun.from_events(
         1000, 2000, 0.0, {f"p{i}": 1.0 + i * 0.002 for i in range(2000)}
     )  # ~400/s
-    rows = [*explain_rows(_case(3.0, 1.0)), *versus_scheduler_rows(_case(10.0, 1.0), _run(1.0), run, "v")]
+    rows = [
+        *explain_rows(_explained(3.0, 1.0)),
+        *versus_scheduler_rows(_case(10.0, 1.0), _run(1.0), run, "v"),
+    ]
     lines = targets(rows)
     assert len(lines) == 2
     assert lines[0].startswith("met: explain") and "3.00x the floor" in lines[0]
     assert lines[1].startswith("MISSED: simulate claims/s"), "200 claims/s is under half of ~400 pods/s"
-    slow = targets(explain_rows(_case(3.1, 1.0)))
+    slow = targets(explain_rows(_explained(3.1, 1.0)))
     assert slow[0].startswith("MISSED: explain")
 
 
