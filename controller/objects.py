@@ -6,8 +6,10 @@ models drop fields they do not know, and the allocator reads API field names.
 
 from __future__ import annotations
 
+import gc
 import json
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -118,17 +120,32 @@ def manifest_files(paths: Iterable[str | Path]) -> list[Path]:
     return files
 
 
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """The cyclic garbage collector off while API objects are parsed: they are trees of dicts and
+    lists without cycles, and its passes over the growing heap took a third of the time to load
+    1,000 nodes' ResourceSlices. Nothing is left uncollected: it runs again afterwards."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def load_manifests(paths: Iterable[str | Path]) -> ClusterObjects:
     """Read YAML (multi-document) and JSON manifests, including `kind: List`."""
     objects = ClusterObjects()
-    for path in manifest_files(paths):
-        for document in _documents(path):
-            for obj in flatten_document(document, path):
-                if obj.get("kind") in NAMESPACED_KINDS:
-                    meta = dict(obj.get("metadata") or {})
-                    meta.setdefault("namespace", "default")
-                    obj = {**obj, "metadata": meta}
-                objects.add(obj)
+    with gc_paused():
+        for path in manifest_files(paths):
+            for document in _documents(path):
+                for obj in flatten_document(document, path):
+                    if obj.get("kind") in NAMESPACED_KINDS:
+                        meta = dict(obj.get("metadata") or {})
+                        meta.setdefault("namespace", "default")
+                        obj = {**obj, "metadata": meta}
+                    objects.add(obj)
     return objects
 
 
@@ -156,6 +173,14 @@ def load_from_cluster(
     """List the objects allocation depends on from a live cluster; with `include_workloads`,
     the workload objects too (lint judges their pod templates)."""
     objects = ClusterObjects()
+    with gc_paused():  # the same trees, decoded from the API server's pages
+        _list_into(api, objects, include_taint_rules, include_workloads)
+    return objects
+
+
+def _list_into(
+    api: KubeApi, objects: ClusterObjects, include_taint_rules: bool, include_workloads: bool
+) -> None:
     for attribute, path, kind in COLLECTIONS:
         items, _ = api.list(path, kind=kind)
         setattr(objects, attribute, items)
@@ -169,4 +194,3 @@ def load_from_cluster(
         except ApiError as err:
             if err.status != 404:  # DeviceTaintRule is not served before 1.37 (or with the gate off)
                 raise
-    return objects

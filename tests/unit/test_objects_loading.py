@@ -5,7 +5,9 @@ file of the repository."""
 
 from __future__ import annotations
 
+import argparse
 import datetime
+import gc
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -16,7 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bench import fleet
-from controller.objects import ManifestError, load_manifests
+from controller.objects import ClusterObjects, ManifestError, gc_paused, load_manifests
+from controller.options import with_objects
 from dracommon import yamlload
 
 REPO = Path(__file__).resolve().parents[2]
@@ -170,3 +173,34 @@ def test_json_and_yaml_manifests_load_alike(tmp_path: Path) -> None:
     as_yaml = fleet.write_fleet(tmp_path / "y", nodes=3, gpus_per_node=2, fmt="yaml", claims=claims)
     as_json = fleet.write_fleet(tmp_path / "j", nodes=3, gpus_per_node=2, fmt="json", claims=claims)
     assert load_manifests(as_yaml.paths) == load_manifests(as_json.paths)
+
+
+def test_gc_is_paused_while_parsing_and_back_after(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("a: b: c\n")
+    assert gc.isenabled()
+    with gc_paused():
+        assert not gc.isenabled()
+    with pytest.raises(ManifestError):
+        load_manifests([bad])
+    assert gc.isenabled()  # back on after a failed load too
+    gc.disable()
+    try:
+        with gc_paused():
+            pass
+        assert not gc.isenabled()  # left as the caller had it
+    finally:
+        gc.enable()
+
+
+def test_loaded_objects_are_frozen_for_the_command_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[int] = []
+
+    @with_objects
+    def handler(args: argparse.Namespace, objects: ClusterObjects) -> int:
+        seen.append(gc.get_freeze_count())
+        return 0
+
+    monkeypatch.setattr("controller.options.load_objects", lambda args: ClusterObjects())
+    assert handler(argparse.Namespace()) == 0
+    assert seen[0] > 0 and gc.get_freeze_count() == 0
