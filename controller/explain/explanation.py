@@ -239,10 +239,7 @@ def _explain_request(
             continue
         for candidate, failed in zip(search.candidates[pool_index], failing[pool_index], strict=True):
             pool_report.devices += 1
-            if failed is not None and failed != SELECTOR_ERRS:
-                verdict: str | None = "class-selector" if failed < class_steps else "request-selector"
-            else:
-                verdict = _device_verdict(search, key, plan, candidate, pool_report, steps, class_steps)
+            verdict = _device_verdict(search, key, plan, candidate, pool_report, steps, class_steps, failed)
             if verdict is None:
                 pool_report.usable += 1
             else:
@@ -258,14 +255,17 @@ def _device_verdict(
     report: PoolReport,
     steps: list[SelectorStep],
     class_steps: int,
+    failed: int | None,
 ) -> str | None:
-    """The first filter that removes the device, or None when it is usable."""
+    """The first filter that removes the device, or None when it is usable; `failed` is the
+    first failing selector step as the allocator keeps it (`Allocator.first_failing`)."""
     device = candidate.device
-    try:
-        failed = search.selectors.first_non_match(steps, candidate.device_id.driver, device)
-    except SelectorError as err:
-        report.cel_errors.append(err.message)
-        return "cel-error"
+    if failed == SELECTOR_ERRS:
+        try:  # again, for the error's message (errors are not kept)
+            failed = search.selectors.first_non_match(steps, candidate.device_id.driver, device)
+        except SelectorError as err:
+            report.cel_errors.append(err.message)
+            return "cel-error"
     if failed is not None:
         return "class-selector" if failed < class_steps else "request-selector"
     if not search.selectable(key, plan, candidate):

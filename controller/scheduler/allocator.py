@@ -26,6 +26,7 @@ from controller.allocation.selectors import (
     Compiler,
     SelectorCache,
     SelectorError,
+    SelectorStep,
     request_steps,
     step_expressions,
 )
@@ -309,23 +310,36 @@ class Allocator:
         if found is None:
             # Step names only word error messages, which are not kept: any claim's will do.
             steps = request_steps(device_class, request, "")
-            found = []
-            for candidates in view.candidates:
-                row: list[int | None] = []
-                for candidate in candidates:
-                    try:
-                        failed = self.selectors.first_non_match(
-                            steps, candidate.device_id.driver, candidate.device
-                        )
-                    except SelectorError:
-                        row.append(_ERRS)
-                        continue
-                    row.append(failed)
-                    # The search's own memo of the same verdict (Search.selectable).
-                    candidate.selected[expressions] = failed is None
-                found.append(row)
+            found = [
+                [self._first_failing_step(c, steps) for c in candidates] for candidates in view.candidates
+            ]
             view.first_failing[expressions] = found
         return found
+
+    def _first_failing_step(self, candidate: Candidate, steps: Sequence[SelectorStep]) -> int | None:
+        """`first_non_match(steps)` on the device (_ERRS for an error), each step's verdict kept on
+        the candidate under the one-expression key `(expression,)`: the class selector that every
+        claim of a class shares then runs once per device, not once per claim shape. That key is
+        also what the search's memo would use for a request with that one step, and means the same."""
+        memo = candidate.selected
+        failed: int | None = None
+        for index, step in enumerate(steps):
+            key = (step.expression,)
+            matched = memo.get(key)
+            if matched is None:
+                try:
+                    matched = self.selectors.matches(
+                        step.expression, candidate.device_id.driver, candidate.device, step.where
+                    )
+                except SelectorError:
+                    return _ERRS  # not kept: the next attempt evaluates (and fails) again
+                memo[key] = matched
+            if not matched:
+                failed = index
+                break
+        # The search's own memo of the whole request's verdict (Search.selectable).
+        memo[tuple(step.expression for step in steps)] = failed is None
+        return failed
 
     def _plain(self, view: _NodeView) -> bool:
         """Complete, valid pools of node-local slices, no unsupported field, and devices with no

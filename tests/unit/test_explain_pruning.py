@@ -108,3 +108,15 @@ def test_a_claim_that_fits_lists_allocatable_nodes_past_the_limit(
         f"... and 7 more node(s), not listed (--every-node lists them): {7 - left} cannot allocate all "
         f"claims; {left} allocatable"
     )
+
+
+def test_a_class_selector_runs_once_per_device_for_every_claim_of_the_class() -> None:
+    counts: dict[tuple[str, str, str], int] = {}
+    allocator = fleet_allocator(counts)
+    nodes = [Node(fleet.node_name(i)) for i in range(NODES)]
+    claims = fleet.whole_gpu_claims(9)  # nine selector shapes, one class
+    for claim in claims:
+        explain_claim(allocator, claim, nodes)
+    class_expression = allocator.classes[fleet.GPU_CLASS]["spec"]["selectors"][0]["cel"]["expression"]
+    by_class = [n for (expression, _, _), n in counts.items() if expression == class_expression]
+    assert len(by_class) == NODES * 2 and set(by_class) == {1}
