@@ -88,6 +88,7 @@ class _NodeView:
     problem_known: bool = False
     first_failing: dict[tuple[str, ...], list[list[int | None]]] = field(default_factory=dict)
     plain: bool | None = None
+    untainted: bool | None = None  # no device with taints or binding conditions
 
 
 @dataclass
@@ -424,6 +425,20 @@ class Screen:
             if self.shapes is not None
             else ()
         )
+        # Constraints (matchAttribute, distinctAttribute) can reject devices that pass: the
+        # counting of `certainly_fits` does not model them.
+        self._constrained = any(
+            ((claim.get("spec") or {}).get("devices") or {}).get("constraints") for claim in claims
+        )
+        # The one request `certainly_fits` counts devices for, when the claims are that simple.
+        self._counted: _Option | None = None
+        if self.shapes is not None and len(self.shapes) == 1 and not self._constrained:
+            requests = self.shapes[0]
+            if len(requests) == 1 and len(requests[0]) == 1:
+                request = requests[0][0][0]
+                simple = not request.admin_access and not request.tolerations
+                if simple and request.capacity_requests is None:
+                    self._counted = requests[0][0]
         if allocator._indexed is not allocator.slices:
             allocator._index_slices()  # new slices: the answers kept for the old ones go
         self._error_free = allocator._error_free.setdefault(self.key, {})
@@ -450,6 +465,36 @@ class Screen:
                         continue  # the search skips it before its selectors
                     return False  # a free device passes (or errs): only a search can tell
         return True
+
+    def certainly_fits(self, node: Node | None) -> bool:
+        """True when `allocate(claims, node)` succeeds: one claim of one ExactCount request (no
+        firstAvailable, admin access, capacity requests, tolerations or constraints) on a node
+        where `cannot_err` holds, no device has taints or binding conditions, and at least the
+        request's count of free devices pass its selectors: the search takes the first of them."""
+        option = self._counted
+        if option is None or not self.cannot_err(node):
+            return False
+        request = option[0]
+        allocator = self.allocator
+        view = allocator._view(node)
+        if view.untainted is None:
+            view.untainted = not any(
+                c.device.get("taints") or c.device.get("bindingConditions")
+                for candidates in view.candidates
+                for c in candidates
+            )
+        if not view.untainted:
+            return False
+        in_use, shared = allocator.state.devices, allocator.state.capacity
+        needed = request.count
+        failing_steps = allocator._first_failing(view, option)
+        for candidates, failing in zip(view.candidates, failing_steps, strict=True):
+            for candidate, failed in zip(candidates, failing, strict=True):
+                if failed is None and candidate.device_id not in in_use and candidate.device_id not in shared:
+                    needed -= 1
+                    if needed <= 0:
+                        return True
+        return needed <= 0
 
     def cannot_err(self, node: Node | None) -> bool:
         """True when `allocate(claims, node)` returns no error, whatever it allocates: claims of

@@ -32,12 +32,13 @@ its scoring; `FilterResult.feasible` keeps them in the order given.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from controller.allocation.nodes import Node
-from controller.scheduler.allocator import AllocationOutcome, Allocator, Failure
+from controller.scheduler.allocator import CANNOT_ALLOCATE, AllocationOutcome, Allocator, Failure
 
 JSON = Mapping[str, Any]
 
@@ -45,10 +46,31 @@ JSON = Mapping[str, Any]
 FILTER_ERROR_PREFIX = 'running "DynamicResources" filter plugin: '
 
 
-@dataclass(frozen=True)
 class NodeOutcome:
-    node: Node | None
-    outcome: AllocationOutcome
+    """One node's Filter outcome; `outcome` may be computed on first use (`lazy`), for a node
+    known to be feasible (`Screen.certainly_fits`) whose allocation only matters if it is chosen."""
+
+    __slots__ = ("_compute", "_outcome", "node")
+
+    def __init__(
+        self,
+        node: Node | None,
+        outcome: AllocationOutcome | None = None,
+        *,
+        lazy: Callable[[], AllocationOutcome] | None = None,
+    ) -> None:
+        assert (outcome is None) != (lazy is None)
+        self.node = node
+        self._outcome = outcome
+        self._compute = lazy
+
+    @property
+    def outcome(self) -> AllocationOutcome:
+        if self._outcome is None:
+            assert self._compute is not None
+            self._outcome = self._compute()
+            self._compute = None
+        return self._outcome
 
     @property
     def node_name(self) -> str:
@@ -103,12 +125,24 @@ def filter_nodes(
     node is never feasible, but its Filter still runs the allocator first, and may err.
     """
     result = FilterResult()
+    screen = allocator.screen(claims)
     for node in nodes:
-        entry = NodeOutcome(node, allocator.allocate(claims, node))
+        usable = available(node)
+        if usable and screen.certainly_fits(node):
+            # Feasible: its allocation is made only if this node is chosen (the state does not
+            # change before then), as most of 1,000 feasible nodes never are.
+            lazy = functools.partial(allocator.allocate, claims, node)
+            result.feasible.append(NodeOutcome(node, lazy=lazy))
+            continue
+        if screen.cannot_fit(node):  # what allocate answers there, without a Screen per node
+            name = node.name if node is not None else None
+            entry = NodeOutcome(node, AllocationOutcome(failure=Failure(CANNOT_ALLOCATE), node=name))
+        else:
+            entry = NodeOutcome(node, allocator.allocate(claims, node))
         failure = entry.outcome.failure
         if failure is not None and failure.error:
             result.error = result.error or entry
-        elif not available(node):
+        elif not usable:
             # The scheduler's own words for this rejection.
             name = node.name if node is not None else None
             unavailable = Failure("resourceclaim not available on the node")

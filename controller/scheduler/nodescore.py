@@ -100,6 +100,10 @@ class NodeChoice:
         }
 
 
+def _requests(claim: JSON) -> list[JSON]:
+    return list(((claim.get("spec") or {}).get("devices") or {}).get("requests") or [])
+
+
 def dra_score(claims: Sequence[JSON], allocations: Sequence[JSON]) -> int:
     """The DynamicResources Score of one node: `allocations[i]` is what `claims[i]` got there."""
     score = 0
@@ -146,7 +150,11 @@ def choose_node(
         )
     if not (features.prioritized_list and features.prioritized_list_scoring):
         return NodeChoice(feasible[0], tuple(feasible))
-    raw = {entry.node_name: dra_score(claims, entry.outcome.allocations) for entry in feasible}
+    if not any(request.get("firstAvailable") for claim in claims for request in _requests(claim)):
+        # Only firstAvailable subrequests score: every node scores 0, read no allocation.
+        raw = {entry.node_name: 0 for entry in feasible}
+    else:
+        raw = {entry.node_name: dra_score(claims, entry.outcome.allocations) for entry in feasible}
     normalized = normalize(raw)
     best = max(normalized.values())
     candidates = tuple(entry for entry in feasible if normalized[entry.node_name] == best)

@@ -25,9 +25,11 @@ from controller.allocation.builders import (
     resource_slice,
     with_allocation,
 )
+from controller.allocation.features import Features
 from controller.scheduler import allocator as allocator_module
 from controller.scheduler.allocator import AllocationOutcome, Allocator, Node, Screen
-from controller.scheduler.nodefilter import filter_nodes, first_fit
+from controller.scheduler.nodefilter import NodeOutcome, filter_nodes, first_fit
+from controller.scheduler.nodescore import choose_node
 
 D = "gpu.draplugin.dev"
 ATTRS = f'device.attributes["{D}"]'
@@ -92,6 +94,7 @@ def claims() -> list[dict[str, Any]]:
 def unscreened(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(Screen, "cannot_fit", lambda self, node: False)
     monkeypatch.setattr(Screen, "cannot_err", lambda self, node: False)
+    monkeypatch.setattr(Screen, "certainly_fits", lambda self, node: False)
 
 
 def summary(outcome: AllocationOutcome) -> tuple[Any, ...]:
@@ -183,3 +186,40 @@ def test_new_slices_drop_what_was_screened() -> None:
     assert not allocator.cannot_fit([none], nodes[0])
     assert allocator.allocate([none], nodes[0]).ok
     assert allocator_module.CANNOT_ALLOCATE == "cannot allocate all claims"
+
+
+def test_filter_nodes_feasible_rejected_and_errors_as_without_screening(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def run() -> list[Any]:
+        allocator, nodes = build(5)
+        seen: list[Any] = []
+        for c in claims():
+            for available in (lambda _n: True, lambda n: n is not None and n.name != "n0"):
+                result = filter_nodes(allocator, [c], nodes, available)
+                seen.append(
+                    (
+                        [(e.node_name, summary(e.outcome)) for e in result.feasible],
+                        [(e.node_name, summary(e.outcome)) for e in result.rejected],
+                        result.error and (result.error.node_name, summary(result.error.outcome)),
+                    )
+                )
+        return seen
+
+    allocator, nodes = build(5)
+    assert any(allocator.screen([c]).certainly_fits(n) for c in claims() for n in nodes)
+    screened = run()
+    unscreened(monkeypatch)
+    assert screened == run()
+
+
+def test_scores_without_first_available_read_no_allocation() -> None:
+    def never() -> AllocationOutcome:
+        raise AssertionError("a feasible node's allocation was made without need")
+
+    feasible = [NodeOutcome(Node("a"), lazy=never), NodeOutcome(Node("b"), lazy=never)]
+    features = Features()
+    assert features.prioritized_list and features.prioritized_list_scoring
+    choice = choose_node(feasible, [claims()[0]], features)
+    assert choice is not None and choice.chosen is feasible[0]
+    assert choice.to_json()["scores"] == {"a": 0, "b": 0}
