@@ -22,8 +22,9 @@ import json
 import os
 import subprocess
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 
@@ -68,10 +69,11 @@ def fake_devices(tmp: Path) -> dict[str, Device]:
     return {device.name: device for device in backend.discover()}
 
 
+@dataclass
 class FakeGpuNode(MetadataNode):
     """test_device_metadata's node on the inventory of examples/fake-gpus.yaml."""
 
-    inventory: ClassVar[dict[str, Device]] = {}
+    inventory: dict[str, Device] = field(default_factory=dict)
 
     def driver(self, recover: bool = True) -> Any:
         driver = super().driver(recover=False)
