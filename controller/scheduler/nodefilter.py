@@ -38,7 +38,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from controller.allocation.nodes import Node
-from controller.scheduler.allocator import CANNOT_ALLOCATE, AllocationOutcome, Allocator, Failure
+from controller.scheduler.allocator import (
+    CANNOT_ALLOCATE,
+    CANNOT_FIT,
+    FITS,
+    AllocationOutcome,
+    Allocator,
+    Failure,
+)
 
 JSON = Mapping[str, Any]
 
@@ -128,13 +135,14 @@ def filter_nodes(
     screen = allocator.screen(claims)
     for node in nodes:
         usable = available(node)
-        if usable and screen.certainly_fits(node):
+        known = screen.classify(node)
+        if usable and known == FITS:
             # Feasible: its allocation is made only if this node is chosen (the state does not
             # change before then), as most of 1,000 feasible nodes never are.
             lazy = functools.partial(allocator.allocate, claims, node)
             result.feasible.append(NodeOutcome(node, lazy=lazy))
             continue
-        if screen.cannot_fit(node):  # what allocate answers there, without a Screen per node
+        if known == CANNOT_FIT:  # what allocate answers there, without a Screen per node
             name = node.name if node is not None else None
             entry = NodeOutcome(node, AllocationOutcome(failure=Failure(CANNOT_ALLOCATE), node=name))
         else:

@@ -411,6 +411,8 @@ def reachable_nodes(pod: JSON, nodes: Sequence[Node], *, named_node: bool = True
     node_name = (pod.get("spec") or {}).get("nodeName")
     if named_node and node_name and not any(n.name == node_name for n in pool):
         pool.append(Node(str(node_name)))
+    if not pod_node_constraints(pod):
+        return pool  # every node, without asking each (1,000 per pod at fleet size)
     return [n for n in pool if pod_fits_node(pod, n)]
 
 

@@ -306,11 +306,14 @@ class Simulator:
         except NodeSelectorError as err:
             self._fail(results, f"pod {pod.ref}: {err}")
             return
-        candidates = [n for n in reachable if allocations_fit_node(allocated, n)]
+        candidates = [n for n in reachable if allocations_fit_node(allocated, n)] if allocated else reachable
         claims = [claim for _, claim in pending]
-        filtered = filter_nodes(
-            self.allocator, claims, reachable, lambda n: allocations_fit_node(allocated, n)
-        )
+        if allocated:
+            filtered = filter_nodes(
+                self.allocator, claims, reachable, lambda n: allocations_fit_node(allocated, n)
+            )
+        else:
+            filtered = filter_nodes(self.allocator, claims, reachable)  # every node is available
         try:
             choice = (
                 choose_node(filtered.feasible, claims, self.allocator.features, allocated=len(allocated))

@@ -95,6 +95,7 @@ def unscreened(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(Screen, "cannot_fit", lambda self, node: False)
     monkeypatch.setattr(Screen, "cannot_err", lambda self, node: False)
     monkeypatch.setattr(Screen, "certainly_fits", lambda self, node: False)
+    monkeypatch.setattr(Screen, "classify", lambda self, node: allocator_module.UNKNOWN)
 
 
 def summary(outcome: AllocationOutcome) -> tuple[Any, ...]:
