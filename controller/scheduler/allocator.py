@@ -510,17 +510,21 @@ class Screen:
         if not allocator._plain(view):
             return UNKNOWN
         in_use, shared = allocator.state.devices, allocator.state.capacity
-        passing, errs = 0, False
+        passing, errs, count = 0, False, self._count
         failing_steps = allocator._first_failing(view, option)
         for candidates, failing in zip(view.candidates, failing_steps, strict=True):
             for candidate, failed in zip(candidates, failing, strict=True):
                 if failed is None:
                     if candidate.device_id not in in_use and candidate.device_id not in shared:
                         passing += 1
+                        if passing >= count:
+                            break
                     elif candidate.device_id not in in_use:
                         errs = True  # shared: only a search can tell
                 elif failed == _ERRS and candidate.device_id not in in_use:
                     errs = True
+            if passing >= count > 0:
+                break  # enough to tell: the rest of the node cannot make it CANNOT_FIT
         if passing == 0 and not errs:
             return CANNOT_FIT  # as cannot_fit: no free device passes (none errs)
         if passing >= self._count and self.cannot_err(node):
