@@ -96,8 +96,28 @@ class Rig:
         doc = json.loads(self.plugin.checkpoint_path.read_text())
         return {c["uid"]: [d["device"] for d in c["devices"]] for c in doc["claims"]}
 
+    def metadata(self) -> dict[str, list[str]]:
+        """Claim UID -> the device metadata files of it on the node (docs/device-metadata.md): its
+        CDI specs and its documents (by the UID each names)."""
+        found: dict[str, list[str]] = {}
+        for path in self.cdi_root.glob(f"{DRIVER}_metadata_*.json"):
+            uid = path.name.removeprefix(f"{DRIVER}_metadata_").rpartition("_")[0]
+            found.setdefault(uid, []).append(path.name)
+        for path in self.metadata_root.glob("*/*/metadata.json"):
+            first, _ = json.JSONDecoder().raw_decode(path.read_text())
+            found.setdefault(first["metadata"]["uid"], []).append(str(path.relative_to(self.metadata_root)))
+        return found
+
+    @property
+    def metadata_root(self) -> Path:
+        return self.plugin.kubelet_root_dir / "plugins" / DRIVER / "dra-device-metadata"
+
     def temp_files(self) -> list[Path]:
-        return [*self.cdi_root.glob(".*.tmp"), *self.plugin.state_dir.glob(".*.tmp")]
+        return [
+            *self.cdi_root.glob(".*.tmp"),
+            *self.plugin.state_dir.glob(".*.tmp"),
+            *self.metadata_root.glob("*/*/.*.tmp"),
+        ]
 
     def rss_mib(self) -> float:
         assert self.plugin.process is not None
@@ -201,6 +221,9 @@ def assert_node_consistent(rig: Rig, prepared: set[str]) -> None:
     missing = sorted(prepared - set(specs))
     assert not missing, f"specs of prepared claims deleted: {missing}"
     assert set(specs) <= set(records), "a spec without a record survived start-up"
+    leaked = sorted(set(rig.metadata()) - set(records))
+    assert not leaked, f"device metadata of claims no record holds survived start-up: {leaked}"
+    assert all(uid in rig.metadata() for uid in prepared), "device metadata of a prepared claim is gone"
     assert rig.temp_files() == []
 
 
@@ -324,6 +347,29 @@ async def test_kill_at_random_moments_loses_nothing_and_never_hands_a_gpu_out_tw
     figures["lost"] = len(prepared - set(rig.records()))
     log.info("fault figures (kill -9): %s", figures)
     assert figures["lost"] == 0
+
+
+async def test_kill_after_the_metadata_write_leaves_nothing_no_claim_holds(rig: Rig) -> None:
+    """SIGKILL between a claim's device metadata and its checkpoint record: start-up removes the files
+    no record holds, and the kubelet's retry writes them again (crash point after-metadata-write)."""
+    ref = rig.refs[0]
+    rig.plugin.start(crash_at="after-metadata-write", timeout_s=60)
+    channel = await rig.channel()
+    with pytest.raises(grpc.aio.AioRpcError):
+        await prepare(channel, [ref], KUBELET_DEADLINE_S)
+    assert rig.plugin.wait_exit(30) == -9
+    await channel.close()
+    assert len(rig.metadata()[ref.uid]) == 2  # written: its document and its CDI spec
+    assert ref.uid not in rig.records()
+    rig.start()
+    channel = await rig.channel()
+    assert_node_consistent(rig, set())
+    assert rig.metadata() == {}
+    assert await prepare(channel, [ref], KUBELET_DEADLINE_S) == {ref.uid: ""}
+    assert_node_consistent(rig, {ref.uid})
+    assert await unprepare(channel, [ref], KUBELET_DEADLINE_S) == {ref.uid: ""}
+    assert rig.metadata() == {}
+    await channel.close()
 
 
 # --- corrupt checkpoints ----------------------------------------------------------------------------
