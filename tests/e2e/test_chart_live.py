@@ -231,6 +231,15 @@ def test_the_packaged_chart_runs_the_plugin_and_prepares_a_claim(
         claim = claim_of(api, release.namespace, "gpu-app")
         assert cdi_specs(kubelet_node, claim["metadata"]["uid"]), "no CDI spec for the prepared claim"
         assert_device_status(api, kubelet_node, release.namespace, "gpu-app", device)
+        # Device metadata (on by default): the plugin pod wrote it below its mounted plugin directory
+        # and containerd bind-mounted it read-only into the workload (docs/device-metadata.md).
+        report = workload_report(api, release.namespace, "gpu-app", "app") or ""
+        metadata_dir = "/var/run/kubernetes.io/dra-device-attributes/resourceclaimtemplates"
+        metadata_file = f"{metadata_dir}/gpu/gpu/{DRIVER}-metadata.json"
+        mounts = [line.split() for line in report.split("== mounts", 1)[-1].splitlines()]
+        assert any(m[1:2] == [metadata_file] and "ro" in m[3].split(",") for m in mounts if len(m) > 3), (
+            report
+        )
         delete_pod_and_wait_unprepared(api, kubelet_node, release.namespace, "gpu-app")
 
 
