@@ -18,7 +18,7 @@ from pathlib import Path
 
 from bench.summary import ROWS_ENV, merge_results, read_records, table
 
-BENCHMARKS = ("cel", "slices", "prepare", "allocate", "usage")
+BENCHMARKS = ("cel", "slices", "prepare", "allocate", "usage", "scale")
 
 
 def main(argv: list[str]) -> int:
