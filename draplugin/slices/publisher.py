@@ -255,9 +255,9 @@ class SlicePublisher:
                     "node": self._node_name,
                     "generation": generation,
                     "slices": count,
-                    "created": result.created,
-                    "updated": result.updated,
-                    "deleted": result.deleted,
+                    "slices_created": result.created,
+                    "slices_updated": result.updated,
+                    "slices_deleted": result.deleted,
                 },
             )
             self._record(result, "written")

@@ -61,7 +61,24 @@ def style_problems(source: str) -> list[tuple[int, str]]:
             problems.append((node.lineno, "message has %-format arguments (put them in extra)"))
         elif KEY_VALUE.search(message.value):
             problems.append((node.lineno, f"message embeds a field: {message.value!r}"))
+        problems.extend((node.lineno, why) for why in _extra_clashes(node))
     return problems
+
+
+# A key of `extra` that names a LogRecord attribute (`created`, `name`, `msg`...) makes logging
+# raise KeyError at the call, and only when the level is enabled: a crash no quiet test run sees.
+RECORD_ATTRIBUTES = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
+
+
+def _extra_clashes(call: ast.Call) -> list[str]:
+    clashes: list[str] = []
+    for keyword in call.keywords:
+        if keyword.arg != "extra" or not isinstance(keyword.value, ast.Dict):
+            continue
+        for key in keyword.value.keys:
+            if isinstance(key, ast.Constant) and key.value in RECORD_ATTRIBUTES:
+                clashes.append(f"extra key {key.value!r} is a LogRecord attribute (logging raises KeyError)")
+    return clashes
 
 
 def test_the_checker_finds_each_kind_of_embedded_field() -> None:
@@ -74,9 +91,10 @@ def test_the_checker_finds_each_kind_of_embedded_field() -> None:
             'log.info("done", extra={"node": name})',
             'log.info("taint kept (--health-recovery=never)")',
             'parser.error("bad value=%s" % v)',
+            'log.info("published", extra={"created": 1, "node": name})',
         ]
     )
-    assert [line for line, _ in style_problems(source)] == [1, 2, 3, 4]
+    assert [line for line, _ in style_problems(source)] == [1, 2, 3, 4, 8]
 
 
 def test_no_log_call_in_the_daemons_embeds_fields_in_its_message() -> None:
