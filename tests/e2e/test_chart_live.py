@@ -278,8 +278,11 @@ def test_rolling_update_loses_no_claim_and_keeps_preparing(
         create_gpu_pod(api, kubelet_node, namespace, "before")
         before_device = assert_container_got_its_gpu(api, kubelet_node, namespace, "before")
         before_claim = claim_of(api, namespace, "before")
-        (before_spec,) = cdi_specs(kubelet_node, before_claim["metadata"]["uid"])
-        before_spec_text = before_spec.read_text()
+        # The claim's CDI specs (its devices', and its device metadata's): untouched by the rollout.
+        before_specs = {
+            path: path.read_text() for path in cdi_specs(kubelet_node, before_claim["metadata"]["uid"])
+        }
+        assert before_specs, "no CDI spec for the prepared claim"
 
         # Any change to the pod template rolls the DaemonSet.
         release.upgrade(
@@ -308,7 +311,7 @@ def test_rolling_update_loses_no_claim_and_keeps_preparing(
         pod = api.get(f"/api/v1/namespaces/{namespace}/pods/before")
         assert pod["status"]["phase"] == "Running"
         assert claim_of(api, namespace, "before")["metadata"]["uid"] == before_claim["metadata"]["uid"]
-        assert before_spec.read_text() == before_spec_text
+        assert {path: path.read_text() for path in before_specs} == before_specs
         # The new plugin pod owns it now: it unprepares it when its pod goes.
         delete_pod_and_wait_unprepared(api, kubelet_node, namespace, "before")
         delete_pod_and_wait_unprepared(api, kubelet_node, namespace, "during")
