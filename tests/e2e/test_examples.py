@@ -580,7 +580,8 @@ def test_a_cdi_device_the_runtime_cannot_inject_fails_naming_the_spec_and_the_ru
     assert missing and "no such file or directory" in message, message
     pod = api.get(f"/api/v1/namespaces/{namespace}/pods/single-gpu")
     uid = claims_of(api, namespace, pod)["gpu"]["metadata"]["uid"]
-    (spec,) = kubelet_node.cdi_root.glob(f"*{uid}*.json")  # the claim's spec, named after its UID
+    # The claim's own spec, named after its UID (beside it, its request's device metadata spec).
+    (spec,) = kubelet_node.cdi_root.glob(f"*-claim_{uid}.json")
     assert f"--- {spec}" in message, message
 
 
