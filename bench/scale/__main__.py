@@ -116,7 +116,11 @@ def main(argv: list[str] | None = None) -> int:
                 try:
                     cases = measure_explain(fleet)
                     _print_case("explain of one unfit claim", cases.yaml)
-                    print(f"  YAML floor (libyaml): {cases.yaml_floor.wall_s:.2f} s", flush=True)
+                    print(
+                        f"  YAML floor (libyaml): {cases.yaml_floor.wall_s:.2f} s; dra-controller start-up "
+                        f"alone (--version): {cases.startup.wall_s:.2f} s",
+                        flush=True,
+                    )
                     _print_case("explain of one unfit claim, JSON files", cases.json)
                     keep(explain_rows(cases))
                 except Exception as err:

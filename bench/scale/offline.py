@@ -130,6 +130,8 @@ class ExplainCases:
     yaml: Case
     yaml_floor: Measured
     json: Case
+    # `dra-controller --version`: interpreter start and the CLI's imports, what any command pays
+    startup: Measured
 
 
 def measure_explain(fleet: FleetPair) -> ExplainCases:
@@ -137,7 +139,13 @@ def measure_explain(fleet: FleetPair) -> ExplainCases:
     floor = parse_floor(twin.paths)
     on_yaml = _case(fleet, yaml, 1, explain_unfit(yaml.paths), floor)
     on_json = _case(fleet, twin, 1, explain_unfit(twin.paths), floor)
-    return ExplainCases(on_yaml, parse_floor(yaml.paths, "yaml"), on_json)
+    return ExplainCases(on_yaml, parse_floor(yaml.paths, "yaml"), on_json, cli_startup())
+
+
+def cli_startup(tries: int = FLOOR_TRIES) -> Measured:
+    """The fastest of `tries` runs of `dra-controller --version`."""
+    runs = [run_timed([CLI, "--version"], TIMEOUT_S) for _ in range(tries)]
+    return min(runs, key=lambda r: r.wall_s)
 
 
 def measure_simulate(fleet: FleetPair, claims: int) -> tuple[Case, Measured]:

@@ -35,16 +35,17 @@ def test_kube_scheduler_rates_come_from_its_start_and_the_bind_times() -> None:
 
 
 def _explained(yaml_s: float, floor_s: float) -> ExplainCases:
-    return ExplainCases(_case(yaml_s, floor_s, claims=1), _run(2.5), _case(0.9, floor_s, claims=1))
+    return ExplainCases(_case(yaml_s, floor_s, claims=1), _run(2.5), _case(0.9, floor_s, claims=1), _run(0.3))
 
 
 def test_explain_and_simulate_rows_put_the_floors_beside_ours() -> None:
-    wall, beside_yaml, on_json, rss = explain_rows(_explained(3.0, 1.5))
+    wall, beside_yaml, on_json, startup, rss = explain_rows(_explained(3.0, 1.5))
     assert wall.figure == "explain of one unfit claim, 1,000 nodes x 8 GPUs, YAML, wall"
     assert (wall.unit, wall.ours, wall.peer, wall.ratio) == ("s", 3.0, 1.5, 2.0)
     assert "json.load" in wall.peer_name and not wall.higher_is_better
     assert (beside_yaml.ours, beside_yaml.peer) == (3.0, 2.5) and "libyaml" in beside_yaml.peer_name
     assert on_json.figure.endswith("JSON, wall") and (on_json.ours, on_json.peer) == (0.9, 1.5)
+    assert (startup.ours, startup.peer) == (0.3, 1.5), "start-up alone beside the same floor"
     assert (rss.unit, rss.ours, rss.peer) == ("MiB", 120.0, 60.0)
     sim_wall, _ = simulate_rows(_case(10.0, 2.0))
     assert sim_wall.figure == "simulate of 2,000 claims (pods), 1,000 nodes x 8 GPUs, YAML, wall"
