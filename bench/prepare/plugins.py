@@ -162,6 +162,9 @@ class OurPlugin(Plugin):
             "--kubeconfig", str(self.kubeconfig),
             "--metrics-port", "0",
             "--delete-slices-on-shutdown=true",
+            # Like for like: the peer (dra-example-driver v0.4.0) does not turn on its helper's
+            # device metadata files, so ours writes none either (docs/device-metadata.md).
+            "--device-metadata", "off",
         ]  # fmt: skip
         env = {k: v for k, v in os.environ.items() if not k.startswith("DRAPLUGIN_")}
         env[BOOT_ID_FILE_ENV] = str(self._boot_id())
