@@ -6,7 +6,7 @@ with its peak RSS and CPU time from its own rusage:
 
 - floor: the fastest of three runs of `python -c` that json.loads every file of the JSON twin
   of the objects (one JSON List per file, as bench.fleet writes them): interpreter start plus
-  the parse, nothing else.
+  the parse, every object kept (as a tool that works on them all must keep them), nothing else.
 - explain: `dra-controller explain unfittable --objects FILE...` on the YAML files: the fleet's
   slices, the chart's DeviceClasses and one claim that fits on no node (bench.fleet), so every
   node is accounted for. Exit 1 (not allocatable) is its expected answer. Beside the JSON floor
@@ -39,19 +39,22 @@ UNFIT_CLAIM = "unfittable"
 TIMEOUT_S = 1800.0
 FLOOR_TRIES = 3
 FLOOR_CODE = {
+    # Every object is kept, as a tool that works on them all at once must keep them.
     "json": (
         "import json, sys\n"
+        "kept = []\n"
         "for path in sys.argv[1:]:\n"
         "    with open(path, 'rb') as handle:\n"
-        "        json.load(handle)\n"
+        "        kept.append(json.load(handle))\n"
     ),
     # libyaml's loader where the wheel has it, as a careful YAML reader would use.
     "yaml": (
         "import sys, yaml\n"
         "loader = getattr(yaml, 'CSafeLoader', yaml.SafeLoader)\n"
+        "kept = []\n"
         "for path in sys.argv[1:]:\n"
         "    with open(path, 'rb') as handle:\n"
-        "        list(yaml.load_all(handle, Loader=loader))\n"
+        "        kept.append(list(yaml.load_all(handle, Loader=loader)))\n"
     ),
 }
 
