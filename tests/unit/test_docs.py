@@ -141,6 +141,11 @@ NOT_RUN: dict[str, str] = {
     "make clean-clusters": "removes every stopped local cluster run of this machine, logs included; "
     "tests/integration/test_faults_cleanup.py runs the same prune on a directory of its own",
     "make bench": "benchmarks are kept out of the test suite by design",
+    # docs/scale.md
+    "make scale": "a 25-minute measurement (two control planes, 5,000-node fixtures); kept out of the test "
+    "suite by design like make bench; tests/unit/test_bench_scale_*.py test its pure parts",
+    'make scale SCALE_ARGS="--parts offline"': "a two-minute measurement at 1,000 nodes, kept out of the "
+    "test suite by design; tests/unit/test_bench_scale_*.py test its pure parts",
     "make test-compat": "the integration and e2e suites on a second Kubernetes build (1.34); run by .ci/run",
     "make differential": "4,000 scenarios on two Kubernetes builds (~15 min); `make test` plays 300 of them",
     "K8S_VERSION=v1.34.4 tests/cluster/regen.sh": "re-pins the Go build and downloads modules (network)",
