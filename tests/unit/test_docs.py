@@ -144,7 +144,7 @@ NOT_RUN: dict[str, str] = {
     # docs/scale.md
     "make scale": "a 25-minute measurement (two control planes, 5,000-node fixtures); kept out of the test "
     "suite by design like make bench; tests/unit/test_bench_scale_*.py test its pure parts",
-    'make scale SCALE_ARGS="--parts offline"': "a two-minute measurement at 1,000 nodes, kept out of the "
+    'make scale SCALE_ARGS="--parts offline"': "a one-minute measurement at 1,000 nodes, kept out of the "
     "test suite by design; tests/unit/test_bench_scale_*.py test its pure parts",
     "make test-compat": "the integration and e2e suites on a second Kubernetes build (1.34); run by .ci/run",
     "make differential": "4,000 scenarios on two Kubernetes builds (~15 min); `make test` plays 300 of them",
