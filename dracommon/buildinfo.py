@@ -9,7 +9,6 @@ without installing (PYTHONPATH=.) has no metadata: it reports "unknown" rather t
 from __future__ import annotations
 
 import platform
-from importlib import metadata
 from typing import Final
 
 DISTRIBUTION: Final = "draplugin"
@@ -17,6 +16,11 @@ UNKNOWN: Final = "unknown"
 
 
 def version() -> str:
+    # Imported here, not at the top: importlib.metadata (with the email package it pulls in)
+    # is about 40 ms of every command's start-up, and only --version, the daemons' start log
+    # line and the build_info metrics ask for the version.
+    from importlib import metadata
+
     try:
         return metadata.version(DISTRIBUTION)
     except metadata.PackageNotFoundError:

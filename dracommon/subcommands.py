@@ -24,13 +24,28 @@ import shlex
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Final, TextIO
+from typing import Any, Final, TextIO
 
 from dracommon.buildinfo import version_line
 
 EXIT_OK: Final = 0
 EXIT_FAILURE: Final = 1
 EXIT_USAGE: Final = 2
+
+
+class _VersionAction(argparse._VersionAction):
+    """argparse's `version` action (same help and output), with the version line made when
+    `--version` is given rather than when the parser is built: the lookup costs start-up."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        self.version = version_line(parser.prog)
+        super().__call__(parser, namespace, values, option_string)
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +82,7 @@ class CommandLine:
             importlib.import_module(module)
         name = prog or self.prog
         parser = argparse.ArgumentParser(prog=name, description=self.description, allow_abbrev=False)
-        parser.add_argument("--version", action="version", version=version_line(name))
+        parser.add_argument("--version", action=_VersionAction)
         subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
         parsers: dict[str, argparse.ArgumentParser] = {}
         for command in self._commands.values():
