@@ -78,6 +78,7 @@ from controller.explain.explanation import explain_claim
 from controller.run.api import ClaimApi, Conflict, NotFound
 from controller.run.events import REASON, EventLimiter, cannot_allocate_event
 from controller.run.metrics import ControllerMetrics
+from controller.run.preallocation import ANY_NODE_SYNONYMS, preallocate_annotation
 from controller.scheduler.allocator import Allocator
 from controller.scheduler.nodefilter import filter_nodes, first_fit
 from controller.scheduler.nodescore import choose_node
@@ -90,9 +91,6 @@ JSON = dict[str, Any]
 
 ALLOCATED_BY = "dra-controller"
 FINALIZER = "resource.kubernetes.io/delete-protection"  # upstream's, handled by kube-controller-manager
-ANY_NODE = "any"
-# `kubectl annotate ... preallocate=true` reads naturally; it means the same as "any".
-ANY_NODE_SYNONYMS = frozenset({ANY_NODE, "true"})
 MAX_CONFLICT_RETRIES = 3
 
 
@@ -107,11 +105,6 @@ class Snapshot:
     # DeviceTaintRules, where the API server serves them; the allocator applies them only
     # where the release's device-taint rules are on, as kube-scheduler does.
     taint_rules: Sequence[JSON] = ()
-
-
-def preallocate_annotation(driver_name: str) -> str:
-    """`<driver>/preallocate`: asks the controller to allocate a standalone claim now."""
-    return annotation_key(driver_name, "preallocate")
 
 
 def allocated_by_annotation(driver_name: str) -> str:

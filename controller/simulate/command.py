@@ -49,7 +49,7 @@ from controller.options import (
     release_of,
     with_objects,
 )
-from controller.run.reconciler import ANY_NODE_SYNONYMS, preallocate_annotation
+from controller.run.preallocation import ANY_NODE_SYNONYMS, preallocate_annotation
 from controller.scheduler.allocator import AllocationOutcome, Allocator, Failure
 from controller.scheduler.extendedclaim import Mapped
 from controller.scheduler.nodefilter import filter_nodes, first_fit
