@@ -14,8 +14,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from controller.top import metricnames as names
 
 
@@ -87,6 +85,10 @@ def _bounded(value: float | None, bound: float | None) -> float | None:
 
 def parse_samples(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
     """Every sample of the usage series `top` reads, by sample name: (labels, value)."""
+    # Imported here: prometheus_client is ~15 ms of every command's start-up (the parser
+    # imports this module), and only `top` parses expositions.
+    from prometheus_client.parser import text_string_to_metric_families
+
     wanted = set(names.CONSUMED)
     samples: dict[str, list[tuple[dict[str, str], float]]] = defaultdict(list)
     try:

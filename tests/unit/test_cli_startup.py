@@ -1,0 +1,43 @@
+"""What every `dra-controller` command pays before its handler runs: building the parser
+imports each subcommand's module, so none of them may import, at module level, what only one
+subcommand uses. The figures (issue 34: start-up was 0.26-0.33 s of an explain whose target is
+3x a 0.17 s JSON parse) are in docs/scale.md; this checks the imports, not the time."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+# Modules only some subcommands need, each tens of milliseconds of imports (python -X importtime):
+# the version lookup (--version, daemons' start log, build_info metrics), the asyncio API client
+# and reconciler (`run`), prometheus_client (`run`'s metrics, `top`'s exposition parser).
+ONLY_WHEN_USED = ("importlib.metadata", "asyncio", "prometheus_client", "controller.run.reconciler")
+
+
+def _imported_after(code: str) -> list[str]:
+    probe = f"{code}\nimport sys\nprint(' '.join(m for m in {ONLY_WHEN_USED!r} if m in sys.modules))"
+    out = subprocess.run(
+        [sys.executable, "-c", probe], cwd=REPO_ROOT, capture_output=True, text=True, check=True
+    )
+    return out.stdout.split()
+
+
+def test_building_the_parser_imports_no_single_subcommand_dependency() -> None:
+    assert _imported_after("from controller.cli import build_parser; build_parser()") == []
+
+
+def test_version_is_still_looked_up_when_asked() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "controller.cli", "--version"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    from dracommon.buildinfo import version_line
+
+    assert out.stdout == version_line("dra-controller") + "\n"
+    assert out.stderr == ""
