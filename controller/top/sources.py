@@ -15,9 +15,7 @@ why, never an exception, so the others are still shown.
 
 from __future__ import annotations
 
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -61,6 +59,11 @@ class UrlEndpoint:
         return self.url
 
     def fetch(self) -> str:
+        # Imported here: urllib.request (http.client, ssl, email) is ~20 ms of every command's
+        # start-up, since the CLI parser imports this module for top's defaults.
+        import urllib.error
+        import urllib.request
+
         # text/plain: prometheus_client then answers in the text format its parser reads.
         request = urllib.request.Request(self.url, headers={"Accept": "text/plain"})
         try:

@@ -13,8 +13,15 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 # Modules only some subcommands need, each tens of milliseconds of imports (python -X importtime):
 # the version lookup (--version, daemons' start log, build_info metrics), the asyncio API client
-# and reconciler (`run`), prometheus_client (`run`'s metrics, `top`'s exposition parser).
-ONLY_WHEN_USED = ("importlib.metadata", "asyncio", "prometheus_client", "controller.run.reconciler")
+# and reconciler (`run`), prometheus_client (`run`'s metrics, `top`'s exposition parser),
+# urllib.request (`top`'s scrapes).
+ONLY_WHEN_USED = (
+    "importlib.metadata",
+    "asyncio",
+    "prometheus_client",
+    "controller.run.reconciler",
+    "urllib.request",
+)
 
 
 def _imported_after(code: str) -> list[str]:
