@@ -22,13 +22,13 @@ from controller.allocation.builders import (
 )
 from controller.run.api import Conflict, NotFound
 from controller.run.metrics import ControllerMetrics
+from controller.run.preallocation import preallocate_annotation
 from controller.run.reconciler import (
     FINALIZER,
     Reconciler,
     ReconcilerSettings,
     Snapshot,
     allocated_by_annotation,
-    preallocate_annotation,
 )
 
 JSON = dict[str, Any]
