@@ -107,8 +107,15 @@ def test_demo_once_runs_the_chart_and_shows_allocation_cdi_spec_and_runtime_view
     allocated_devices = {r["device"] for r in results}
     assert allocated_devices <= set(published.group(2).split(", "))
 
-    spec = json.loads(section(found, "CDI spec ").strip())
-    assert spec["kind"] == f"{DRIVER}/gpu"
+    # The claim's two specs: its devices', and the device metadata mount (docs/device-metadata.md).
+    specs = {
+        spec["kind"]: spec
+        for spec in (
+            json.loads(body.strip()) for title, body in found.items() if title.startswith("CDI spec ")
+        )
+    }
+    assert sorted(specs) == [f"{DRIVER}/gpu", f"{DRIVER}/metadata"], list(found)
+    spec = specs[f"{DRIVER}/gpu"]
     spec_device_names = {d["name"] for d in spec["devices"]}
     assert all(any(name.endswith(f"-{device}") for name in spec_device_names) for device in allocated_devices)
 

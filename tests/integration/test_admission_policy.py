@@ -49,7 +49,17 @@ def policy(api: KubeApi, tmp_path_factory: pytest.TempPathFactory) -> Iterator[s
     """The chart's policy and binding, rendered by Helm, applied; removed afterwards."""
     home = tmp_path_factory.mktemp("helm-home")
     rendered = run_helm(
-        ["template", "t", str(CHART), "--show-only", "templates/claimconfig-policy.yaml"], home
+        # A namespace of its own: the chart refuses `default` (allowDefaultNamespace).
+        [
+            "template",
+            "t",
+            str(CHART),
+            "--namespace",
+            "draplugin",
+            "--show-only",
+            "templates/claimconfig-policy.yaml",
+        ],
+        home,
     )
     docs = [d for d in yaml.safe_load_all(rendered) if d]
     assert [d["kind"] for d in docs] == ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]

@@ -161,7 +161,8 @@ def test_starts_before_its_node_exists_and_publishes_once_it_does(
             wait_for("the registration socket", lambda: any(registry.glob("*.sock")), timeout=30)
             wait_for(
                 "a logged retry of the Node lookup",
-                lambda: any("not found" in line.get("msg", "") for line in daemon.log_lines()),
+                # The retry's reason is its `error` field (one structured log style), not the message.
+                lambda: any("not found" in str(line.get("error", "")) for line in daemon.log_lines()),
                 timeout=30,
             )
             assert node_slices(rest, name) == []
