@@ -143,6 +143,17 @@ class Process:
 
 
 @dataclasses.dataclass(frozen=True)
+class MemoryLimitCall:
+    """One nvmlDeviceSetMemoryLimits_v1 call as the double recorded it."""
+
+    uuid: str
+    cgroup: str
+    soft: int
+    hard: int
+    result: int  # the nvmlReturn_t it answered
+
+
+@dataclasses.dataclass(frozen=True)
 class Gpu:
     """Overrides for the GPU at ``index`` (its position in the configured machine)."""
 
@@ -164,9 +175,13 @@ class Gpu:
     ecc_corrected: int = 0
     ecc_uncorrected: int = 0
     throttle_reasons: int = 0
+    # False: the per-cgroup memory limit calls answer NVML_ERROR_NOT_SUPPORTED (an older driver).
+    memory_limits: bool = True
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"index": self.index}
+        if not self.memory_limits:
+            out["memoryLimits"] = False
         optional = {
             "migMode": self.mig_mode,
             "migModePending": self.mig_mode_pending,
@@ -320,6 +335,34 @@ class NvmlDouble:
         loaded: dict[str, Any] = json.loads(text) if text.strip() else {}
         gpus: dict[str, Any] = loaded.get("gpus", {})
         return gpus
+
+    def memory_limit_calls(self) -> list[MemoryLimitCall]:
+        """Every nvmlDeviceSetMemoryLimits_v1 the double answered, in order per GPU."""
+        return [
+            MemoryLimitCall(uuid, call["cgroup"], call["soft"], call["hard"], call["result"])
+            for uuid, gpu in sorted(self.state().items())
+            for call in gpu.get("memoryLimitCalls", [])
+        ]
+
+    def memory_limits(self) -> dict[tuple[str, str], tuple[int, int]]:
+        """(GPU UUID, cgroup path) -> (soft, hard) for every limit the double still holds, each
+        read back with nvmlDeviceGetMemoryLimits_v1: the double drops a limit whose cgroup is gone
+        when it is asked for it, as the driver clears it when the cgroup goes."""
+        held: dict[tuple[str, str], tuple[int, int]] = {}
+        wanted = [(uuid, ns) for uuid, gpu in self.state().items() for ns in gpu.get("memoryLimits", {})]
+        if not wanted:
+            return held
+        with self.pynvml() as nvml:
+            for uuid, ns in sorted(wanted):
+                handle = nvml.nvmlDeviceGetHandleByUUID(uuid)
+                got = nvml.c_nvmlGetMemoryLimits_v1_t()
+                got.nameSpace = ns.encode()
+                try:
+                    nvml.nvmlDeviceGetMemoryLimits_v1(handle, got)
+                except nvml.NVMLError:
+                    continue
+                held[(uuid, ns)] = (int(got.softLimit), int(got.hardLimit))
+        return held
 
     def env(self) -> dict[str, str]:
         """What a subprocess needs to load the double as libnvidia-ml.so.1."""

@@ -51,6 +51,7 @@ type GPUConfig struct {
 	MigModePending     *int        `json:"migModePending"`
 	Lost               bool        `json:"lost"`
 	UnifiedMemory      bool        `json:"unifiedMemory"`
+	MemoryLimits       *bool       `json:"memoryLimits"`
 	Brand              *int        `json:"brand"`
 	MigDevices         []MigDevice `json:"migDevices"`
 	Processes          []Process   `json:"processes"`

@@ -569,3 +569,32 @@ func mutate(r *ref, fn func(st *GPUState) rc) rc {
 	}
 	return result
 }
+
+// limitsSupported: whether the GPU answers the per-cgroup memory limit calls. Drivers before the
+// calls existed, and GPUs the driver does not offer them on, answer NVML_ERROR_NOT_SUPPORTED; the
+// configuration says which (`memoryLimits: false`), as no driver version that first has them is
+// documented in nvml.h.
+func limitsSupported(g *gpu) bool {
+	return g.o.MemoryLimits == nil || *g.o.MemoryLimits
+}
+
+// recordLimitCall runs one nvmlDeviceSetMemoryLimits_v1 under the state's exclusive lock and
+// appends the call and its answer to the GPU's memoryLimitCalls, whatever it answered.
+func recordLimitCall(r *ref, cgroup string, soft, hard uint64, fn func(st *GPUState) rc) rc {
+	result := rcOK
+	err := mutateState(cur.cfg.StateFile, func(s *State) bool {
+		st := s.GPUs[r.g.uuid]
+		if st == nil {
+			result = rcUnknown
+			return false
+		}
+		result = fn(st)
+		st.MemoryLimitCalls = append(st.MemoryLimitCalls, MemoryLimitCall{Cgroup: cgroup, Soft: soft, Hard: hard, Result: int(result)})
+		return true
+	})
+	if err != nil {
+		fail("%v", err)
+		return rcUnknown
+	}
+	return result
+}

@@ -648,17 +648,23 @@ func nvmlDeviceSetMemoryLimits_v1(device C.nvmlDevice_t, limits *C.nvmlSetMemory
 		return rcInvalid
 	}
 	soft, hard := uint64(limits.softLimit), uint64(limits.hardLimit)
-	m, _ := r.g.mock.GetMemoryInfo()
-	clear := soft == 0 && hard == ^uint64(0) // "To clear the limits, set softLimit to 0, and hardLimit to NVML_DEVICE_MEMORY_LIMIT_MAX"
-	if !clear && (soft > hard || hard > m.Total) {
-		return rcInvalid
-	}
 	ns := C.GoString(limits.nameSpace)
-	// "NVML_ERROR_OPERATING_SYSTEM if the cgroup path cannot be opened".
-	if _, err := os.Stat(ns); err != nil {
-		return rcOS
-	}
-	return mutate(r, func(st *GPUState) rc {
+	// Every call that names a cgroup is recorded, refused ones too: a test sees what the caller asked.
+	return recordLimitCall(r, ns, soft, hard, func(st *GPUState) rc {
+		// "NVML_ERROR_NOT_SUPPORTED if the device does not support this feature" (memoryLimits: false).
+		if !limitsSupported(r.g) {
+			return rcNotSupported
+		}
+		m, _ := r.g.mock.GetMemoryInfo()
+		clear := soft == 0 && hard == ^uint64(0) // "To clear the limits, set softLimit to 0, and hardLimit to NVML_DEVICE_MEMORY_LIMIT_MAX"
+		if !clear && (soft > hard || hard > m.Total) {
+			return rcInvalid
+		}
+		// "NVML_ERROR_OPERATING_SYSTEM if the cgroup path cannot be opened".
+		if _, err := os.Stat(ns); err != nil {
+			delete(st.MemoryLimits, ns) // a gone cgroup holds no limit
+			return rcOS
+		}
 		if clear {
 			delete(st.MemoryLimits, ns)
 			return rcOK
@@ -684,8 +690,21 @@ func nvmlDeviceGetMemoryLimits_v1(device C.nvmlDevice_t, limits *C.nvmlGetMemory
 	if limits == nil || limits.nameSpace == nil {
 		return rcInvalid
 	}
+	if !limitsSupported(r.g) {
+		return rcNotSupported
+	}
 	ns := C.GoString(limits.nameSpace)
 	if _, err := os.Stat(ns); err != nil {
+		// "Removing the cgroup will also clear any limits": a limit of a cgroup that is gone is
+		// dropped when it is asked for, as the driver has dropped it by then.
+		if _, held := r.st.MemoryLimits[ns]; held {
+			_ = mutateState(cur.cfg.StateFile, func(s *State) bool {
+				if st := s.GPUs[r.g.uuid]; st != nil {
+					delete(st.MemoryLimits, ns)
+				}
+				return true
+			})
+		}
 		return rcOS
 	}
 	// "NVML_ERROR_NOT_FOUND if the limits were not found for this device and cgroup".

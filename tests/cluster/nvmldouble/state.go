@@ -23,6 +23,8 @@ type GPUState struct {
 	ComputeMode    int                    `json:"computeMode"`
 	GpuInstances   []*GIState             `json:"gpuInstances"`
 	MemoryLimits   map[string]MemoryLimit `json:"memoryLimits,omitempty"`
+	// Every nvmlDeviceSetMemoryLimits_v1 call on the GPU, in order, with its result.
+	MemoryLimitCalls []MemoryLimitCall `json:"memoryLimitCalls,omitempty"`
 }
 
 type GIState struct {
@@ -38,6 +40,13 @@ type CIState struct {
 	ProfileID uint32 `json:"profileId"`
 	Start     uint32 `json:"start"`
 	Size      uint32 `json:"size"`
+}
+
+type MemoryLimitCall struct {
+	Cgroup string `json:"cgroup"`
+	Soft   uint64 `json:"soft"`
+	Hard   uint64 `json:"hard"`
+	Result int    `json:"result"` // the nvmlReturn_t answered
 }
 
 type MemoryLimit struct {
