@@ -4,8 +4,12 @@ scheduler_perf-shaped work (default 500 nodes x 10 GPUs, 5,000 claims of one GPU
 CEL selector; the variant: claims of two GPUs that must share a NUMA node, `matchAttribute`),
 decisions only on both sides, on the same snapshot in this run:
 
-- ours: controller.scheduler.allocator.Allocator, one `allocate` per node (a Filter call), `commit`
-  of the chosen allocation (Reserve).
+- ours: controller.scheduler.allocator.Allocator as simulate and the reconciler use it: one
+  `prefilter` per pod (PreFilter: the claim's own checks and request plans, once), its `filter`
+  per node (Filter: screening, else the search), `commit` of the chosen allocation (Reserve). A
+  node that screening knows to fit gets its devices chosen (the search) only if it is the one
+  chosen; the other feasible nodes' allocations are never built, as in kube-scheduler they are
+  built and dropped.
 - upstream: the allocpeer harness (tests/cluster/peers) around
   k8s.io/dynamic-resource-allocation/structured v0.37.2, called as kube-scheduler's
   DynamicResources plugin calls it: NewAllocator per pod over the allocated-device state
@@ -48,7 +52,7 @@ from bench.peers import PeerError, run_measured, run_peer, run_peer_measured
 from bench.summary import Row, record
 from controller.allocation.builders import claim, device, device_class, exactly, resource_slice
 from controller.allocation.nodes import Node
-from controller.scheduler.allocator import Allocator
+from controller.scheduler.allocator import AllocationOutcome, Allocator
 from dracommon.quantity import parse_quantity
 
 D = "gpu.draplugin.dev"
@@ -120,25 +124,27 @@ def ours(
     calls, following = 0, 0
     start = time.perf_counter()
     for body in claims:
-        chosen: tuple[int, dict[str, Any]] | None = None
+        prepared = allocator.prefilter([body])  # PreFilter
+        chosen: tuple[int, AllocationOutcome] | None = None
         feasible = 0
         for i in range(len(node_objs)):
             if feasible >= k:
                 break
             at = (following + i) % len(node_objs)
             calls += 1
-            outcome = allocator.allocate([body], node_objs[at])
+            outcome = prepared.filter(node_objs[at])
             if outcome.failure is not None and outcome.failure.error:
                 chosen = None  # a Filter error fails the pod's scheduling attempt
                 break
             if outcome.ok:
                 feasible += 1
                 if chosen is None:
-                    chosen = (at, outcome.allocations[0])
+                    chosen = (at, outcome)
         if chosen is None:
             placements.append(None)
             continue
-        at, allocation = chosen
+        at, chosen_outcome = chosen
+        allocation = chosen_outcome.allocations[0]  # built now: before the commit, as it must be
         allocator.commit(body, allocation)
         following = (at + 1) % len(node_objs)
         results = allocation["devices"]["results"]

@@ -17,7 +17,7 @@ JSON = Mapping[str, Any]
 # A comparable attribute value: (type, value). List-typed attributes compare
 # unequal to everything, as upstream only compares scalar values.
 AttributeValue = tuple[str, object]
-_SCALAR_TYPES = ("string", "int", "bool", "version")
+SCALAR_TYPES = ("string", "int", "bool", "version")
 
 
 def lookup_attribute(device: JSON, device_id: DeviceID, name: str) -> AttributeValue | None:
@@ -30,7 +30,7 @@ def lookup_attribute(device: JSON, device_id: DeviceID, name: str) -> AttributeV
             value = attributes.get(short)
     if value is None:
         return None
-    for kind in _SCALAR_TYPES:
+    for kind in SCALAR_TYPES:
         if kind in value and value[kind] is not None:
             return (kind, value[kind])
     return ("other", object())
@@ -97,7 +97,7 @@ class MatchAttribute(_AttributeConstraint):
     def _accept(self, request: str, device_id: DeviceID, value: AttributeValue) -> bool:
         if self._count == 0:
             self._value = value
-        elif self._value is None or value[0] not in _SCALAR_TYPES or value != self._value:
+        elif self._value is None or value[0] not in SCALAR_TYPES or value != self._value:
             return False
         self._count += 1
         return True
@@ -121,7 +121,7 @@ class DistinctAttribute(_AttributeConstraint):
         self._values: list[AttributeValue] = []
 
     def _accept(self, request: str, device_id: DeviceID, value: AttributeValue) -> bool:
-        if self._values and (value[0] not in _SCALAR_TYPES or value in self._values):
+        if self._values and (value[0] not in SCALAR_TYPES or value in self._values):
             return False
         self._values.append(value)
         return True
@@ -158,7 +158,7 @@ class DistinctAttributePerRequest(_AttributeConstraint):
 
     def _conflicts(self, device_id: DeviceID, value: AttributeValue) -> bool:
         for other_id, other in self._latest.values():
-            if value[0] not in _SCALAR_TYPES:
+            if value[0] not in SCALAR_TYPES:
                 return True  # no comparable value: upstream rejects once anything is recorded
             if self.by_identity:
                 if other_id == device_id:

@@ -215,6 +215,28 @@ class Search:
         # seen by the search.
         self._matches.clear()
 
+    def node_independent(self) -> bool:
+        """True when `prepare` reads nothing of the node: no alternative of any request is in
+        allocation mode All (sizing one reads the node's devices). Then the plans of one
+        `prepare` serve every node (`prepared_on`)."""
+        return all(
+            option.allocation_mode == EXACT_COUNT
+            for claim in self.claims
+            for request in ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []
+            for option in alternatives(request)
+        )
+
+    def prepared_on(self, plans: Sequence[ClaimPlan]) -> None:
+        """`prepare`, with the plans of an earlier `prepare` of the same claims (where
+        `node_independent`): their request plans are only read by the search, so they are
+        shared; what a search changes (the chosen devices, the constraints' values) is new."""
+        features = self.features
+        self.plans = [
+            ClaimPlan(claim=p.claim, requests=p.requests, constraints=build_constraints(p.claim, features))
+            for p in plans
+        ]
+        self._matches.clear()
+
     def _plan_request(
         self, claim_index: int, request_index: int, alt_index: int, request: Request
     ) -> RequestPlan:

@@ -16,12 +16,13 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from controller.allocation.constraints import SCALAR_TYPES, lookup_attribute
 from controller.allocation.features import Features
-from controller.allocation.nodes import Node, NodeSelectorError
+from controller.allocation.nodes import Node
 from controller.allocation.pools import Pool, gather_pools
 from controller.allocation.requests import EXACT_COUNT, Request, alternatives, claim_ref, claim_requests
-from controller.allocation.result import NodeSelectorConflict, allocation_config, device_result, node_selector
-from controller.allocation.search import AllocationError, Candidate, Search, pool_candidates
+from controller.allocation.result import allocation_config, device_result
+from controller.allocation.search import Candidate, Search, pool_candidates
 from controller.allocation.selectors import (
     Compiler,
     SelectorCache,
@@ -32,35 +33,33 @@ from controller.allocation.selectors import (
 )
 from controller.allocation.state import AllocatedState, allocated_state, apply_taint_rules
 from controller.allocation.unsupported import Unsupported, claim_problems, slice_problems
-from dracommon.quantity import QuantityError
+from controller.scheduler.outcome import (
+    CANNOT_ALLOCATE,
+    CANNOT_FIT,
+    FITS,
+    UNKNOWN,
+    AllocationOutcome,
+    Failure,
+)
+from controller.scheduler.prepared import Prepared
 
 JSON = Mapping[str, Any]
 
 __all__ = [
+    "CANNOT_ALLOCATE",
+    "CANNOT_FIT",
+    "FITS",
+    "UNKNOWN",
     "AllocationOutcome",
     "Allocator",
     "Failure",
     "Features",
     "Node",
+    "Prepared",
+    "Screen",
 ]
 
 
-@dataclass(frozen=True)
-class Failure:
-    """Why claims could not be allocated.
-
-    `error` is True where kube-scheduler reports an error (CEL failure, a
-    request it cannot handle) rather than "unschedulable" (no fitting devices).
-    """
-
-    message: str
-    error: bool = False
-
-
-# Screen.classify's answers.
-FITS, CANNOT_FIT, UNKNOWN = 1, 0, -1
-# kube-scheduler's words when no combination of devices fits.
-CANNOT_ALLOCATE = "cannot allocate all claims"
 # A selector step errs on the device (kept apart from "fails at step i": an error is never a verdict).
 SELECTOR_ERRS = _ERRS = -1
 # A claim's requests, each as its alternatives (the firstAvailable subrequests, or the one request),
@@ -93,19 +92,6 @@ class _NodeView:
     untainted: bool | None = None  # no device with taints or binding conditions
 
 
-@dataclass
-class AllocationOutcome:
-    """One `status.allocation` per claim, in input order, or a failure for all of them."""
-
-    allocations: list[dict[str, Any]] = field(default_factory=list)
-    failure: Failure | None = None
-    node: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.failure is None
-
-
 class Allocator:
     """Allocates claims on one node at a time against a fixed view of the cluster.
 
@@ -133,6 +119,7 @@ class Allocator:
         self.state: AllocatedState = allocated_state(allocated_claims)
         self.selectors = SelectorCache(compiler)
         self.new_share_id = new_share_id or (lambda: str(uuid.uuid4()))
+        self.commits = 0  # `commit` calls: a pending feasible node's allocation checks it (Prepared)
         self._slices_by_node: dict[str, list[JSON]] = {}
         self._shared_slices: list[JSON] = []
         self._indexed: list[JSON] | None = None
@@ -212,35 +199,15 @@ class Allocator:
         )
         return search
 
+    def prefilter(self, claims: Sequence[JSON]) -> Prepared:
+        """The claims of one pod (allocated together), prepared once for Filter calls on many
+        nodes (kube-scheduler's PreFilter); see `Prepared`."""
+        return Prepared(self, claims)
+
     def allocate(self, claims: Sequence[JSON], node: Node | None) -> AllocationOutcome:
-        """Allocate all `claims` together on `node` (all or nothing), like one scheduler Filter call."""
-        node_name = node.name if node is not None else None
-        missing = self._missing_class(claims)
-        if missing:
-            return AllocationOutcome(failure=Failure(missing), node=node_name)
-        if Screen(self, claims).cannot_fit(node):
-            # What the search would conclude, known from the devices' selector verdicts alone.
-            return AllocationOutcome(failure=Failure(CANNOT_ALLOCATE), node=node_name)
-        try:
-            search = self.search(claims, node)
-            unsupported = self._unsupported(claims, self._view(node))
-            if unsupported is not None:
-                # An error, not "unschedulable": we cannot tell what the scheduler would decide.
-                return AllocationOutcome(failure=Failure(unsupported.message, error=True), node=node_name)
-            search.prepare()
-            done = search.run()
-            if not done:
-                if any(p.invalid for p in search.pools):
-                    return AllocationOutcome(
-                        failure=Failure("invalid resource pools were encountered"), node=node_name
-                    )
-                return AllocationOutcome(failure=Failure(CANNOT_ALLOCATE), node=node_name)
-            allocations = [self._allocation(plan_index, search, node) for plan_index in range(len(claims))]
-        except SelectorError as err:
-            return AllocationOutcome(failure=Failure(err.message, error=True), node=node_name)
-        except (AllocationError, NodeSelectorError, NodeSelectorConflict, QuantityError) as err:
-            return AllocationOutcome(failure=Failure(str(err), error=True), node=node_name)
-        return AllocationOutcome(allocations=allocations, node=node_name)
+        """Allocate all `claims` together on `node` (all or nothing), like one scheduler Filter
+        call. For many nodes, `prefilter(claims)` once and its `allocate(node)` per node."""
+        return Prepared(self, claims).allocate(node)
 
     def _unsupported(self, claims: Sequence[JSON], view: _NodeView) -> Unsupported | None:
         """The first field we do not model in the claims or in the slices the search reads."""
@@ -366,6 +333,7 @@ class Allocator:
 
     def commit(self, claim: JSON, allocation: JSON) -> None:
         """Mark the devices of a new allocation as in use for later calls."""
+        self.commits += 1
         self.state.add_claim({"metadata": claim.get("metadata") or {}, "status": {"allocation": allocation}})
 
     def _missing_class(self, claims: Sequence[JSON]) -> str:
@@ -386,7 +354,11 @@ class Allocator:
                         )
         return ""
 
-    def _allocation(self, claim_index: int, search: Search, node: Node | None) -> dict[str, Any]:
+    def _allocation(
+        self, claim_index: int, search: Search, selector: dict[str, Any] | None
+    ) -> dict[str, Any]:
+        """The claim's `status.allocation` from a finished search; `selector`: `node_selector` of
+        its chosen devices."""
         plan = search.plans[claim_index]
         requests = claim_requests(plan.claim)
         selected = {
@@ -400,7 +372,6 @@ class Allocator:
         if config:
             devices["config"] = config
         allocation: dict[str, Any] = {"devices": devices}
-        selector = node_selector(plan.chosen, node)
         if selector is not None:
             allocation["nodeSelector"] = selector
         return allocation
@@ -427,20 +398,18 @@ class Screen:
             if self.shapes is not None
             else ()
         )
-        # Constraints (matchAttribute, distinctAttribute) can reject devices that pass: the
-        # counting of `certainly_fits` does not model them.
-        self._constrained = any(
-            ((claim.get("spec") or {}).get("devices") or {}).get("constraints") for claim in claims
-        )
-        # The one request `certainly_fits` counts devices for, when the claims are that simple.
+        # The one request `certainly_fits` counts devices for, when the claims are that simple,
+        # and the attributes its devices must share (matchAttribute constraints on it).
         self._counted: _Option | None = None
-        if self.shapes is not None and len(self.shapes) == 1 and not self._constrained:
+        self._match: tuple[str, ...] = ()
+        if self.shapes is not None and len(self.shapes) == 1:
             requests = self.shapes[0]
             if len(requests) == 1 and len(requests[0]) == 1:
                 request = requests[0][0][0]
                 simple = not request.admin_access and not request.tolerations
-                if simple and request.capacity_requests is None:
-                    self._counted = requests[0][0]
+                match = _matched_attributes(claims[0], request.name)
+                if simple and request.capacity_requests is None and match is not None:
+                    self._counted, self._match = requests[0][0], match
         self._count = self._counted[0].count if self._counted is not None else 0
         if allocator._indexed is not allocator.slices:
             allocator._index_slices()  # new slices: the answers kept for the old ones go
@@ -471,33 +440,12 @@ class Screen:
 
     def certainly_fits(self, node: Node | None) -> bool:
         """True when `allocate(claims, node)` succeeds: one claim of one ExactCount request (no
-        firstAvailable, admin access, capacity requests, tolerations or constraints) on a node
-        where `cannot_err` holds, no device has taints or binding conditions, and at least the
-        request's count of free devices pass its selectors: the search takes the first of them."""
-        option = self._counted
-        if option is None or not self.cannot_err(node):
-            return False
-        request = option[0]
-        allocator = self.allocator
-        view = allocator._view(node)
-        if view.untainted is None:
-            view.untainted = not any(
-                c.device.get("taints") or c.device.get("bindingConditions")
-                for candidates in view.candidates
-                for c in candidates
-            )
-        if not view.untainted:
-            return False
-        in_use, shared = allocator.state.devices, allocator.state.capacity
-        needed = request.count
-        failing_steps = allocator._first_failing(view, option)
-        for candidates, failing in zip(view.candidates, failing_steps, strict=True):
-            for candidate, failed in zip(candidates, failing, strict=True):
-                if failed is None and candidate.device_id not in in_use and candidate.device_id not in shared:
-                    needed -= 1
-                    if needed <= 0:
-                        return True
-        return needed <= 0
+        firstAvailable, admin access, capacity requests or tolerations; constraints only
+        matchAttribute) on a node where `cannot_err` holds, no device has taints or binding
+        conditions, and at least the request's count of free devices pass its selectors (and,
+        under matchAttribute, share one scalar value of each matched attribute): the search,
+        which tries every combination before it gives up, finds them."""
+        return self._counted is not None and self.classify(node) == FITS
 
     def classify(self, node: Node | None) -> int:
         """FITS where `certainly_fits`, CANNOT_FIT where `cannot_fit`, else UNKNOWN: both
@@ -510,24 +458,33 @@ class Screen:
         if not allocator._plain(view):
             return UNKNOWN
         in_use, shared = allocator.state.devices, allocator.state.capacity
-        passing, errs, count = 0, False, self._count
+        passing, errs, count, match = 0, False, self._count, self._match
+        enough = False  # `count` free passing devices (that share the matched attributes' values)
+        groups: dict[tuple[object, ...], int] = {}
         failing_steps = allocator._first_failing(view, option)
         for candidates, failing in zip(view.candidates, failing_steps, strict=True):
             for candidate, failed in zip(candidates, failing, strict=True):
                 if failed is None:
                     if candidate.device_id not in in_use and candidate.device_id not in shared:
                         passing += 1
-                        if passing >= count:
+                        if not match:
+                            enough = passing >= count
+                        else:
+                            values = _match_values(candidate, match)
+                            if values is not None:
+                                groups[values] = members = groups.get(values, 0) + 1
+                                enough = members >= count
+                        if enough:
                             break
                     elif candidate.device_id not in in_use:
                         errs = True  # shared: only a search can tell
                 elif failed == _ERRS and candidate.device_id not in in_use:
                     errs = True
-            if passing >= count > 0:
+            if enough and count > 0:
                 break  # enough to tell: the rest of the node cannot make it CANNOT_FIT
         if passing == 0 and not errs:
             return CANNOT_FIT  # as cannot_fit: no free device passes (none errs)
-        if passing >= self._count and self.cannot_err(node):
+        if (enough or (passing >= count and not match)) and self.cannot_err(node):
             if view.untainted is None:
                 view.untainted = not any(
                     c.device.get("taints") or c.device.get("bindingConditions")
@@ -579,6 +536,33 @@ class Screen:
             cache.clear()  # callers with a fresh list each time (the reconciler) gain nothing here
         cache[(self.key, id(nodes))] = (nodes, positions)
         return positions
+
+
+def _matched_attributes(claim: JSON, request: str) -> tuple[str, ...] | None:
+    """The attributes of the claim's matchAttribute constraints that cover `request` (its only
+    request), or None when it has a constraint of another kind (which the counting of
+    `Screen.classify` does not model)."""
+    attributes: list[str] = []
+    for constraint in ((claim.get("spec") or {}).get("devices") or {}).get("constraints") or []:
+        names = constraint.get("requests") or []
+        attribute = constraint.get("matchAttribute")
+        if not attribute or constraint.get("distinctAttribute"):
+            return None
+        if not names or request in names:
+            attributes.append(str(attribute))
+    return tuple(attributes)
+
+
+def _match_values(candidate: Candidate, attributes: tuple[str, ...]) -> tuple[object, ...] | None:
+    """The device's values of the matched attributes, None where one is missing or not a plain
+    scalar: MatchAttribute then refuses the device (or, alone, may take it; the search tells)."""
+    values: list[object] = []
+    for name in attributes:
+        value = lookup_attribute(candidate.device, candidate.device_id, name)
+        if value is None or value[0] not in SCALAR_TYPES or type(value[1]) not in (str, int, bool):
+            return None
+        values.append(value)
+    return tuple(values)
 
 
 def allocate(

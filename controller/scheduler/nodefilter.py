@@ -132,21 +132,23 @@ def filter_nodes(
     node is never feasible, but its Filter still runs the allocator first, and may err.
     """
     result = FilterResult()
-    screen = allocator.screen(claims)
+    prepared = allocator.prefilter(claims)  # PreFilter: the claims' own checks, once
+    screen = prepared.screen
     for node in nodes:
         usable = available(node)
         known = screen.classify(node)
         if usable and known == FITS:
             # Feasible: its allocation is made only if this node is chosen (the state does not
             # change before then), as most of 1,000 feasible nodes never are.
-            lazy = functools.partial(allocator.allocate, claims, node)
+            lazy = functools.partial(prepared.allocate, node, screened=True)
             result.feasible.append(NodeOutcome(node, lazy=lazy))
             continue
         if known == CANNOT_FIT:  # what allocate answers there, without a Screen per node
             name = node.name if node is not None else None
             entry = NodeOutcome(node, AllocationOutcome(failure=Failure(CANNOT_ALLOCATE), node=name))
         else:
-            entry = NodeOutcome(node, allocator.allocate(claims, node))
+            # classify's UNKNOWN already rules out what cannot_fit would find.
+            entry = NodeOutcome(node, prepared.allocate(node, screened=True))
         failure = entry.outcome.failure
         if failure is not None and failure.error:
             result.error = result.error or entry
@@ -176,11 +178,12 @@ def first_fit(
     first feasible node only, `rejected` the nodes rejected before it.
     """
     result = FilterResult()
+    prepared = allocator.prefilter(claims)  # PreFilter: the claims' own checks, once
     count = len(nodes)
     chosen_at = count
     for offset in range(count):
         node = nodes[(start + offset) % count]
-        entry = NodeOutcome(node, allocator.allocate(claims, node))
+        entry = NodeOutcome(node, prepared.allocate(node))
         failure = entry.outcome.failure
         if failure is not None and failure.error:
             result.error = entry
@@ -192,12 +195,12 @@ def first_fit(
         result.rejected.append(entry)
     later = sorted(
         offset
-        for offset in ((p - start) % count for p in allocator.screen(claims).risky_positions(nodes))
+        for offset in ((p - start) % count for p in prepared.screen.risky_positions(nodes))
         if offset > chosen_at
     )
     for offset in later:
         node = nodes[(start + offset) % count]
-        outcome = allocator.allocate(claims, node)
+        outcome = prepared.allocate(node)
         if outcome.failure is not None and outcome.failure.error:
             result.error = NodeOutcome(node, outcome)
             break
