@@ -74,14 +74,24 @@ class StateRead(Generic[T]):
 # --- writing --------------------------------------------------------------------------------------------
 
 
-def atomic_write(path: Path, content: bytes, mode: int = 0o644, *, durable: bool = True) -> None:
+def atomic_write(
+    path: Path,
+    content: bytes,
+    mode: int = 0o644,
+    *,
+    durable: bool = True,
+    fsync: Callable[[int], None] | None = None,
+) -> None:
     """Replace `path` with `content` all at once: temp file, rename. `durable`: also fsync the file
     before the rename and the directory after it, so the new content survives a power loss too.
 
     Without `durable` the write is still atomic for every reader and survives the writer being
     killed (-9 included: the page cache outlives the process); only a kernel crash or power loss,
     which always comes back as a new boot, may undo it.
+
+    `fsync` replaces `os.fsync` for both syncs (tests count and hold them through it).
     """
+    sync = os.fsync if fsync is None else fsync
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TEMP_SUFFIX)
     try:
@@ -90,21 +100,21 @@ def atomic_write(path: Path, content: bytes, mode: int = 0o644, *, durable: bool
             tmp.flush()
             os.fchmod(tmp.fileno(), mode)
             if durable:
-                os.fsync(tmp.fileno())
+                sync(tmp.fileno())
         os.replace(tmp_name, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp_name)
         raise
     if durable:
-        fsync_dir(path.parent)
+        fsync_dir(path.parent, sync)
 
 
-def fsync_dir(directory: Path) -> None:
+def fsync_dir(directory: Path, fsync: Callable[[int], None] | None = None) -> None:
     """Make a rename or unlink in `directory` durable: it is only on disk once the directory is."""
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        os.fsync(fd)
+        (os.fsync if fsync is None else fsync)(fd)
     finally:
         os.close(fd)
 
