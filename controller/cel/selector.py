@@ -159,6 +159,13 @@ def _compile_cached(expression: str, engine_name: str, version: KubernetesVersio
     info = analysis.for_release(_analyze(expression, engine), expression, version)
     versions.check_available(expression, info.calls, version)
     program = engine.compile(expression, info)
+    if engine_name == CPP_ENGINE:
+        # Where it covers the expression, compiled Python decides most devices. Imported
+        # here: it builds on the cpp engine's module, which cel-python-only hosts lack.
+        from controller.cel import fastpath
+
+        if fastpath.enabled():
+            program = fastpath.accelerate(expression, info, program)
     # A validator upstream runs after type checking: its errors come after the engine's.
     literaltypes.check_homogeneous_literals(expression)
     if info.cost > MAX_COST:

@@ -1,0 +1,460 @@
+"""Python source for one DRA device selector: our AST (controller.cel.syntax) -> one function.
+
+The function takes a resource.k8s.io/v1 device (JSON as dicts) and returns the selector's
+bool, reading the device's attributes and capacities straight from it: no `device` view is
+built. It is specialised for one driver (the driver's domain also answers to unqualified
+attribute names). It either returns the exact bool the full engine (cel-expr-python)
+returns, or raises `CelFailure` (a CEL runtime error) or `Unhandled` (see
+controller.cel.fastruntime), after which the caller asks the full engine.
+
+What is covered (else `Unsupported` at compile time, and the full engine runs everything):
+literals (int, double, string, bool), `device.driver`, `device.allowMultipleAllocations`,
+`device.attributes[d].id` / `[d][id]` and `device.capacity[d].id` with literal d and id,
+`has()` of those, `&&`, `||` (with CEL's error absorption), `!`, `?:`, `==`, `!=`, `<`, `<=`,
+`>`, `>=`, `in` a literal list of strings or ints, int `+ - * / %` and unary `-` (int64
+overflow, division by zero), string `+`, `size`, `startsWith`, `endsWith`, `contains`,
+`matches` with a literal pattern, `dyn`, `cel.bind`, and every function of controller.cel.library
+that the full engine also runs in Python (quantity, semver, strings, regex, lists, IP/CIDR,
+URL). Not covered: comprehensions (so there is no run-time cost to count), optionals, uint,
+bytes, null, list and map values other than the `in` list, and whole-domain reads.
+
+Like build_view with a read plan, the function first validates every entry the expression
+can read, before evaluating anything: a malformed entry fails the device even where `||`
+would never look at it, as it does in the full engine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from controller.cel import fastruntime as rt
+from controller.cel.analysis import DEVICE_FIELDS, WILDCARD, Analysis
+from controller.cel.engine_cpp import NATIVE_FUNCTIONS
+from controller.cel.errors import LibraryError
+from controller.cel.regexlib import compile_regex
+from controller.cel.syntax import Call, Ident, Index, ListLit, Literal, Node, Select
+
+
+class Unsupported(Exception):
+    """The expression uses something the compiled form does not cover."""
+
+
+# Static kinds the generator tracks (None: only known at run time).
+STR, INT, BOOL, DOUBLE, QUANTITY, LIST = "str", "int", "bool", "float", "quantity", "list"
+_PY_CLASS = {STR: "str", INT: "int", BOOL: "bool", DOUBLE: "float"}
+_EQUALITY_CLASSES = "_EQ"  # str, int, bool, float: == agrees with CEL's on these
+_ORDER_CLASSES = "_ORD"  # str, int, float
+_RELATIONS = {"_==_": "==", "_!=_": "!=", "_<_": "<", "_<=_": "<=", "_>_": ">", "_>=_": ">="}
+_NOT_CONSTANT = object()
+_MAX_LOCALS = 200  # far below CPython's limits; a bigger expression stays on the full engine
+
+
+@dataclass(frozen=True, slots=True)
+class Value:
+    """A generated expression (a local, a literal or a constant's name) and what is known of it."""
+
+    code: str
+    kind: str | None
+    constant: object = _NOT_CONSTANT
+
+
+@dataclass(frozen=True, slots=True)
+class Binding:
+    """A cel.bind name: its expression, and the names in scope where it was bound."""
+
+    node: Node
+    scope: dict[str, Binding]
+
+
+@dataclass(frozen=True, slots=True)
+class Generated:
+    source: str
+    constants: dict[str, object]
+
+
+def generate(tree: Node, info: Analysis, driver: str) -> Generated:
+    """Source of `def selector(device)`; Unsupported when the expression is not covered."""
+    if info.reads is None or info.loops > _binds(tree):
+        raise Unsupported("reads unknown, or comprehensions")
+    for _field, domain, ident in info.reads:
+        if WILDCARD in (domain, ident):
+            raise Unsupported("whole-domain read")
+    return _Generator(info.reads, driver).function(tree)
+
+
+def _binds(tree: Node) -> int:
+    from controller.cel import syntax
+
+    return sum(1 for node in syntax.walk(tree) if isinstance(node, Call) and _is_bind(node, {}))
+
+
+def _is_bind(node: Call, scope: dict[str, Binding]) -> bool:
+    return (
+        node.name == "bind"
+        and isinstance(node.target, Ident)
+        and node.target.name == "cel"
+        and "cel" not in scope
+        and len(node.args) == 3
+        and isinstance(node.args[0], Ident)
+    )
+
+
+class _Generator:
+    def __init__(self, reads: tuple[tuple[str, str, str], ...], driver: str) -> None:
+        self.driver = driver
+        self.reads = reads
+        self.lines: list[str] = []
+        self.depth = 1
+        self.count = 0
+        self.constants: dict[str, object] = {}
+        self.read_vars: dict[tuple[str, str, str], str] = {}
+        self.scope: dict[str, Binding] = {}
+
+    # ------------------------------------------------------------------ plumbing
+
+    def line(self, text: str) -> None:
+        self.lines.append("    " * self.depth + text)
+
+    def temp(self) -> str:
+        self.count += 1
+        if self.count > _MAX_LOCALS:
+            raise Unsupported("expression too large")
+        return f"t{self.count}"
+
+    def constant(self, value: object, kind: str | None) -> Value:
+        if isinstance(value, bool):
+            return Value(repr(value), BOOL, value)
+        if isinstance(value, int) and rt.INT64_MIN <= value <= rt.INT64_MAX:
+            return Value(repr(value), INT, value)
+        if isinstance(value, str):
+            return Value(repr(value), STR, value)
+        name = f"k{len(self.constants)}"
+        self.constants[name] = value
+        return Value(name, kind, value)
+
+    def function(self, tree: Node) -> Generated:
+        self.prologue()
+        result = self.boolean(self.emit(tree))
+        self.line(f"return {result}")
+        header = (
+            "def selector(device, _E=CelFailure, _F=Unhandled, _M=MISSING, _attr=attribute, _cap=capacity):"
+        )
+        return Generated("\n".join([header, *self.lines]), self.constants)
+
+    def prologue(self) -> None:
+        """Every entry the expression can read, validated up front (as build_view does)."""
+        self.line("if device.__class__ is not dict: raise _F")
+        for name, table in (("A", "attributes"), ("C", "capacity")):
+            self.line(f"{name} = device.get({table!r})")
+            self.line(f"if {name} is None: {name} = EMPTY")
+            self.line(f"elif {name}.__class__ is not dict: raise _F")
+        for read in self.reads:
+            field, domain, ident = read
+            var = self.read_vars[read] = f"r{len(self.read_vars)}"
+            if field == "allowMultipleAllocations":
+                self.line(f"{var} = bool(device.get('allowMultipleAllocations', False))")
+                continue
+            if field not in ("attributes", "capacity"):
+                continue
+            table, convert = ("A", "_attr") if field == "attributes" else ("C", "_cap")
+            self.line(f"{var} = {table}.get({f'{domain}/{ident}'!r}, _M)")
+            if domain == self.driver:
+                # The unqualified spelling; with both present, the full engine decides which counts.
+                self.line(f"if {var} is _M: {var} = {table}.get({ident!r}, _M)")
+                self.line(f"elif {ident!r} in {table}: raise _F")
+            self.line(f"if {var} is not _M: {var} = {convert}({var})")
+
+    def boolean(self, value: Value) -> str:
+        if value.kind != BOOL:
+            self.line(f"if {value.code}.__class__ is not bool: raise _F")
+        return value.code
+
+    def require(self, value: Value, kind: str) -> None:
+        if value.kind != kind:
+            self.line(f"if {value.code}.__class__ is not {_PY_CLASS[kind]}: raise _F")
+
+    def assign(self, code: str, kind: str | None) -> Value:
+        var = self.temp()
+        self.line(f"{var} = {code}")
+        return Value(var, kind)
+
+    # ------------------------------------------------------------------ nodes
+
+    def emit(self, node: Node) -> Value:
+        if isinstance(node, Literal):
+            if node.kind in ("int", "string", "bool"):
+                return self.constant(node.value, None)
+            if node.kind == "double":
+                return self.constant(node.value, DOUBLE)
+            raise Unsupported(f"{node.kind} literal")
+        if isinstance(node, Ident):
+            bound = self.scope.get(node.name)
+            if bound is not None:
+                return self.bound_value(bound)
+            raise Unsupported(f"identifier {node.name}")
+        if isinstance(node, Select | Index):
+            return self.device_read(node)
+        if isinstance(node, Call):
+            return self.call(node)
+        if isinstance(node, ListLit):
+            return self.list_value(node)
+        raise Unsupported(type(node).__name__)
+
+    def bound_value(self, bound: Binding) -> Value:
+        outer, self.scope = self.scope, bound.scope
+        try:
+            return self.emit(bound.node)
+        finally:
+            self.scope = outer
+
+    def device_path(self, node: Node) -> list[str]:
+        steps: list[str] = []
+        while isinstance(node, Select | Index):
+            if node.optional:
+                raise Unsupported("optional selection")
+            if isinstance(node, Select):
+                steps.append(node.field)
+            elif isinstance(node.index, Literal) and node.index.kind == "string":
+                steps.append(str(node.index.value))
+            else:
+                raise Unsupported("computed index")
+            node = node.operand
+        if not (isinstance(node, Ident) and node.name == "device" and "device" not in self.scope):
+            raise Unsupported("selection outside the device")
+        steps.reverse()
+        if not steps or steps[0] not in DEVICE_FIELDS:
+            raise Unsupported("device field")
+        return steps
+
+    def read_var(self, steps: list[str]) -> tuple[str, str]:
+        field = steps[0]
+        if field in ("attributes", "capacity") and len(steps) == 3:
+            read = (field, steps[1], steps[2])
+        elif field == "allowMultipleAllocations" and len(steps) == 1:
+            read = (field, "", "")
+        else:
+            raise Unsupported("device path")
+        var = self.read_vars.get(read)
+        if var is None:
+            raise Unsupported("a read the analysis did not see")
+        return field, var
+
+    def device_read(self, node: Node) -> Value:
+        steps = self.device_path(node)
+        if steps == ["driver"]:
+            return self.constant(self.driver, None)
+        field, var = self.read_var(steps)
+        if field == "allowMultipleAllocations":
+            return Value(var, BOOL)
+        self.line(f"if {var} is _M: raise _E")  # CEL's "no such key"
+        return Value(var, QUANTITY if field == "capacity" else None)
+
+    def call(self, node: Call) -> Value:
+        name, args, target = node.name, node.args, node.target
+        if name in ("_&&_", "_||_"):
+            return self.logical(node, name == "_&&_")
+        if name == "!_":
+            return self.assign(f"not {self.boolean(self.emit(args[0]))}", BOOL)
+        if name == "_?_:_":
+            return self.conditional(node)
+        if name in _RELATIONS:
+            return self.relation(_RELATIONS[name], self.emit(args[0]), self.emit(args[1]))
+        if name == "@in":
+            return self.membership(args[0], args[1])
+        if name in ("_+_", "_-_", "_*_", "_/_", "_%_"):
+            return self.arithmetic(name[1], self.emit(args[0]), self.emit(args[1]))
+        if name == "-_":
+            value = self.emit(args[0])
+            self.require(value, INT)
+            self.line(f"if {value.code} == {rt.INT64_MIN}: raise _E")
+            return self.assign(f"-{value.code}", INT)
+        if name == "has" and target is None and len(args) == 1:
+            return self.presence(args[0])
+        if _is_bind(node, self.scope):
+            return self.bind(node)
+        return self.function_call(node)
+
+    def logical(self, node: Call, conjunction: bool) -> Value:
+        """CEL's commutative `&&`/`||`: a decisive side wins over an error on the other side."""
+        decisive, other = ("False", "True") if conjunction else ("True", "False")
+        out, left, right = self.temp(), self.temp(), self.temp()
+        self.guarded(node.args[0], left)
+        self.line(f"if {left} is {decisive}: {out} = {decisive}")
+        self.line("else:")
+        self.depth += 1
+        self.guarded(node.args[1], right)
+        self.line(f"if {right} is {decisive}: {out} = {decisive}")
+        self.line(f"elif {left} is None or {right} is None: raise _E")
+        self.line(f"else: {out} = {other}")
+        self.depth -= 1
+        return Value(out, BOOL)
+
+    def guarded(self, side: Node, var: str) -> None:
+        """`var` = the side's bool, or None where it is a CEL error."""
+        self.line("try:")
+        self.depth += 1
+        self.line(f"{var} = {self.boolean(self.emit(side))}")
+        self.depth -= 1
+        self.line("except _E:")
+        self.line(f"    {var} = None")
+
+    def conditional(self, node: Call) -> Value:
+        condition = self.boolean(self.emit(node.args[0]))
+        out = self.temp()
+        kinds = []
+        for keyword, branch in (("if", node.args[1]), ("else", node.args[2])):
+            self.line(f"{keyword} {condition}:" if keyword == "if" else "else:")
+            self.depth += 1
+            value = self.emit(branch)
+            kinds.append(value.kind)
+            self.line(f"{out} = {value.code}")
+            self.depth -= 1
+        return Value(out, kinds[0] if kinds[0] == kinds[1] else None)
+
+    def relation(self, op: str, left: Value, right: Value) -> Value:
+        classes = _EQUALITY_CLASSES if op in ("==", "!=") else _ORDER_CLASSES
+        allowed = (STR, INT, BOOL, DOUBLE) if op in ("==", "!=") else (STR, INT, DOUBLE)
+        known = left.kind if left.kind in allowed else right.kind if right.kind in allowed else None
+        if known is not None:
+            self.require(left, known)
+            self.require(right, known)
+        else:
+            self.line(
+                f"if {left.code}.__class__ is not {right.code}.__class__"
+                f" or {left.code}.__class__ not in {classes}: raise _F"
+            )
+        return self.assign(f"{left.code} {op} {right.code}", BOOL)
+
+    def membership(self, needle: Node, haystack: Node) -> Value:
+        value = self.emit(needle)
+        items = haystack.items if isinstance(haystack, ListLit) and not haystack.optional_items else ()
+        if items and all(isinstance(i, Literal) and i.kind == "string" for i in items):
+            kind: str | None = STR
+        elif items and all(isinstance(i, Literal) and i.kind == "int" for i in items):
+            kind = INT
+        else:
+            kind = None
+        if kind is not None:
+            self.require(value, kind)
+            members = self.constant(frozenset(i.value for i in items if isinstance(i, Literal)), None)
+            return self.assign(f"{value.code} in {members.code}", BOOL)
+        return self.assign(f"member({value.code}, {self.emit(haystack).code})", BOOL)
+
+    def list_value(self, node: ListLit) -> Value:
+        if node.optional_items:
+            raise Unsupported("optional list items")
+        values = [self.emit(item) for item in node.items]
+        if all(value.constant is not _NOT_CONSTANT for value in values):
+            return self.constant([value.constant for value in values], LIST)
+        return self.assign(f"[{', '.join(value.code for value in values)}]", LIST)
+
+    def arithmetic(self, op: str, left: Value, right: Value) -> Value:
+        if op == "+" and STR in (left.kind, right.kind):
+            self.require(left, STR)
+            self.require(right, STR)
+            return self.assign(f"{left.code} + {right.code}", STR)
+        if op == "+" and INT not in (left.kind, right.kind):
+            out = self.temp()
+            self.line(f"if {left.code}.__class__ is str and {right.code}.__class__ is str:")
+            self.line(f"    {out} = {left.code} + {right.code}")
+            self.line(f"elif {left.code}.__class__ is int and {right.code}.__class__ is int:")
+            self.line(f"    {out} = {left.code} + {right.code}")
+            self.line(f"    if not {rt.INT64_MIN} <= {out} <= {rt.INT64_MAX}: raise _E")
+            self.line("else: raise _F")
+            return Value(out, None)
+        self.require(left, INT)
+        self.require(right, INT)
+        if op in "/%":
+            helper = "divide" if op == "/" else "modulo"
+            return self.assign(f"{helper}({left.code}, {right.code})", INT)
+        result = self.assign(f"{left.code} {op} {right.code}", INT)
+        self.line(f"if not {rt.INT64_MIN} <= {result.code} <= {rt.INT64_MAX}: raise _E")
+        return result
+
+    def presence(self, tested: Node) -> Value:
+        if not isinstance(tested, Select):
+            raise Unsupported("has() of something other than a field selection")
+        field, var = self.read_var(self.device_path(tested))
+        if field == "allowMultipleAllocations":
+            return self.constant(True, None)
+        return self.assign(f"{var} is not _M", BOOL)
+
+    def bind(self, node: Call) -> Value:
+        """cel.bind is lazy in the full engine: an error in the bound value counts only where
+        the name is used. So the value is computed at each use (it is pure: the same value)."""
+        name = node.args[0]
+        assert isinstance(name, Ident)
+        saved = self.scope.get(name.name)
+        self.scope[name.name] = Binding(node.args[1], dict(self.scope))
+        try:
+            return self.emit(node.args[2])
+        finally:
+            if saved is None:
+                del self.scope[name.name]
+            else:
+                self.scope[name.name] = saved
+
+    def function_call(self, node: Call) -> Value:
+        name, target, args = node.name, node.target, list(node.args)
+        if isinstance(target, Ident) and target.name not in self.scope and target.name != "device":
+            qualified = f"{target.name}.{name}"
+            if qualified in rt.FUNCTIONS_BY_NAME:
+                name, target = qualified, None
+        if target is not None:
+            args = [target, *args]
+        if name == "matches" and len(args) == 2:
+            return self.regex_match(args[0], args[1])
+        values = [self.emit(arg) for arg in args]
+        if name == "dyn" and target is None and len(values) == 1:
+            return Value(values[0].code, None, values[0].constant)  # only the checker's business
+        if name == "size" and len(values) == 1:
+            if values[0].kind not in (STR, LIST):
+                code = values[0].code
+                self.line(f"if {code}.__class__ is not str and {code}.__class__ is not list: raise _F")
+            return self.assign(f"len({values[0].code})", INT)
+        if name in ("startsWith", "endsWith", "contains") and target is not None and len(values) == 2:
+            self.require(values[0], STR)
+            self.require(values[1], STR)
+            method = {"startsWith": "startswith", "endsWith": "endswith", "contains": "__contains__"}[name]
+            return self.assign(f"{values[0].code}.{method}({values[1].code})", BOOL)
+        function = rt.FUNCTIONS_BY_NAME.get(name)
+        if function is None or name in NATIVE_FUNCTIONS:
+            raise Unsupported(f"function {name}")
+        results = {overload.result.value for overload in function.overloads}
+        kind = {"string": STR, "int": INT, "bool": BOOL}.get(results.pop()) if len(results) == 1 else None
+        if all(value.constant is not _NOT_CONSTANT for value in values):
+            done, result = rt.fold(function, [value.constant for value in values])
+            if done:
+                return self.constant(result, kind)
+        call = self.constant(rt.dispatcher(function), None)
+        return self.assign(f"{call.code}({', '.join(value.code for value in values)})", kind)
+
+    def regex_match(self, text: Node, pattern: Node) -> Value:
+        if not (isinstance(pattern, Literal) and pattern.kind == "string"):
+            raise Unsupported("matches() with a computed pattern")
+        try:
+            regex = compile_regex(str(pattern.value))
+        except LibraryError:
+            raise Unsupported("invalid pattern") from None
+        value = self.emit(text)
+        self.require(value, STR)
+        search = self.constant(regex.search, None)
+        return self.assign(f"{search.code}({value.code}) is not None", BOOL)
+
+
+def namespace() -> dict[str, Any]:
+    """The globals compiled selectors run with."""
+    return {
+        "CelFailure": rt.CelFailure,
+        "Unhandled": rt.Unhandled,
+        "MISSING": rt.MISSING,
+        "EMPTY": rt.EMPTY,
+        "attribute": rt.attribute,
+        "capacity": rt.capacity,
+        "divide": rt.divide,
+        "modulo": rt.modulo,
+        "member": rt.member,
+        "_EQ": frozenset({str, int, bool, float}),
+        "_ORD": frozenset({str, int, float}),
+    }

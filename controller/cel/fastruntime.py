@@ -1,0 +1,168 @@
+"""What the Python code compiled by controller.cel.fastgen calls at run time.
+
+Two signals leave a compiled selector instead of a result:
+
+* `CelFailure`: a CEL runtime error (no such key, integer overflow, division by zero, a
+  library function's error). `&&` and `||` absorb it as CEL does; if it reaches the top,
+  the device is evaluated again by the full engine, which gives the exact message.
+* `Unhandled`: something outside what the compiled code is sure about (an unusual device
+  shape, operand types the compiled code does not handle, an overload it cannot pick).
+  Never absorbed: the whole device goes to the full engine.
+
+So the compiled code only ever has to be right where it returns a bool.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Final
+
+from controller.cel.errors import LibraryError
+from controller.cel.library import FUNCTIONS, Function, Kind
+from controller.cel.netlib import CIDR, IP, URL
+from controller.cel.semver import Semver, SemverError
+from dracommon.quantity import Quantity, QuantityError
+
+INT64_MIN: Final = -(2**63)
+INT64_MAX: Final = 2**63 - 1
+
+
+class CelFailure(Exception):
+    """A CEL runtime error inside compiled code (absorbed by `&&`/`||` as CEL does)."""
+
+
+class Unhandled(Exception):
+    """The compiled code cannot decide this device; the full engine must."""
+
+
+MISSING: Final = object()
+EMPTY: Final[dict[str, Any]] = {}
+
+
+def attribute(raw: object) -> object:
+    """A resource.k8s.io/v1 attribute value in its usual one-field shape, else Unhandled.
+
+    The shapes controller.cel.device validates (and reports) in other ways, lists included,
+    are left to the full engine.
+    """
+    if raw.__class__ is dict and len(raw) == 1:
+        for field, value in raw.items():
+            if field == "string":
+                if value.__class__ is str:
+                    return value
+            elif field == "int":
+                if value.__class__ is int and INT64_MIN <= value <= INT64_MAX:
+                    return value
+            elif field == "bool":
+                if value.__class__ is bool:
+                    return value
+            elif field == "version" and value.__class__ is str:
+                try:
+                    return Semver.parse(value)
+                except SemverError:
+                    raise Unhandled from None
+    raise Unhandled
+
+
+def capacity(raw: object) -> Quantity:
+    """A capacity entry's value as a Quantity, else Unhandled."""
+    if raw.__class__ is dict:
+        value = raw.get("value")
+        if value.__class__ is str or (value.__class__ is int and INT64_MIN <= value <= INT64_MAX):
+            try:
+                return Quantity.parse(str(value))
+            except QuantityError:
+                raise Unhandled from None
+    raise Unhandled
+
+
+def checked(value: int) -> int:
+    """An int64 result, or CEL's overflow error."""
+    if INT64_MIN <= value <= INT64_MAX:
+        return value
+    raise CelFailure
+
+
+def divide(a: int, b: int) -> int:
+    """CEL (Go) int64 division: truncates toward zero; by zero and MIN / -1 are errors."""
+    if b == 0 or (a == INT64_MIN and b == -1):
+        raise CelFailure
+    quotient = abs(a) // abs(b)
+    return quotient if (a < 0) == (b < 0) else -quotient
+
+
+def modulo(a: int, b: int) -> int:
+    """CEL (Go) int64 remainder: takes the dividend's sign; by zero and MIN % -1 are errors."""
+    if b == 0 or (a == INT64_MIN and b == -1):
+        raise CelFailure
+    remainder = abs(a) % abs(b)
+    return remainder if a >= 0 else -remainder
+
+
+def member(needle: object, haystack: object) -> bool:
+    """CEL `in` over a list, where every element has the needle's own type (str or int):
+    there Python's `in` is CEL's; mixed types (CEL's heterogeneous equality) are Unhandled."""
+    kind = needle.__class__
+    if haystack.__class__ is not list or (kind is not str and kind is not int):
+        raise Unhandled
+    for item in haystack:
+        if item.__class__ is not kind:
+            raise Unhandled
+    return needle in haystack
+
+
+_SCALARS: frozenset[type] = frozenset({str, int, float, bool, bytes, Quantity, Semver, IP, CIDR, URL})
+
+# Run-time kind tests for library overloads, over the values compiled code holds. UINT has
+# no test: compiled code never holds a uint, so no uint overload may be picked for an int.
+_KIND_TESTS: dict[Kind, Callable[[object], bool]] = {
+    Kind.STRING: lambda v: v.__class__ is str,
+    Kind.INT: lambda v: v.__class__ is int,
+    Kind.UINT: lambda v: False,
+    Kind.DOUBLE: lambda v: v.__class__ is float,
+    Kind.BOOL: lambda v: v.__class__ is bool,
+    Kind.BYTES: lambda v: v.__class__ is bytes,
+    Kind.QUANTITY: lambda v: v.__class__ is Quantity,
+    Kind.SEMVER: lambda v: v.__class__ is Semver,
+    Kind.LIST: lambda v: v.__class__ is list,
+    Kind.LIST_STRING: lambda v: v.__class__ is list,
+    Kind.MAP_STRING_LIST: lambda v: v.__class__ is dict,
+    Kind.IP: lambda v: v.__class__ is IP,
+    Kind.CIDR: lambda v: v.__class__ is CIDR,
+    Kind.URL: lambda v: v.__class__ is URL,
+    Kind.ANY: lambda v: v.__class__ in _SCALARS,
+}
+
+FUNCTIONS_BY_NAME: dict[str, Function] = {function.name: function for function in FUNCTIONS}
+
+
+def dispatcher(function: Function) -> Callable[..., object]:
+    """The run-time overload choice of engine_cpp's dispatcher, over plain Python values.
+
+    No overload fitting the argument kinds is Unhandled (the full engine reports it, or
+    absorbs it where CEL does); a library error is a CEL runtime error.
+    """
+    overloads = [
+        (overload.impl, tuple(_KIND_TESTS[kind] for kind in overload.params))
+        for overload in function.overloads
+    ]
+
+    def call(*args: object) -> object:
+        for impl, tests in overloads:
+            if len(tests) == len(args) and all(test(arg) for test, arg in zip(tests, args, strict=True)):
+                try:
+                    return impl(*args)
+                except (LibraryError, ValueError, TypeError, ArithmeticError, RecursionError):
+                    raise CelFailure from None
+        raise Unhandled
+
+    return call
+
+
+def fold(function: Function, args: Sequence[object]) -> tuple[bool, object]:
+    """A call on constant arguments, done once at compile time: (True, value), or
+    (False, None) when it fails or cannot be decided (then it runs, and fails, per device)."""
+    try:
+        return True, dispatcher(function)(*args)
+    except (CelFailure, Unhandled):
+        return False, None
