@@ -511,8 +511,7 @@ class GpuDriver:
         if record is not None and record.completed and record.devices == records:
             # Repeated prepare (kubelet retry or restart): same answer, and put back
             # anything a reboot or a cleaner took away.
-            realized = await asyncio.to_thread(self._materialize, plan)
-            ids = await asyncio.to_thread(self._write_metadata, realized, doc)
+            realized, ids = await asyncio.to_thread(self._materialize_with_metadata, plan, doc)
             if not self.checkpoint.durable(claim.uid):
                 # Completed in memory only (a start-up rebuild whose save failed): write it first.
                 await self._commit(claim)
@@ -553,12 +552,9 @@ class GpuDriver:
             # redo of the same plan (the state is what `apply` reuses), nor for a claim rebuilt from
             # its spec alone: its pod may be running on that state, which `apply` reuses too.
             await asyncio.to_thread(self.sharing.release, claim.uid)
-        realized = await asyncio.to_thread(self._materialize, plan)
-        crashpoints.reach(crashpoints.AFTER_CDI_WRITE)
-        # After the claim's own spec, before its record: a kill in between leaves files that no
-        # durable record holds, which start-up removes (MetadataStore.remove_stale).
-        ids = await asyncio.to_thread(self._write_metadata, realized, doc)
-        crashpoints.reach(crashpoints.AFTER_METADATA_WRITE)
+        # The spec, then the device metadata, in one trip to a worker thread (the crash points
+        # are reached there, in this order).
+        realized, ids = await asyncio.to_thread(self._materialize_with_metadata, plan, doc, crash_points=True)
 
         self.checkpoint.put(
             ClaimRecord(claim.uid, claim.namespace, claim.name, ClaimState.PREPARE_COMPLETED, records)
@@ -611,6 +607,20 @@ class GpuDriver:
                 extra={"uid": plan.claim.uid, "path": str(self.cdi.path_for(plan.claim.uid))},
             )
         return realized
+
+    def _materialize_with_metadata(
+        self, plan: ClaimPlan, doc: dict[str, object], *, crash_points: bool = False
+    ) -> tuple[ClaimPlan, dict[str, str]]:
+        """`_materialize`, then `_write_metadata`: the realized plan and the metadata CDI IDs."""
+        realized = self._materialize(plan)
+        if crash_points:
+            crashpoints.reach(crashpoints.AFTER_CDI_WRITE)
+        # After the claim's own spec, before its record: a kill in between leaves files that no
+        # durable record holds, which start-up removes (MetadataStore.remove_stale).
+        ids = self._write_metadata(realized, doc)
+        if crash_points:
+            crashpoints.reach(crashpoints.AFTER_METADATA_WRITE)
+        return realized, ids
 
     def _write_metadata(self, realized: ClaimPlan, doc: dict[str, object]) -> dict[str, str]:
         """Each request's device metadata document and the CDI spec mounting it; base request →
