@@ -33,7 +33,7 @@ from draplugin.devices.health import (
     parse_xids,
 )
 from draplugin.devices.naming import NVIDIA_DRIVER_NAME, DeviceNaming
-from draplugin.devices.shared import SharedGpus
+from draplugin.devices.shared import SharedGpus, UnlimitedShares
 
 DEFAULT_KUBELET_ROOT_DIR: Final = "/var/lib/kubelet"
 DEFAULT_STATE_DIR: Final = "/var/lib/draplugin"
@@ -160,6 +160,22 @@ RUN_OPTIONS: Final = (
         SharedGpus.OFF.value,
         "publish whole GPUs for several claims at once (consumable capacity; prepare enforces each "
         "claim's share through its own MPS daemon): off, memory, or memory-and-compute",
+    ),
+    Option(
+        "--nvidia-cdi-hook-path",
+        "NVIDIA_CDI_HOOK_PATH",
+        None,
+        "nvml backend, shared GPUs: NVIDIA's nvidia-cdi-hook on the host (Container Toolkit 1.20+); "
+        "each share's CDI device runs its apply-cuda-memory-limits, which sets the driver's "
+        "per-cgroup memory limit for the container. The plugin checks the same path in its own view",
+    ),
+    Option(
+        "--unlimited-shares",
+        "UNLIMITED_SHARES",
+        UnlimitedShares.SKIP.value,
+        "nvml backend, shared GPUs whose shares' memory the driver cannot limit (no hook, cgroup v1, "
+        "NVML NOT_SUPPORTED): skip publishes such a GPU whole; publish shares it with "
+        "sharedMemoryLimit: none",
     ),
     Option(
         "--driver-root",
@@ -351,6 +367,9 @@ class Settings:
     partitionable_mig: bool = False
     # Shared whole GPUs: consumable memory (and compute), enforced through MPS (draplugin.devices.shared).
     shared_gpus: SharedGpus = SharedGpus.OFF
+    # The hook that applies a share's memory limit, and what to do where it cannot (devices.shared).
+    nvidia_cdi_hook_path: str | None = None
+    unlimited_shares: UnlimitedShares = UnlimitedShares.SKIP
     # Device names (draplugin.devices.naming); nvidia goes with the driver name gpu.nvidia.com.
     device_naming: DeviceNaming = DeviceNaming.DRAPLUGIN
     # None: the API server's own release, read with GET /version.
@@ -403,6 +422,9 @@ class Settings:
             options["partitionable"] = True
         if self.shared_gpus is not SharedGpus.OFF:
             options["shared_gpus"] = self.shared_gpus
+            if self.backend == "nvml":
+                options["nvidia_cdi_hook_path"] = self.nvidia_cdi_hook_path
+                options["unlimited_shares"] = self.unlimited_shares
         if self.device_naming is not DeviceNaming.DRAPLUGIN:
             options["naming"] = self.device_naming
         return options
@@ -533,6 +555,14 @@ class _BackendSettings:
     fake_fault_file: Path | None
     fake_device_dir: Path | None
     nvml_lib_path: str | None
+
+
+def _absolute_path_or_none(dest: str, raw: str | None) -> str | None:
+    if not raw:
+        return None
+    if not raw.startswith("/"):
+        raise ConfigError(f"{_name_of(dest)}: {raw!r} is not an absolute path")
+    return raw
 
 
 def _backend_settings(values: Mapping[str, str | None], backend: str) -> _BackendSettings:
@@ -748,6 +778,16 @@ def validate(values: Mapping[str, str | None]) -> Settings:
         partitionable_mig=_boolean("partitionable_mig", values.get("partitionable_mig") or "false"),
         shared_gpus=SharedGpus(
             _choice("shared_gpus", values.get("shared_gpus") or SharedGpus.OFF.value, tuple(SharedGpus))
+        ),
+        nvidia_cdi_hook_path=_absolute_path_or_none(
+            "nvidia_cdi_hook_path", values.get("nvidia_cdi_hook_path")
+        ),
+        unlimited_shares=UnlimitedShares(
+            _choice(
+                "unlimited_shares",
+                values.get("unlimited_shares") or UnlimitedShares.SKIP.value,
+                tuple(UnlimitedShares),
+            )
         ),
         fake_gpus=chosen.fake_gpus,
         fake_model=chosen.fake_model,

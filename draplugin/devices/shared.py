@@ -17,6 +17,14 @@ more than the GPU has. Prepare enforces each share (`draplugin.prepare.shares`).
   a claim that does not say how much compute it needs reserves all of it, so
   every claim on a GPU shared this way asks for both.
 
+On the NVML backend each shared GPU also says whether the driver limits a
+share's memory (`sharedMemoryLimit`): `nvml-cgroup` where discovery found
+the driver's per-cgroup memory limit (`nvmlDeviceSetMemoryLimits_v1`) and
+NVIDIA's `nvidia-cdi-hook` that applies it to each container (prepare adds the
+hook, `draplugin.prepare.memlimits`), `none` where one is missing and
+`--unlimited-shares=publish` publishes the shares anyway. With the default
+`--unlimited-shares=skip` such a GPU is published whole, for one claim.
+
 Only whole GPUs that draw from no counter set are shared: MIG devices are
 already partitions, and a partitionable GPU's counters describe its MIG
 slices, not shares.
@@ -46,6 +54,19 @@ COMPUTE_WHOLE: Final = 100
 MEMORY_MIN_BYTES: Final = 1 << 30
 # MPS takes pinned device memory limits in whole MiB.
 MEMORY_STEP_BYTES: Final = 1 << 20
+
+# Whether the driver limits a share's memory: the attribute and its two values.
+MEMORY_LIMIT_ATTRIBUTE: Final = "sharedMemoryLimit"
+MEMORY_LIMIT_NVML: Final = "nvml-cgroup"
+MEMORY_LIMIT_NONE: Final = "none"
+
+
+class UnlimitedShares(enum.StrEnum):
+    """What to publish for a shared GPU whose shares' memory the driver cannot limit."""
+
+    SKIP = "skip"  # the GPU whole, for one claim
+    PUBLISH = "publish"  # shares, with sharedMemoryLimit: none
+
 
 COMPUTE_POLICY: Final = CapacityPolicy(default=str(COMPUTE_WHOLE), min="1", max=str(COMPUTE_WHOLE), step="1")
 
@@ -78,3 +99,21 @@ def share(device: Device, memory_bytes: int, mode: SharedGpus) -> Device:
     return dataclasses.replace(
         device, capacity=capacity, allow_multiple_allocations=True, capacity_policies=policies
     )
+
+
+def is_shared(device: Device) -> bool:
+    return device.allow_multiple_allocations and MEMORY in device.capacity_policies
+
+
+def with_memory_limit(device: Device, limited: bool, policy: UnlimitedShares) -> Device:
+    """A shared device as published when the driver can (`limited`) or cannot limit its shares'
+    memory: marked `nvml-cgroup`; else unshared (skip) or marked `none` (publish)."""
+    if not is_shared(device):
+        return device
+    if not limited and policy is UnlimitedShares.SKIP:
+        capacity = {k: v for k, v in device.capacity.items() if k != COMPUTE}
+        return dataclasses.replace(
+            device, capacity=capacity, allow_multiple_allocations=False, capacity_policies={}
+        )
+    value = MEMORY_LIMIT_NVML if limited else MEMORY_LIMIT_NONE
+    return dataclasses.replace(device, attributes={**device.attributes, MEMORY_LIMIT_ATTRIBUTE: value})
