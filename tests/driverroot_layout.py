@@ -56,12 +56,28 @@ TOOL_STATE = "var/lib/fake-nvidia"
 # `nvidia-smi` and `nvidia-cuda-mps-control` stand-ins that answer like the real ones for what the
 # plugin uses. Alone, `nvidia-smi` prints its name (what the CUDA-files test runs in a container).
 # `compute-policy -i <gpu> --set-timeslice <0-3>` records the GPU's time-slice level (0 is the
-# default); `compute-policy -i <gpu> -l` prints it. Every call is appended to COMMAND_LOG.
+# default); `compute-policy -i <gpu> -l` prints it. `-i <gpu> -c <mode>` records the GPU's compute
+# mode (the names and numbers the real one takes) and `--query-gpu=compute_mode --format=csv,noheader
+# -i <gpu>` prints it as the real one does (Default when never set). Every call is appended to
+# COMMAND_LOG.
 NVIDIA_SMI = r"""#!/bin/sh
 LOG='{root}/var/log/fake-nvidia-commands.log'
 STATE='{root}/var/lib/fake-nvidia'
 { echo "nvidia-smi $*" >> "$LOG"; } 2>/dev/null
 [ $# -eq 0 ] && { echo nvidia-smi; exit 0; }
+if [ "$1" = -i ] && [ "$3" = -c ] && [ $# -eq 4 ]; then
+  case "$4" in
+    0|DEFAULT) mode=Default;; 1|EXCLUSIVE_PROCESS) mode=Exclusive_Process;; 2|PROHIBITED) mode=Prohibited;;
+    *) echo "Invalid compute mode: $4" >&2; exit 2;;
+  esac
+  mkdir -p "$STATE" && echo "$mode" > "$STATE/computemode-$2"
+  echo "Compute mode set to $4 for GPU $2." && echo "All done."
+  exit 0
+fi
+if [ "$1" = --query-gpu=compute_mode ] && [ "$2" = --format=csv,noheader ] && [ "$3" = -i ]; then
+  cat "$STATE/computemode-$4" 2>/dev/null || echo Default
+  exit 0
+fi
 if [ "$1" = compute-policy ]; then
   shift; gpu=""; level=""; list=""
   while [ $# -gt 0 ]; do
