@@ -29,6 +29,14 @@ AFTER_MPS_START = "after-mps-start"
 AFTER_TIMESLICE_SET = "after-timeslice-set"
 # Unprepare: the GPU's time-slice is back at the default, the claim's ledger entry not yet dropped.
 UNPREPARE_AFTER_TIMESLICE_RESET = "unprepare-after-timeslice-reset"
+# The GPU in EXCLUSIVE_PROCESS mode for an MPS daemon, the ledger entry still `setting`.
+AFTER_COMPUTE_MODE_SET = "after-compute-mode-set"
+# A claim's share recorded as joining its GPU's MPS daemon, the daemon not yet started or found.
+AFTER_MPS_SHARE_JOIN = "after-mps-share-join"
+# Unprepare of the last share of a GPU: its daemon stopped, the GPU's compute mode not yet restored.
+UNPREPARE_AFTER_MPS_STOP = "unprepare-after-mps-stop"
+# The GPU's compute mode restored, its ledger entry (`restoring`) not yet dropped.
+AFTER_COMPUTE_MODE_RESTORE = "after-compute-mode-restore"
 
 POINTS: tuple[str, ...] = (
     AFTER_CHECKPOINT_STARTED,
@@ -42,6 +50,10 @@ POINTS: tuple[str, ...] = (
     AFTER_MPS_START,
     AFTER_TIMESLICE_SET,
     UNPREPARE_AFTER_TIMESLICE_RESET,
+    AFTER_COMPUTE_MODE_SET,
+    AFTER_MPS_SHARE_JOIN,
+    UNPREPARE_AFTER_MPS_STOP,
+    AFTER_COMPUTE_MODE_RESTORE,
 )
 
 

@@ -3,7 +3,8 @@
 The claim checkpoint (`draplugin.checkpoint`) says which claims are prepared;
 this file, next to it in the state directory, says what exists on the GPU
 because of them: MIG instances (IDs, UUIDs), MPS daemons (PID and start time),
-time-slice settings. Each entry is written before the side effect (`creating`,
+the shares that hold a shared GPU's MPS daemon, compute modes set for a daemon
+(and the mode to restore), time-slice settings. Each entry is written before the side effect (`creating`,
 `starting`, `setting`) and again after it, atomically, so a kill -9 anywhere
 leaves an entry that start-up can undo: an entry whose claim is not a
 completed checkpoint record is an orphan. A separate file rather than new
@@ -29,13 +30,16 @@ FILE_NAME = "sharing-ledger.json"
 VERSION = 1
 WHAT = "sharing ledger"
 
-# The fields each kind's undo reads without a default (`draplugin.prepare.mig`, `.mps`, `.timeslice`
-# own the kinds; named here because they import this module): an entry without them, or with another
-# type, would make start-up's orphan release raise on it. Such a file is corrupt as a whole.
+# The fields each kind's undo reads without a default (`draplugin.prepare.mig`, `.mps`, `.mpsgpu`,
+# `.computemode`, `.timeslice` own the kinds; named here because they import this module): an entry
+# without them, or with another type, would make start-up's orphan release raise on it. Such a file
+# is corrupt as a whole.
 _REQUIRED: Mapping[str, Mapping[str, type]] = {
     "mig": {"parent": str, "minor": int, "profile": str, "start": int},
     "mps": {"pipe": str, "log": str},
     "timeslice": {"device": str, "level": int},
+    "mpsshare": {"owner": str},
+    "computemode": {"previous": str},
 }
 # Optional fields read with a default, by type: present means well-typed.
 _OPTIONAL: Mapping[str, Mapping[str, type]] = {

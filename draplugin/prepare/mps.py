@@ -77,6 +77,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, cast
 
 from draplugin import crashpoints
+from draplugin.prepare import computemode
+from draplugin.prepare.computemode import ComputeModes
 from draplugin.prepare.drivertools import DriverTools, run_tool
 from draplugin.prepare.errors import PlanError
 from draplugin.prepare.ledger import LedgerEntry, SharingLedger
@@ -334,7 +336,8 @@ class MpsDaemons:
     `nvidia-cuda-mps-control` (and gives the environment the daemon runs with, wherever it runs);
     `runner` where the daemons run (default: processes of this plugin, `ProcessRunner`);
     `shm_bytes` the size of each claim's shared-memory tmpfs (None: `default_shm_bytes`, 0: a
-    plain directory)."""
+    plain directory); `exclusive_mode`: each daemon's GPUs in EXCLUSIVE_PROCESS compute mode while
+    it runs (`draplugin.prepare.computemode`), the mode before restored when it stops."""
 
     def __init__(
         self,
@@ -343,10 +346,12 @@ class MpsDaemons:
         proc: Path = Path("/proc"),
         runner: DaemonRunner | None = None,
         shm_bytes: int | None = None,
+        exclusive_mode: bool = True,
     ) -> None:
         self._tools = tools
         self._runner: DaemonRunner = runner if runner is not None else ProcessRunner(proc)
         self._shm_bytes = default_shm_bytes() if shm_bytes is None else shm_bytes
+        self._modes = ComputeModes(tools) if exclusive_mode else None
 
     @property
     def runner(self) -> DaemonRunner:
@@ -386,6 +391,9 @@ class MpsDaemons:
         shm = directory / SHM_DIR
         shm.mkdir(exist_ok=True)
         where = {"pipe": str(pipe), "log": str(logs)}
+        if self._modes is not None:
+            # Before the daemon: its server is then the one process with a context on the GPU.
+            self._modes.make_exclusive(uid, settings.devices, ledger)
         # Recorded before the mount: a kill -9 from here on leaves an entry whose stop unmounts it.
         ledger.put(LedgerEntry(uid, KIND, KEY, "starting", where))
         release_shm(shm)  # a mount no record explained (a lost ledger): never stack a second one
@@ -463,6 +471,7 @@ class MpsDaemons:
         entry = ledger.get(uid, KIND, KEY)
         if entry is None:
             self._runner.end_unrecorded(uid)
+            self._restore_modes(uid, ledger)  # killed after the mode was set, before the daemon
             return
         pipe, logs = Path(str(entry.data["pipe"])), Path(str(entry.data["log"]))
         found = self._runner.find(uid, entry.state, entry.data, pipe)
@@ -479,6 +488,13 @@ class MpsDaemons:
         release_shm(pipe.parent / SHM_DIR)  # the entry stays if a mount does: unprepare is retried
         ledger.drop(uid, KIND, KEY)
         log.info("MPS control daemon stopped", extra={"claim_uid": uid, "ran": found is not None})
+        crashpoints.reach(crashpoints.UNPREPARE_AFTER_MPS_STOP)
+        self._restore_modes(uid, ledger)
+
+    def _restore_modes(self, uid: str, ledger: SharingLedger) -> None:
+        # Also without `exclusive_mode`: an entry a plugin with it left must not stay behind.
+        if ledger.entries(uid, computemode.KIND):
+            (self._modes or ComputeModes(self._tools)).restore(uid, ledger)
 
     def claim_uids(self) -> set[str]:
         """Claims whose daemon the runner sees outside the ledger (start-up stops those not prepared)."""

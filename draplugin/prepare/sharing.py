@@ -6,17 +6,32 @@
 - dynamic MIG (`draplugin.prepare.mig`): a partitionable MIG device allocated
   to a claim is created on the GPU; the claim's CDI device gets its UUID and
   its own `nvidia-caps` nodes;
-- MPS (`draplugin.prepare.mps`): each claim that uses MPS gets a directory
-  `<root>/mps/<claim uid>/` with the `pipe/` and `log/` directories its
-  containers share (mounted through CDI at `/var/run/draplugin/mps`), a
-  `mps.json` with the limits, and its own running MPS control daemon;
+- MPS on shares of a shared GPU (`draplugin.prepare.mpsgpu`): the GPU's one
+  MPS control daemon, started with its first share and stopped with its last,
+  in `<root>/mps/shared-<gpu uuid>/` (`pipe/`, `log/`, `shm/`), mounted into
+  every client claim's containers at `/var/run/draplugin/mps`; each claim's
+  limits are in its own containers' environment (its CDI spec);
+- MPS on GPUs a claim has to itself (`draplugin.prepare.mps`): the claim gets
+  a directory `<root>/mps/<claim uid>/` with the `pipe/` and `log/`
+  directories its containers share (mounted through CDI at
+  `/var/run/draplugin/mps`), a `mps.json` with the limits, and its own
+  running MPS control daemon: it owns its GPUs, so this is one daemon per GPU
+  too. Either daemon's GPUs are in EXCLUSIVE_PROCESS compute mode while it
+  runs (`draplugin.prepare.computemode`);
 - time-slicing (`draplugin.prepare.timeslice`): the GPU's time-slice is set,
   and reset when the last claim that asked for one on that GPU is released.
 
 What exists on the GPU because of a claim is in the sharing ledger
 (`draplugin.prepare.ledger`), written around every side effect, so start-up
 can undo what no completed claim holds (`release` of each `claim_uids()` the
-checkpoint does not hold as prepared).
+checkpoint does not hold as prepared, then the daemons of shared GPUs no share
+holds any longer).
+
+Mechanisms on one GPU, between different claims: MPS shares with MPS shares
+(clients of the one daemon), time-slices with time-slices of the same
+interval (`TimeSliceConflict` otherwise); an MPS share and a time-slice never
+(`SharingConflict`, refused by whichever comes second), and a GPU a claim has
+without a share is never another claim's (`draplugin.prepare.plan.check_sharing`).
 """
 
 from __future__ import annotations
@@ -31,11 +46,12 @@ from typing import TypeVar
 
 from dracommon.kubenames import is_safe_uid
 from draplugin.devices.mig import MigPartitioner
-from draplugin.prepare import mig, mps, timeslice
+from draplugin.prepare import mig, mps, mpsgpu, timeslice
 from draplugin.prepare.claimconfig import SharingStrategy
 from draplugin.prepare.ledger import FILE_NAME as LEDGER_FILE
 from draplugin.prepare.ledger import SharingLedger
 from draplugin.prepare.mps import MpsDaemons
+from draplugin.prepare.mpsgpu import SharedGpuDaemons
 from draplugin.prepare.mpspaths import SHM_DIR
 from draplugin.prepare.plan import ClaimPlan, PlanError
 from draplugin.prepare.timeslice import TimeSlicer, wanted_levels
@@ -60,6 +76,7 @@ class SharingState:
         self.mig = mig_partitioner
         # None: no driver root, so no nvidia-cuda-mps-control / nvidia-smi; MPS and time-slice claims fail.
         self.mps = mps_daemons
+        self.shared = SharedGpuDaemons(mps_daemons, self.mps_dir) if mps_daemons is not None else None
         self.timeslice = time_slicer
 
     def mps_dir(self, claim_uid: str) -> Path:
@@ -68,7 +85,11 @@ class SharingState:
         return self.root / "mps" / claim_uid
 
     def host_dir_for(self, plan: ClaimPlan) -> PurePosixPath | None:
-        return PurePosixPath(self.mps_dir(plan.claim.uid)) if plan.uses_mps else None
+        """The MPS directory the plan's containers get: its shared GPU's daemon's, or its own."""
+        if not plan.uses_mps:
+            return None
+        gpu = shared_mps_gpu(plan)
+        return PurePosixPath(self.mps_dir(mpsgpu.owner_of(gpu) if gpu is not None else plan.claim.uid))
 
     def apply(self, plan: ClaimPlan) -> ClaimPlan:
         """Create what the plan's sharing needs; the plan as realized (created MIG devices filled in).
@@ -104,8 +125,14 @@ class SharingState:
                     f"{who}: MPS needs the NVIDIA driver's nvidia-cuda-mps-control; the plugin has no "
                     "driver root (--driver-root)",
                 )
-            self._write_mps(plan)
-            self.mps.ensure(plan, self.mps_dir(plan.claim.uid), self.ledger)
+            gpu = shared_mps_gpu(plan)
+            if gpu is not None:
+                assert self.shared is not None  # made with self.mps
+                _refuse_time_slices(plan, gpu, self.ledger)
+                self.shared.join(plan.claim.uid, gpu, self.ledger)
+            else:
+                self._write_mps(plan)
+                self.mps.ensure(plan, self.mps_dir(plan.claim.uid), self.ledger)
         if wanted_levels(plan):
             if self.timeslice is None:
                 raise PlanError(
@@ -136,6 +163,10 @@ class SharingState:
 
     def release(self, claim_uid: str) -> None:
         """Undo everything `apply` did for the claim, in reverse order. Safe to repeat."""
+        if self.ledger.entries(claim_uid, mpsgpu.KIND):
+            self._require(self.shared, "a share of a GPU's MPS daemon", claim_uid).leave(
+                claim_uid, self.ledger
+            )
         if self.ledger.entries(claim_uid, mps.KIND):
             self._require(self.mps, "an MPS daemon", claim_uid).stop(claim_uid, self.ledger)
         elif self.mps is not None:
@@ -174,13 +205,54 @@ class SharingState:
                 log.error(
                     "cannot release orphaned sharing state", extra={"claim_uid": uid, "error": str(err)}
                 )
+        if self.shared is not None:
+            try:  # after the claims: a daemon whose last share was an orphan's is free only now
+                self.shared.sweep(self.ledger, self._names())
+            except (PlanError, OSError) as err:
+                log.error("cannot stop an unheld shared GPU's MPS daemon", extra={"error": str(err)})
         return released
 
     def claim_uids(self) -> Iterator[str]:
         """Claims that have sharing state on disk or on the GPU (to clean up what no record explains)."""
+        yield from sorted(uid for uid in self._names() if not mpsgpu.is_owner(uid))
+
+    def _names(self) -> set[str]:
+        """Ledger names of claims and shared GPUs' daemons, from the ledger, the runner and the disk."""
         uids = set(self.ledger.claim_uids())
         if self.mps is not None:
             uids.update(self.mps.claim_uids())  # daemon Pods on this node, whatever the ledger says
         with contextlib.suppress(FileNotFoundError):
             uids.update(entry.name for entry in (self.root / "mps").iterdir() if entry.is_dir())
-        yield from sorted(uids)
+        return uids
+
+
+def shared_mps_gpu(plan: ClaimPlan) -> str | None:
+    """The UUID of the shared GPU whose daemon the plan's MPS devices use, None when they are GPUs of
+    the claim's own; PlanError where no one daemon can serve them all (a client process reads one
+    CUDA_MPS_PIPE_DIRECTORY, so it reaches one control daemon)."""
+    devices = [d for d in plan.devices if d.config.sharing.strategy is SharingStrategy.MPS]
+    shared = sorted({d.device.uuid for d in devices if d.share_id is not None})
+    if not shared:
+        return None
+    if len(shared) > 1 or any(d.share_id is None for d in devices):
+        names = ", ".join(sorted({d.device.name for d in devices}))
+        raise PlanError(
+            "SharingConflict",
+            f"claim {plan.claim.namespace}/{plan.claim.name}: its MPS devices ({names}) would need more "
+            "than one MPS control daemon: each shared GPU has its own, and a process reaches one "
+            "(CUDA_MPS_PIPE_DIRECTORY). Take MPS shares of one GPU per claim",
+        )
+    return shared[0]
+
+
+def _refuse_time_slices(plan: ClaimPlan, gpu: str, ledger: SharingLedger) -> None:
+    slicing = sorted(
+        {e.claim_uid for e in ledger.entries(kind=timeslice.KIND) if e.key == gpu} - {plan.claim.uid}
+    )
+    if slicing:
+        raise PlanError(
+            "SharingConflict",
+            f"claim {plan.claim.namespace}/{plan.claim.name}: GPU {gpu} is time-sliced for claim uid "
+            f"{slicing[0]}; an MPS share cannot join a time-sliced GPU (its daemon needs the GPU in "
+            "EXCLUSIVE_PROCESS mode, which the time-sliced claim's processes would lose)",
+        )

@@ -5,8 +5,9 @@ levels NVIDIA's tools use: Default 0, Short 1, Medium 2, Long 3 (the same
 numbers NVIDIA's DRA driver passes). The setting is per GPU, so every claim
 that asked for a time-slice on a GPU has a ledger entry for it; a claim asking
 for another interval than the one the GPU runs with for other claims is
-refused (`TimeSliceConflict`), never a silent override. When the last entry of
-a GPU goes, the GPU is set back to level 0.
+refused (`TimeSliceConflict`), never a silent override, and so is a time-slice
+on a GPU whose MPS daemon serves shares of other claims (`SharingConflict`).
+When the last entry of a GPU goes, the GPU is set back to level 0.
 
 Crash safety: the entry is written as `setting` before the command and as
 `set` after it; both count as holding the GPU, so a kill -9 between the
@@ -31,6 +32,9 @@ from draplugin import crashpoints
 from draplugin.prepare.drivertools import DriverTools
 from draplugin.prepare.errors import PlanError
 from draplugin.prepare.ledger import LedgerEntry, SharingLedger
+
+# draplugin.prepare.mpsgpu's kind, named here: that module imports the MPS machinery, this one need not.
+MPS_SHARE_KIND = "mpsshare"
 
 if TYPE_CHECKING:  # planning brings pydantic; `make gpu-check` runs this module without it
     from draplugin.prepare.plan import ClaimPlan
@@ -90,6 +94,14 @@ class TimeSlicer:
             mine = ledger.get(uid, KIND, gpu)
             if mine is not None and mine.state == SET and mine.data.get("level") == level:
                 continue
+            clients = sorted({e.claim_uid for e in ledger.entries(kind=MPS_SHARE_KIND) if e.key == gpu})
+            if clients:
+                raise TimeSliceError(
+                    "SharingConflict",
+                    f"claim {who}: device {name} ({gpu}) runs an MPS control daemon for the shares of claim "
+                    f"uid {clients[0]}; a time-slice cannot be set on it (the GPU is in EXCLUSIVE_PROCESS "
+                    "mode for the daemon, and a time-slice is between contexts MPS does not make)",
+                )
             others = _holders(ledger, gpu, uid)
             for other in others:
                 if other.data.get("level") != level:

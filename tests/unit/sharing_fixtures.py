@@ -51,6 +51,11 @@ class ToolNode:
         path = self.driver_root / TOOL_STATE / f"timeslice-{gpu}"
         return path.read_text().strip() if path.exists() else "0"
 
+    def compute_mode_of(self, gpu: str) -> str:
+        """The compute mode the stand-in nvidia-smi last set on the GPU ('Default' when never set)."""
+        path = self.driver_root / TOOL_STATE / f"computemode-{gpu}"
+        return path.read_text().strip() if path.exists() else "Default"
+
     def daemon_pids(self) -> list[int]:
         """PIDs of stand-in MPS daemons that still run, from their pid files."""
         pids = []

@@ -2,9 +2,9 @@
 
 Publishing: `allowMultipleAllocations` and a `requestPolicy` per consumable
 capacity, within the API server's rules. Prepare: a claim's `consumedCapacity`
-becomes its MPS daemon's pinned memory limit (and active thread percentage),
-share IDs reach the kubelet, two claims may hold a shared GPU but never an
-unshared one, and unprepare stops exactly the daemon prepare started.
+becomes its MPS client limits (pinned memory, active thread percentage), share
+IDs reach the kubelet, and two claims may hold a shared GPU but never an
+unshared one. The GPU's one MPS daemon across shares: tests/unit/test_mps_shared_gpu.py.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from draplugin import config, crashpoints
+from draplugin import config
 from draplugin.cdi.spec import SpecStore
 from draplugin.checkpoint import CheckpointStore, ClaimRecord, ClaimState
 from draplugin.devices import load_backend
@@ -35,7 +35,7 @@ from tests import nvmldouble
 from tests.nvmldouble import GI_PROFILE_1_SLICE, GI_PROFILE_3_SLICE, Gpu, MigDevice
 from tests.unit import sharing_fixtures, test_prepare_driver
 from tests.unit.sharing_fixtures import ToolNode
-from tests.unit.test_prepare_driver import FakeClaims, RecordingEvents, SimulatedCrash
+from tests.unit.test_prepare_driver import FakeClaims, RecordingEvents
 from tests.unit.test_prepare_plan import DRIVER, NODE, claim_doc, gpu_config, result
 from tests.unit.test_prepare_plan import config as config_entry
 
@@ -398,71 +398,3 @@ def driver(node: ToolNode, claims: FakeClaims, devices: Sequence[Device] | None 
     )
     process.recover()
     return process
-
-
-async def test_each_claim_on_a_shared_gpu_gets_its_own_daemon_with_its_own_limit(tool_node: ToolNode) -> None:
-    claims = FakeClaims()
-    process = driver(tool_node, claims)
-    small = claims.add(claim_doc("uid-a", [shared_result("gpu-0", "s-1", memory="10Gi", compute="30")]))
-    large = claims.add(
-        claim_doc("uid-b", [shared_result("gpu-0", "s-2", memory="30Gi", compute="60")], name="other")
-    )
-    got_small = await process.prepare_claim(small)
-    got_large = await process.prepare_claim(large)
-    assert [d.share_id for d in got_small] == ["s-1"] and [d.share_id for d in got_large] == ["s-2"]
-    assert got_small[0].device_name == got_large[0].device_name == "gpu-0"
-    assert got_small[0].cdi_device_ids != got_large[0].cdi_device_ids  # two claims, two CDI devices
-    assert len(tool_node.daemon_pids()) == 2
-    daemon = [
-        line.split(": ", 1)[1].strip() for line in tool_node.commands() if line.startswith("mps-daemon")
-    ]
-    assert daemon.count("set_default_device_pinned_mem_limit 0 10240M") == 1
-    assert daemon.count("set_default_device_pinned_mem_limit 0 30720M") == 1
-    assert daemon.count("set_default_active_thread_percentage 30") == 1
-    assert daemon.count("set_default_active_thread_percentage 60") == 1
-    starts = [line for line in tool_node.commands() if line.startswith("nvidia-cuda-mps-control -d")]
-    assert len(starts) == 2 and all(
-        s.endswith(f"CUDA_VISIBLE_DEVICES={DEVICES['gpu-0'].uuid}") for s in starts
-    )
-
-    # A restarted plugin keeps both daemons; unprepare stops exactly the claim's own.
-    restarted = driver(tool_node, claims)
-    assert len(tool_node.daemon_pids()) == 2
-    await restarted.unprepare_claim(small)
-    assert len(tool_node.daemon_pids()) == 1
-    assert not (tool_node.state / "mps" / "uid-a").exists() and (tool_node.state / "mps" / "uid-b").exists()
-    await restarted.unprepare_claim(large)
-    assert tool_node.daemon_pids() == []
-
-
-@pytest.mark.parametrize(
-    "point",
-    [
-        crashpoints.AFTER_CHECKPOINT_STARTED,
-        crashpoints.AFTER_MPS_START,
-        crashpoints.AFTER_CDI_WRITE,
-        crashpoints.AFTER_CHECKPOINT_COMPLETED,
-        crashpoints.BEFORE_RETURN,
-    ],
-)
-async def test_kill_while_preparing_a_share_leaves_the_other_share_alone_and_retry_gives_the_same_answer(
-    tool_node: ToolNode, crash_at: list[str], point: str
-) -> None:
-    claims = FakeClaims()
-    other = claims.add(claim_doc("uid-b", [shared_result("gpu-0", "s-2", memory="30Gi")], name="other"))
-    await driver(tool_node, claims).prepare_claim(other)
-    ref = claims.add(claim_doc("uid-a", [shared_result("gpu-0", "s-1", memory="10Gi")]))
-    crash_at.append(point)
-    with pytest.raises(SimulatedCrash):
-        await driver(tool_node, claims).prepare_claim(ref)
-    restarted = driver(tool_node, claims)
-    held = point in (crashpoints.AFTER_CHECKPOINT_COMPLETED, crashpoints.BEFORE_RETURN)
-    # Start-up stopped the daemon of the half-prepared share only; the other claim's keeps running.
-    assert len(tool_node.daemon_pids()) == (2 if held else 1)
-    assert (tool_node.state / "mps" / "uid-b" / "pipe" / mps.PID_FILE).exists()
-    answer = await restarted.prepare_claim(ref)
-    assert [(d.device_name, d.share_id) for d in answer] == [("gpu-0", "s-1")]
-    assert len(tool_node.daemon_pids()) == 2
-    await restarted.unprepare_claim(ref)
-    await restarted.unprepare_claim(other)
-    assert tool_node.daemon_pids() == [] and restarted.sharing.ledger.entries() == []
