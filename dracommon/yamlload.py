@@ -11,7 +11,11 @@ resolved and constructed one by one in Python. So there are three paths, fastest
    resolver and their value from its SafeConstructor, so `0012`, `1:20`, `yes`, `~` or dates
    come out exactly as PyYAML makes them. Anything outside the subset (anchors, tags, block
    scalars, flow collections, multi-line scalars, escapes, odd indentation, ...) makes the
-   whole text take path 2, never a guess.
+   whole text take path 2, never a guess. The documents are written as JSON text, each line
+   adding what one lookup (by the line and the state of the blocks open before it) says, and
+   the json module's C parser builds the dicts and lists: building them in Python took most of
+   this path's time. A text with a key or value JSON cannot carry (a date, a key that is not a
+   string) is built as a tree of Python objects instead, from the same tokens.
 2. `CSafeLoader` where the PyYAML wheel has libyaml (`yaml.__with_libyaml__`), else the pure
    `SafeLoader`. libyaml accepts a tab as separation where the pure scanner refuses it
    (`a:<TAB>1`), so a text with a tab goes to the pure loader: results never depend on the
@@ -19,13 +23,15 @@ resolved and constructed one by one in Python. So there are three paths, fastest
 3. On any error the pure `SafeLoader` parses again, so the message (and `ManifestError`'s text)
    is the one PyYAML's scanner has always given; libyaml words several errors differently.
 
-The subset's equality with PyYAML is checked by tests/unit/test_yaml_loading.py (generated
-documents and every YAML file of the repository).
+The subset's equality with PyYAML is checked by tests/unit/test_objects_loading.py (generated
+documents, edge cases, bench.fleet's files and every YAML file of the repository).
 """
 
 from __future__ import annotations
 
+import json
 import re
+from json.encoder import encode_basestring as _json_string
 from typing import Any
 
 import yaml
@@ -62,6 +68,7 @@ _SIMPLE_KEY_LIMIT = 1000
 _EMPTY_DICT = object()
 
 _resolver = yaml.resolver.Resolver()
+_STR_TAG = "tag:yaml.org,2002:str"
 _constructor = yaml.constructor.SafeConstructor()
 _plain_values: dict[str, Any] = {}
 _line_tokens: dict[str, tuple[tuple[int, int, Any, Any], ...]] = {}
@@ -81,10 +88,13 @@ def _plain(text: str) -> Any:
     if ": " in text or " #" in text or text[-1] == ":":
         raise _NotSubset(text)
     tag = _resolver.resolve(ScalarNode, text, (True, False))  # type: ignore[no-untyped-call]
-    try:
-        value = _constructor.construct_object(ScalarNode(tag, text))
-    except yaml.YAMLError as err:  # e.g. "=" (the value tag has no safe constructor)
-        raise _NotSubset(text) from err
+    if tag == _STR_TAG:
+        value: Any = text  # what SafeConstructor.construct_yaml_str returns, without its machinery
+    else:
+        try:
+            value = _constructor.construct_object(ScalarNode(tag, text))
+        except yaml.YAMLError as err:  # e.g. "=" (the value tag has no safe constructor)
+            raise _NotSubset(text) from err
     if isinstance(value, list | dict | bytes | bytearray | set):
         raise _NotSubset(text)  # not from an implicit plain tag; keep the cache immutable
     if len(_plain_values) < _CACHE_LIMIT:
@@ -293,11 +303,217 @@ def _load_subset(text: str) -> list[Any]:
     return out
 
 
+# ----- path 1, as JSON: the subset's documents written as JSON text for the json module's C parser.
+# Building the dicts and lists in Python was most of path 1's time; here each line is one lookup
+# of what it adds to the JSON text, keyed by the line and the state of the open blocks before it
+# (lines and states repeat across devices and files), and the json module builds the objects.
+
+
+class _NotJson(_NotSubset):
+    """In the subset, but with a key or value JSON does not carry (a date, a key not a string)."""
+
+
+# The blocks open on the stack: (indent, kind); a scalar alone under a key or "-" is a block too.
+_MAP, _SEQ, _SCALAR = 0, 1, 2
+_CLOSE = ("}", "]", "")
+# (a document written before, "---" seen, the open blocks, the key or "-" (indent, token kind)
+# whose value is not seen yet, nothing written yet in the innermost block)
+_State = tuple[bool, bool, tuple[tuple[int, int], ...], tuple[int, int] | None, bool]
+_START: _State = (False, False, (), None, False)
+_state_ids: dict[_State, int] = {_START: 0}
+_states: list[_State] = [_START]
+# Per state: line -> (the JSON text it adds, the table of the state after it); each table holds its
+# state's number under the key None (no line is None).
+_Table = dict[str | None, Any]
+_tables: list[_Table] = [{None: 0}]
+_steps_kept = 0
+
+
+_JSON_CONSTANTS = {
+    id(None): "null",
+    id(True): "true",
+    id(False): "false",
+    id(_EMPTY_LIST): "[]",
+    id(_EMPTY_DICT): "{}",
+}
+
+
+def _json_value(value: Any) -> str:
+    kind = value.__class__
+    if kind is str:
+        return _json_string(value)
+    if kind is int:
+        return int.__repr__(value)
+    if kind is float:
+        return json.dumps(value)  # inf and nan as the json module writes and reads them
+    constant = _JSON_CONSTANTS.get(id(value))
+    if constant is None:
+        raise _NotJson(repr(value))  # dates and timestamps
+    return constant
+
+
+def _json_key(key: Any) -> str:
+    if key.__class__ is not str:
+        raise _NotJson(repr(key))  # 1: x, true: y, ~: z
+    return _json_string(key)
+
+
+def _member(
+    stack: list[tuple[int, int]], token: tuple[int, int, Any, Any], fresh: bool, out: list[str]
+) -> tuple[int, int] | None:
+    """The token as the next member of the innermost block (at its indent); the pending key or
+    "-", if the token leaves one."""
+    at, kind, key, value = token
+    comma = "" if fresh else ","
+    block = stack[-1][1]
+    if block == _MAP:
+        if kind == _ENTRY:
+            out.append(f"{comma}{_json_key(key)}:{_json_value(value)}")
+            return None
+        if kind == _OPEN:
+            out.append(f"{comma}{_json_key(key)}:")
+            return (at, _OPEN)
+        raise _NotSubset("not a mapping entry")  # an item or a scalar among a mapping's keys
+    if block == _SEQ:
+        if kind == _ITEM_SCALAR:
+            out.append(f"{comma}{_json_value(value)}")
+            return None
+        if kind == _ITEM:
+            out.append(comma)
+            return (at, _ITEM)
+        if len(stack) > 1 and stack[-2] == (at, _MAP):  # the end of an indentless sequence
+            stack.pop()
+            out.append("]")
+            return _member(stack, token, False, out)
+    raise _NotSubset("indentation")
+
+
+def _open(
+    stack: list[tuple[int, int]], token: tuple[int, int, Any, Any], out: list[str]
+) -> tuple[int, int] | None:
+    """A block that starts with the token (a document's, or a value's); the pending key or "-"."""
+    at, kind, _, value = token
+    if kind == _BARE:
+        stack.append((at, _SCALAR))
+        out.append(_json_value(value))
+        return None
+    if kind in (_ITEM, _ITEM_SCALAR):
+        stack.append((at, _SEQ))
+        out.append("[")
+    else:
+        stack.append((at, _MAP))
+        out.append("{")
+    return _member(stack, token, True, out)
+
+
+def _feed(
+    stack: list[tuple[int, int]],
+    pending: tuple[int, int] | None,
+    fresh: bool,
+    written: bool,
+    token: tuple[int, int, Any, Any],
+    out: list[str],
+) -> tuple[tuple[int, int] | None, bool]:
+    """One token, as `_node`, `_mapping` and `_sequence` take it; (pending, fresh) after it."""
+    at, kind = token[0], token[1]
+    if not stack:  # the document's first token
+        out.append("," if written else "")
+        return _open(stack, token, out), False
+    if pending is not None:
+        pending_at, pending_kind = pending
+        if at > pending_at or (pending_kind == _OPEN and at == pending_at and kind in (_ITEM, _ITEM_SCALAR)):
+            return _open(stack, token, out), False  # its value: a block (or an indentless sequence)
+        out.append("null")
+        fresh = False
+    while stack[-1][0] > at:
+        _, block = stack.pop()
+        if not stack:
+            raise _NotSubset("more than one block at the top")
+        out.append(_CLOSE[block])
+        fresh = False
+    if stack[-1][0] < at:
+        raise _NotSubset("indentation")
+    return _member(stack, token, fresh, out), False
+
+
+def _document_end(stack: tuple[tuple[int, int], ...], pending: tuple[int, int] | None) -> str:
+    return ("null" if pending is not None else "") + "".join(_CLOSE[block] for _, block in reversed(stack))
+
+
+def _intern(state: _State) -> _Table:
+    found = _state_ids.get(state)
+    if found is None:
+        found = _state_ids[state] = len(_states)
+        _states.append(state)
+        _tables.append({None: found})
+    return _tables[found]
+
+
+def _learn(table: _Table, raw: str) -> tuple[str, _Table]:
+    """What the line adds to the JSON text in the table's state, and the state after it (kept)."""
+    global _steps_kept
+    written, started, blocks, pending, fresh = _states[table[None]]
+    if _NOT_SUBSET.search(raw):  # each line is checked once: every character is on some line
+        raise _NotSubset("characters PyYAML treats specially")
+    line = raw.rstrip(" ")
+    step: tuple[str, _Table]
+    if not line:
+        step = ("", table)
+    elif line == "---":
+        if blocks:
+            step = (_document_end(blocks, pending), _intern((True, True, (), None, False)))
+        elif started:
+            raise _NotSubset("empty document")
+        else:
+            step = ("", _intern((written, True, (), None, False)))
+    elif line[0] == "%" or line.startswith("..."):
+        raise _NotSubset(line)  # directives, document end markers
+    elif line.lstrip(" ")[0] == "#":
+        step = ("", table)
+    elif line.startswith("--- ") or line.startswith("---\t"):
+        raise _NotSubset(line)
+    else:
+        stack = list(blocks)
+        out: list[str] = []
+        for token in _tokens(line):
+            pending, fresh = _feed(stack, pending, fresh, written, token, out)
+        step = ("".join(out), _intern((written, started, tuple(stack), pending, fresh)))
+    if _steps_kept < _CACHE_LIMIT:
+        table[raw] = step
+        _steps_kept += 1
+    return step
+
+
+def _load_as_json(text: str) -> list[Any]:
+    """Path 1 through JSON text: `_load_subset`'s documents (or its _NotSubset), or _NotJson."""
+    parts: list[str] = []
+    append = parts.append
+    table = _tables[0]
+    for line in text.split("\n"):
+        step = table.get(line)
+        if step is None:
+            step = _learn(table, line)
+        fragment, table = step
+        append(fragment)
+    _, started, blocks, pending, _ = _states[table[None]]
+    if blocks:
+        append(_document_end(blocks, pending))
+    elif started:
+        raise _NotSubset("empty document")
+    documents: list[Any] = json.loads(f"[{''.join(parts)}]")
+    return documents
+
+
 def load_all(text: str) -> list[Any]:
     """Every document of `text`, as `list(yaml.safe_load_all(text))` gives them; raises the
     `yaml.YAMLError` that call raises."""
     try:
-        return _load_subset(text)
+        return _load_as_json(text)
+    except _NotJson:
+        try:
+            return _load_subset(text)
+        except _NotSubset:
+            pass
     except _NotSubset:
         pass
     if C_LOADER is not None and "\t" not in text:

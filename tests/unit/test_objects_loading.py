@@ -109,6 +109,64 @@ def test_edge_cases_load_or_fail_as_pyyaml(text: str) -> None:
     assert ours(text) == reference(text)
 
 
+def through_json(text: str) -> Any:
+    """What path 1's JSON route makes of `text`: the documents, or that it leaves the text to
+    the tree builder (a key or value JSON does not carry) or to PyYAML (outside the subset)."""
+    try:
+        return typed(yamlload._load_as_json(text))
+    except yamlload._NotJson:
+        return "not JSON"
+    except yamlload._NotSubset:
+        return "not the subset"
+
+
+def through_tree(text: str) -> Any:
+    try:
+        return typed(yamlload._load_subset(text))
+    except yamlload._NotSubset:
+        return "not the subset"
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(documents, min_size=1, max_size=3), st.sampled_from([2, 4]), st.sampled_from([20, 10_000]))
+def test_the_json_route_takes_what_the_tree_builder_takes(docs: list[Any], indent: int, width: int) -> None:
+    text = yaml.safe_dump_all(docs, indent=indent, width=width, allow_unicode=True)
+    routed = through_json(text)
+    if routed != "not JSON":  # else dates or keys not strings: the tree builder's, or PyYAML's
+        assert routed == through_tree(text)
+    if routed not in ("not JSON", "not the subset"):
+        assert routed == reference(text)
+
+
+@pytest.mark.parametrize("text", EDGE_CASES)
+def test_edge_cases_through_the_json_route(text: str) -> None:
+    routed = through_json(text)
+    if routed != "not JSON":
+        assert routed == through_tree(text)
+        if routed != "not the subset":
+            assert routed == reference(text)
+
+
+def test_fleet_files_take_the_json_route(tmp_path: Path) -> None:
+    # bench.fleet's files, as `draplugin devices` renders slices (MIG nodes too), one per node.
+    written = fleet.write_fleet(tmp_path, nodes=6, gpus_per_node=8, mig_fraction=0.5, fmt="yaml")
+    slices = [path for path in written.paths if path.parent.name == "slices"]
+    assert len(slices) == 6
+    for path in slices:
+        text = path.read_text(encoding="utf-8")
+        expected = list(yaml.load_all(text, Loader=yaml.SafeLoader))
+        assert yamlload._load_as_json(text) == expected
+        assert yamlload._load_as_json(text) == expected  # again, from the steps kept for its lines
+        assert yamlload._load_as_json(text.replace("\n", "  \n")) == expected  # trailing spaces
+
+
+def test_what_json_cannot_carry_goes_to_the_tree_builder() -> None:
+    for text in ("when: 2001-12-14\n", "1: one\n", "a:\n  true: x\n"):
+        with pytest.raises(yamlload._NotJson):
+            yamlload._load_as_json(text)
+        assert ours(text) == reference(text)
+
+
 @pytest.mark.parametrize("loader", ["libyaml", "pure"])
 def test_every_yaml_file_of_the_repository(monkeypatch: pytest.MonkeyPatch, loader: str) -> None:
     if loader == "pure":
@@ -191,6 +249,25 @@ def test_gc_is_paused_while_parsing_and_back_after(tmp_path: Path) -> None:
         assert not gc.isenabled()  # left as the caller had it
     finally:
         gc.enable()
+
+
+def test_what_is_parsed_goes_to_the_oldest_generation() -> None:
+    # Left in the youngest, the collector's next pass would traverse every parsed object.
+    with gc_paused():
+        tree = {"spec": {"devices": [{"name": "gpu-0"}]}}
+    assert any(obj is tree for obj in gc.get_objects(generation=2))
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+
+
+def test_objects_frozen_before_a_load_stay_frozen() -> None:
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        with gc_paused():
+            pass
+        assert gc.get_freeze_count() >= frozen > 0
+    finally:
+        gc.unfreeze()
 
 
 def test_loaded_objects_are_frozen_for_the_command_only(monkeypatch: pytest.MonkeyPatch) -> None:
