@@ -29,6 +29,7 @@ from typing import Any, Protocol
 from draplugin.cdi.driverlayout import DriverRootError, host_arch
 from draplugin.cdi.libdirs import find_library_file
 from draplugin.devices.health import GPU_LOST_REASON, HealthTracker
+from draplugin.devices.memlimit_probe import gpu_problem, node_support
 from draplugin.devices.mig import (
     MIG_ERROR,
     MIG_MODE_DISABLED,
@@ -50,7 +51,7 @@ from draplugin.devices.schema import (
     SystemInfo,
     build_devices,
 )
-from draplugin.devices.shared import SharedGpus
+from draplugin.devices.shared import SharedGpus, UnlimitedShares, is_shared, with_memory_limit
 
 log = logging.getLogger(__name__)
 
@@ -206,14 +207,21 @@ class NvmlBackend:
         lib_path: str | None = None,
         partitionable: bool = False,
         shared_gpus: SharedGpus = SharedGpus.OFF,
+        nvidia_cdi_hook_path: str | None = None,
+        unlimited_shares: UnlimitedShares = UnlimitedShares.SKIP,
         naming: DeviceNaming = DeviceNaming.DRAPLUGIN,
         sysfs_root: str = "/sys",
         proc_root: str = "/proc",
+        mounts_file: str = "/proc/self/mounts",
         nvml: Any = None,
     ) -> None:
         self._node_name = node_name
         self._partitionable = partitionable
         self._shared_gpus = shared_gpus
+        # Shares get the driver's per-cgroup memory limit through this hook (memlimit_probe).
+        self._hook_path = nvidia_cdi_hook_path
+        self._unlimited_shares = unlimited_shares
+        self._mounts_file = mounts_file
         self._naming = naming
         self._sysfs_root = sysfs_root
         self._proc_root = proc_root
@@ -300,6 +308,7 @@ class NvmlBackend:
                 "nvml re-discovery gave invalid devices, keeping the last ones", extra={"error": str(err)}
             )
             return False
+        devices, limit_notices = self._mark_memory_limits(devices, gpus)
         by_parent: dict[str, list[str]] = {}
         by_instance: dict[tuple[str, int], str] = {}
         for gpu in gpus:
@@ -323,12 +332,56 @@ class NvmlBackend:
                 "nvml discovery done", extra={"gpus": len(gpus), "devices": len(devices), "lost": len(lost)}
             )
         self._report_lost(lost, back, by_parent)
-        self._note_problems(gpus, lost)
+        self._note_problems(gpus, lost, limit_notices)
         return changed
 
-    def _note_problems(self, gpus: list[GpuInfo], lost: set[str]) -> None:
-        """Log and (once while it lasts) post what makes a GPU publish nothing without an error."""
+    def _mark_memory_limits(
+        self, devices: list[Device], gpus: list[GpuInfo]
+    ) -> tuple[list[Device], dict[str, tuple[str, str]]]:
+        """Each shared GPU marked with whether its shares' memory gets the driver's limit; one
+        without it unshared or marked, by --unlimited-shares, with a notice saying why."""
+        shared = [d for d in devices if is_shared(d)]
+        if not shared:
+            return devices, {}
+        node = node_support(self._hook_path, self._mounts_file).problem
+        problems: dict[str, str | None] = {}
+        for device in shared:
+            problem = node
+            if problem is None:
+                try:
+                    handle = self._nvml.nvmlDeviceGetHandleByUUID(device.uuid)
+                except self._nvml.NVMLError as err:
+                    problem = f"the GPU's handle cannot be read ({err})"
+                else:
+                    problem = gpu_problem(self._nvml, handle)
+            problems[device.uuid] = problem
         notices: dict[str, tuple[str, str]] = {}
+        by_uuid = {g.uuid: g for g in gpus}
+        for uuid, problem in problems.items():
+            if problem is None:
+                continue
+            gpu = by_uuid.get(uuid)
+            what = f"GPU {gpu.index} ({uuid})" if gpu is not None else f"GPU {uuid}"
+            if self._unlimited_shares is UnlimitedShares.SKIP:
+                outcome = "is published whole, for one claim at a time (--unlimited-shares=skip)"
+            else:
+                outcome = (
+                    "is published for shares with sharedMemoryLimit: none: nothing limits a share's "
+                    "memory (--unlimited-shares=publish)"
+                )
+            notices[uuid] = ("SharedGpuMemoryNotLimited", f"{what} {outcome}: {problem}")
+        marked = [
+            with_memory_limit(d, problems[d.uuid] is None, self._unlimited_shares) if is_shared(d) else d
+            for d in devices
+        ]
+        return marked, notices
+
+    def _note_problems(
+        self, gpus: list[GpuInfo], lost: set[str], extra: dict[str, tuple[str, str]] | None = None
+    ) -> None:
+        """Log and (once while it lasts) post what makes a GPU publish nothing without an error,
+        and the shared GPUs whose shares' memory the driver does not limit (`extra`)."""
+        notices: dict[str, tuple[str, str]] = dict(extra or {})
         for gpu in gpus:
             if gpu.uuid in lost or not gpu.mig_enabled or gpu.mig_instances:
                 continue

@@ -23,7 +23,7 @@ from draplugin.checkpoint import CheckpointStore, ClaimRecord, ClaimState
 from draplugin.devices import load_backend
 from draplugin.devices.model import CapacityPolicy, Device, DeviceValidationError
 from draplugin.devices.schema import GpuInfo, SystemInfo, build_devices
-from draplugin.devices.shared import SharedGpus, memory_policy, share
+from draplugin.devices.shared import SharedGpus, UnlimitedShares, memory_policy, share
 from draplugin.kubelet.interface import ClaimRef
 from draplugin.metrics import ClaimMetrics
 from draplugin.prepare import mps
@@ -129,8 +129,13 @@ def test_nvml_backend_shares_whole_gpus_but_not_mig_ones(
         "dgxh100", gpus=2, overrides=[Gpu(index=0, mig_mode=1, mig_devices=migs)]
     )
     (tmp_path / "sys").mkdir()  # an empty sysfs: nothing of this machine's PCI tree
+    # publish: this checks which GPUs are shared, not their memory limit (test_memlimit_discovery).
     backend = nvmldouble.plugin_backend(
-        double, request, shared_gpus=SharedGpus.MEMORY, sysfs_root=str(tmp_path / "sys")
+        double,
+        request,
+        shared_gpus=SharedGpus.MEMORY,
+        unlimited_shares=UnlimitedShares.PUBLISH,
+        sysfs_root=str(tmp_path / "sys"),
     )
     devices = backend.discover()
     assert sorted(d.kind for d in devices) == ["gpu", "mig", "mig"]
