@@ -18,7 +18,9 @@ Findings (errors fail `dra-controller lint`; warnings too with --strict):
 * untolerated-taint, all-mode-incomplete-pool, no-device-on-pod-nodes (warnings): where the
   scheduler cannot place a request on the objects given (`controller.lint.placement`);
 * untolerated-node-taint (warning): a class whose devices are all on nodes with taints the pods
-  using it do not tolerate (`controller.lint.node_taints`).
+  using it do not tolerate (`controller.lint.node_taints`);
+* sharing-conflict (error): allocated claims whose sharing mechanisms the node plugin refuses
+  to mix on one GPU, or a claim's MPS shares on several GPUs (`controller.lint.sharing`).
 
 Pod-level findings judge Pods and the pod templates of Deployments, StatefulSets, DaemonSets,
 ReplicaSets, Jobs and CronJobs alike, naming the workload (`controller.lint.workloads`).
@@ -43,6 +45,7 @@ from controller.lint.model import (
 from controller.lint.node_taints import node_taint_findings
 from controller.lint.placement import NodeView, placement_findings
 from controller.lint.reads import attribute_reads, device_has, is_guarded
+from controller.lint.sharing import sharing_findings
 from controller.lint.workloads import with_template_pods
 from controller.objects import ClusterObjects
 from controller.options import build_allocator, cluster_nodes
@@ -268,4 +271,5 @@ def lint(
     linter.report.findings.extend(
         node_taint_findings(objects, view, class_matches, extended_resources=extended_resources)
     )
+    linter.report.findings.extend(sharing_findings(objects.claims))
     return linter.report

@@ -18,7 +18,7 @@ class Finding:
     severity: str  # "error" | "warning"
     # compile-error, cost, runtime-error, unknown-class (errors); no-match, unknown-attribute,
     # unguarded-attribute, untolerated-taint, all-mode-incomplete-pool, no-device-on-pod-nodes,
-    # untolerated-node-taint
+    # untolerated-node-taint; sharing-conflict (error)
     code: str
     object: str  # "DeviceClass/gpu", "ResourceClaim/ns/name" or "ResourceClaimTemplate/ns/name"
     where: str  # "selector #0", "request gpu, selector #1", "request gpu, pod ns/name"
