@@ -10,25 +10,26 @@ Exit codes: 0 clean shutdown, 1 runtime failure, 2 bad command line or settings.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import importlib
 import logging
 import os
-import signal
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from typing import Final, Protocol
+from typing import TYPE_CHECKING, Final, Protocol
 
 from dracommon.buildinfo import version
 from dracommon.logs import setup_logging
 from dracommon.subcommands import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, CommandLine, Subcommand
 from draplugin import config
 from draplugin.config import ConfigError, Settings
-from draplugin.kubelet.interface import Driver
-from draplugin.kubelet.server import KubeletPluginServer, PluginServerError, PluginServerOptions
-from draplugin.kubelet.sockets import SocketPathError
-from draplugin.metrics import serve_metrics
+
+if TYPE_CHECKING:
+    # Imported where `run` serves: gRPC, asyncio and prometheus_client are most of a
+    # second command's start-up (`devices`, `cdi-spec`) that never serves.
+    import asyncio
+
+    from draplugin.kubelet.interface import Driver
 
 __all__ = [
     "EXIT_FAILURE",
@@ -60,6 +61,9 @@ COMMAND_LINE = CommandLine(
 )
 register_subcommand = COMMAND_LINE.register
 build_parser = COMMAND_LINE.build_parser
+# `draplugin run` alone: the same `run` parser without importing the other subcommands' modules
+# (the `cdi-spec` preview pulls in the whole prepare plan, ~0.1 s before the daemon even starts).
+RUN_LINE = CommandLine(prog=COMMAND_LINE.prog, description=COMMAND_LINE.description, modules=())
 
 
 class DriverUnavailable(RuntimeError):
@@ -118,6 +122,9 @@ def _metrics_endpoint(host: str, port: int) -> Iterator[None]:
     if port == 0:
         yield
         return
+    from draplugin.kubelet.server import PluginServerError
+    from draplugin.metrics import serve_metrics
+
     try:
         endpoint = serve_metrics(host, port)
     except OSError as exc:
@@ -139,6 +146,8 @@ class Service(Protocol):
 
 async def serve(settings: Settings, driver: Driver, stop: asyncio.Event | None = None) -> int:
     """Serve `driver` alone (no devices, no ResourceSlices) until `stop` or SIGTERM/SIGINT."""
+    from draplugin.kubelet.server import KubeletPluginServer, PluginServerOptions
+
     options = PluginServerOptions(
         driver_name=settings.driver_name,
         kubelet_root_dir=settings.kubelet_root_dir,
@@ -151,6 +160,13 @@ async def serve(settings: Settings, driver: Driver, stop: asyncio.Event | None =
 
 async def serve_service(settings: Settings, service: Service, stop: asyncio.Event | None = None) -> int:
     """Run `service` until `stop` is set or SIGTERM/SIGINT arrives; then stop it (sockets removed)."""
+    import asyncio
+    import signal
+
+    from draplugin.kubelet.server import PluginServerError
+    from draplugin.kubelet.sockets import SocketPathError
+    from draplugin.nodestart import NodeUnavailable
+
     stop = stop if stop is not None else asyncio.Event()
     loop = asyncio.get_running_loop()
     handled: list[signal.Signals] = []
@@ -168,6 +184,9 @@ async def serve_service(settings: Settings, service: Service, stop: asyncio.Even
                 await service.stop()
     except (PluginServerError, SocketPathError) as exc:
         log.error("cannot serve the kubelet plugin", extra={"error": str(exc)})
+        return EXIT_FAILURE
+    except NodeUnavailable as exc:  # the node daemon, built once the sockets are up
+        log.error("cannot build the node daemon", extra={"error": str(exc)})
         return EXIT_FAILURE
     finally:
         for signum in handled:
@@ -192,6 +211,8 @@ def _run(args: argparse.Namespace) -> int:
             "backend": settings.backend,
         },
     )
+    import asyncio
+
     if os.environ.get(DRIVER_FACTORY_ENV):
         # The test hook replaces the whole device side: serve its driver alone.
         try:
@@ -200,31 +221,31 @@ def _run(args: argparse.Namespace) -> int:
             log.error("cannot build the driver", extra={"error": str(exc)})
             return EXIT_FAILURE
         return asyncio.run(serve(settings, driver))
-    # Imported here: the node daemon pulls in the device backends and the Kubernetes client.
-    from draplugin.node import NodeUnavailable, build_node
+    # The sockets first; the node daemon (device backends, the API client, the prepare
+    # driver's recovery) is imported and built behind them (draplugin.nodestart).
+    from draplugin.nodestart import StagedNode
 
-    try:
-        node = build_node(settings)
-    except NodeUnavailable as exc:
-        log.error("cannot build the node daemon", extra={"error": str(exc)})
-        return EXIT_FAILURE
-    return asyncio.run(serve_service(settings, node))
+    return asyncio.run(serve_service(settings, StagedNode(settings)))
 
 
-register_subcommand(
-    Subcommand(
-        name="run",
-        help="run the node daemon: publish ResourceSlices, watch device health, serve the kubelet plugin",
-        add_arguments=_add_run_arguments,
-        handler=_run,
-    )
+RUN = Subcommand(
+    name="run",
+    help="run the node daemon: publish ResourceSlices, watch device health, serve the kubelet plugin",
+    add_arguments=_add_run_arguments,
+    handler=_run,
 )
+register_subcommand(RUN)
+RUN_LINE.register(RUN)
 
 
 # --- entry point ------------------------------------------------------------------------------
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    words = sys.argv[1:] if argv is None else list(argv)
+    # Shell completion lists every subcommand, so it gets the whole command line.
+    if words[:1] == ["run"] and "_ARGCOMPLETE" not in os.environ:
+        return RUN_LINE.main(words)
     return COMMAND_LINE.main(argv)
 
 

@@ -14,6 +14,9 @@ health monitoring and the watcher, then the publisher (which deletes our slices 
 asked: a restarting plugin should not make its devices vanish from the
 scheduler's view), then the backend.
 
+`draplugin run` opens the server's sockets before all of this is built (`draplugin.nodestart`)
+and hands it over here, already serving; the driver goes behind it once recovered.
+
 The API server is only needed by the publisher and by prepare, and both retry:
 a plugin that starts while the API server is unreachable (or before the
 kubelet has created its Node) serves the kubelet anyway, logs why slices are
@@ -36,7 +39,9 @@ from draplugin.devices.health import FaultFile, HealthReporter, HealthTracker
 from draplugin.devices.naming import NVIDIA_DRIVER_NAME
 from draplugin.devices.watch import DeviceChange, DeviceWatcher
 from draplugin.kubelet.interface import Driver
-from draplugin.kubelet.server import KubeletPluginServer, PluginServerOptions
+from draplugin.kubelet.server import KubeletPluginServer
+from draplugin.nodestart import NodeUnavailable as NodeUnavailable  # raised here, defined light
+from draplugin.nodestart import plugin_server_options
 from draplugin.slices.api import KubeSliceApi, SliceApi
 from draplugin.slices.metrics import SliceMetrics
 from draplugin.slices.plan import layout_for
@@ -56,10 +61,6 @@ DriverFactory = Callable[[Settings, DeviceBackend], Driver]
 # Builds the usage sampler (draplugin.usage) for the daemon's backend, driver and health tracker.
 UsageFactory = Callable[[Settings, DeviceBackend, Driver, HealthTracker], "UsageService | None"]
 HealthMonitor = Callable[[threading.Event], None]
-
-
-class NodeUnavailable(RuntimeError):
-    """The daemon cannot be built: no device backend, no API credentials, or no prepare driver."""
 
 
 def build_backend(settings: Settings) -> DeviceBackend:
@@ -195,18 +196,12 @@ def kube_usage(
     )
 
 
-def plugin_server_options(settings: Settings) -> PluginServerOptions:
-    return PluginServerOptions(
-        driver_name=settings.driver_name,
-        kubelet_root_dir=settings.kubelet_root_dir,
-        pod_uid=settings.pod_uid,
-        healthcheck_port=settings.healthcheck_port,
-        healthcheck_host=settings.healthcheck_address,
-    )
-
-
 class NodeDaemon:
-    """Backend → health → ResourceSlice publisher → prepare driver → kubelet plugin server."""
+    """Backend → health → ResourceSlice publisher → prepare driver → kubelet plugin server.
+
+    `server`: one already serving (sockets opened first, `draplugin.nodestart`), whose pending
+    driver and health source its owner hands over after `start`; this daemon still stops it.
+    """
 
     def __init__(
         self,
@@ -218,6 +213,7 @@ class NodeDaemon:
         slice_metrics: SliceMetrics | None = None,
         guard: DevicePluginGuard | None = None,
         usage_factory: UsageFactory | None = None,
+        server: KubeletPluginServer | None = None,
     ) -> None:
         self.settings = settings
         self.backend = backend
@@ -247,8 +243,11 @@ class NodeDaemon:
             guard.add_listener(self.publisher.trigger)  # a device plugin came or went
         self.health = HealthReporter(self.tracker, backend, pool_name=settings.node_name)
         self.driver = driver_factory(settings, backend)
-        self.server = KubeletPluginServer(
-            self.driver, plugin_server_options(settings), health_source=self.health
+        self._start_server = server is None
+        self.server = (
+            server
+            if server is not None
+            else KubeletPluginServer(self.driver, plugin_server_options(settings), health_source=self.health)
         )
         self.watcher.add_listener(self._devices_changed)
         # Usage metrics and idle claims: a thread of its own that only reads the checkpoint.
@@ -307,7 +306,8 @@ class NodeDaemon:
             self.publisher.start()
             if self.usage is not None:
                 self.usage.start()
-            await self.server.start()
+            if self._start_server:
+                await self.server.start()
         except BaseException:
             await self.stop(delete_slices=False)
             raise
@@ -333,8 +333,9 @@ class NodeDaemon:
         log.info("node daemon stopped", extra={"slices_deleted": delete})
 
 
-def build_node(settings: Settings) -> NodeDaemon:
-    """The daemon for these settings. Raises `NodeUnavailable` with the reason."""
+def build_node(settings: Settings, *, server: KubeletPluginServer | None = None) -> NodeDaemon:
+    """The daemon for these settings (around `server` when it already serves). Raises
+    `NodeUnavailable` with the reason."""
     slice_api = kube_slice_api(settings)
     refuse_beside_nvidias_driver(settings, slice_api)
     backend = build_backend(settings)
@@ -345,6 +346,7 @@ def build_node(settings: Settings) -> NodeDaemon:
             slice_api=slice_api,
             guard=device_plugin_guard(settings),
             usage_factory=kube_usage,
+            server=server,
         )
     except BaseException:
         close = getattr(backend, "close", None)

@@ -37,6 +37,7 @@ from draplugin.kubelet._proto.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
 from draplugin.kubelet.deadline import CALL_DEADLINE, CALL_STARTED, deadline_from_remaining
 from draplugin.kubelet.interface import ClaimError, ClaimRef, Driver, PreparedDevice
 from draplugin.kubelet.nodestate import NodeStateLock
+from draplugin.kubelet.pending import PendingDriver
 from draplugin.kubelet.serialize import CallSerializer
 
 # Claims in flight at once: a node-wide burst of pods (the kubelet sends one call per pod) is all
@@ -219,11 +220,14 @@ class ClaimRunner:
     the driver reloads its state whenever the lock is taken afresh; the driver
     steps out of it around its API reads (`draplugin.kubelet.nodestate`), so a
     stalled API server holds up no unprepare and no other process.
+
+    A `PendingDriver` (sockets opened before start-up recovery, `draplugin.kubelet.pending`)
+    is waited for before each claim's driver call, outside the node-wide lock.
     """
 
     def __init__(
         self,
-        driver: Driver,
+        driver: Driver | PendingDriver,
         max_concurrent_claims: int = DEFAULT_MAX_CONCURRENT_CLAIMS,
         serializer: CallSerializer | None = None,
         max_claims_per_call: int = MAX_CLAIMS_PER_CALL,
@@ -255,16 +259,16 @@ class ClaimRunner:
     ) -> dict[str, ClaimOutcome]:
         """`deadline`: the `time.monotonic()` instant by which every claim is answered (None: none)."""
 
-        async def one(claim: ClaimRef) -> ClaimOutcome:
-            return ClaimOutcome(devices=_check_devices(await self._driver.prepare_claim(claim)))
+        async def one(driver: Driver, claim: ClaimRef) -> ClaimOutcome:
+            return ClaimOutcome(devices=_check_devices(await driver.prepare_claim(claim)))
 
         return await self._run("prepare", claims, one, deadline)
 
     async def unprepare(
         self, claims: Sequence[ClaimMessage], deadline: float | None = None
     ) -> dict[str, ClaimOutcome]:
-        async def one(claim: ClaimRef) -> ClaimOutcome:
-            await self._driver.unprepare_claim(claim)
+        async def one(driver: Driver, claim: ClaimRef) -> ClaimOutcome:
+            await driver.unprepare_claim(claim)
             return ClaimOutcome()
 
         return await self._run("unprepare", claims, one, deadline)
@@ -273,7 +277,7 @@ class ClaimRunner:
         self,
         operation: str,
         claims: Sequence[ClaimMessage],
-        action: Callable[[ClaimRef], Awaitable[ClaimOutcome]],
+        action: Callable[[Driver, ClaimRef], Awaitable[ClaimOutcome]],
         deadline: float | None,
     ) -> dict[str, ClaimOutcome]:
         admitted, excess = _bounded(claims, self._max_claims)
@@ -293,8 +297,12 @@ class ClaimRunner:
             # Claim lock first: waiting for the same claim must not occupy a concurrency slot.
             async with self._per_claim.hold(claim.uid), limit:
                 try:
+                    # Before the node-wide lock: start-up recovery may be waiting to take it.
+                    driver = (
+                        await self._driver.get() if isinstance(self._driver, PendingDriver) else self._driver
+                    )
                     async with self._node_state():
-                        return claim.uid, await action(claim)
+                        return claim.uid, await action(driver, claim)
                 except Exception as exc:
                     if not isinstance(exc, ClaimError):
                         log.exception("driver raised", extra={"operation": operation, "claim": str(claim)})

@@ -32,6 +32,7 @@ from draplugin.kubelet.health import (
     LivenessHealth,
 )
 from draplugin.kubelet.interface import Driver, HealthSource
+from draplugin.kubelet.pending import PendingDriver
 from draplugin.kubelet.registration import RegistrationServicer, RegistrationState, supported_versions
 from draplugin.kubelet.serialize import FileLockSerializer, lock_path
 
@@ -67,7 +68,7 @@ class KubeletPluginServer:
 
     def __init__(
         self,
-        driver: Driver,
+        driver: Driver | PendingDriver,
         options: PluginServerOptions,
         *,
         health_source: HealthSource | None = None,
