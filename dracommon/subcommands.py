@@ -22,7 +22,7 @@ import io
 import os
 import shlex
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, TextIO
 
@@ -59,10 +59,15 @@ class Subcommand:
 class CommandLine:
     """One program's subcommands, in the order `--help` lists them."""
 
-    def __init__(self, prog: str, description: str, modules: Sequence[str]) -> None:
+    def __init__(
+        self, prog: str, description: str, modules: Sequence[str], homes: Mapping[str, str] | None = None
+    ) -> None:
         self.prog = prog
         self.description = description
         self.modules = tuple(modules)
+        # The module that registers each subcommand (where known): a command line that names one
+        # imports only that module, not every subcommand's dependencies.
+        self.homes = dict(homes or {})
         self._commands: dict[str, Subcommand] = {}
 
     def register(self, command: Subcommand) -> None:
@@ -76,9 +81,19 @@ class CommandLine:
     def build_parser(self, prog: str | None = None) -> argparse.ArgumentParser:
         return self._build(prog)[0]
 
-    def _build(self, prog: str | None) -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
-        """The parser (named `prog`, default this program's name) and each subcommand's parser."""
-        for module in self.modules:
+    def modules_for(self, argv: Sequence[str]) -> tuple[str, ...]:
+        """The modules a command line needs: the named subcommand's alone, where its home is known
+        (not for shell completion, which lists every subcommand); else all of them."""
+        if argv and argv[0] in self.homes and "_ARGCOMPLETE" not in os.environ:
+            return (self.homes[argv[0]],)
+        return self.modules
+
+    def _build(
+        self, prog: str | None, modules: Sequence[str] | None = None
+    ) -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+        """The parser (named `prog`, default this program's name) and each subcommand's parser,
+        with the subcommands of `modules` (default: all)."""
+        for module in self.modules if modules is None else modules:
             importlib.import_module(module)
         name = prog or self.prog
         parser = argparse.ArgumentParser(prog=name, description=self.description, allow_abbrev=False)
@@ -95,12 +110,13 @@ class CommandLine:
         return parser, parsers
 
     def main(self, argv: Sequence[str] | None = None, prog: str | None = None) -> int:
-        parser, parsers = self._build(prog)
+        words = sys.argv[1:] if argv is None else list(argv)
+        parser, parsers = self._build(prog, self.modules_for(words))
         if "_ARGCOMPLETE" in os.environ:  # the shell asks for completions: answer and exit
             import argcomplete
 
             argcomplete.autocomplete(parser)
-        args, unknown = parser.parse_known_args(argv)
+        args, unknown = parser.parse_known_args(words)
         if unknown:
             # argparse reports a subcommand's unknown flag from the top parser, with the top
             # usage; the subcommand's own usage shows which flags it takes (exits 2).
