@@ -29,22 +29,26 @@ __all__ = [
     "register_subcommand",
 ]
 
-# Modules that register subcommands when imported, in the order `--help` lists them.
-SUBCOMMAND_MODULES: tuple[str, ...] = (
-    "controller.cel.command",
-    "controller.simulate.command",
-    "controller.explain.command",
-    "controller.lint.command",
-    "controller.run.command",
-    "controller.top.command",
-    "controller.migrate.command",
-)
+# Each subcommand and the module that registers it when imported, in the order `--help` lists
+# them. A command line that names a subcommand imports its module alone (explain at 1,000 nodes
+# was measured against 3x a 0.15 s JSON parse: the other subcommands' imports cost ~30 ms).
+SUBCOMMAND_HOMES: dict[str, str] = {
+    "cel": "controller.cel.command",
+    "simulate": "controller.simulate.command",
+    "explain": "controller.explain.command",
+    "lint": "controller.lint.command",
+    "run": "controller.run.command",
+    "top": "controller.top.command",
+    "migrate": "controller.migrate.command",
+}
+SUBCOMMAND_MODULES: tuple[str, ...] = tuple(SUBCOMMAND_HOMES.values())
 
 
 COMMAND_LINE = CommandLine(
     prog="dra-controller",
     description="Cluster-side tools of the GPU DRA driver: CEL selectors, allocation, explain, lint.",
     modules=SUBCOMMAND_MODULES,
+    homes=SUBCOMMAND_HOMES,
 )
 register_subcommand = COMMAND_LINE.register
 build_parser = COMMAND_LINE.build_parser

@@ -48,3 +48,55 @@ def test_version_is_still_looked_up_when_asked() -> None:
 
     assert out.stdout == version_line("dra-controller") + "\n"
     assert out.stderr == ""
+
+
+# Each subcommand's module, imported only when that subcommand runs (or to list them all).
+OTHER_SUBCOMMANDS = (
+    "controller.cel.command",
+    "controller.simulate.command",
+    "controller.lint.command",
+    "controller.run.command",
+    "controller.top.command",
+    "controller.migrate.command",
+)
+
+
+def _modules_after_main(words: list[str]) -> list[str]:
+    probe = (
+        "import sys\n"
+        "from controller.cli import main\n"
+        "try:\n"
+        f"    main({words!r})\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        f"print('imported:', *(m for m in {OTHER_SUBCOMMANDS!r} if m in sys.modules), file=sys.stderr)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], cwd=REPO_ROOT, capture_output=True, text=True, check=True
+    )
+    return out.stderr.splitlines()[-1].split()[1:]
+
+
+def test_a_subcommand_imports_no_other_subcommand() -> None:
+    assert _modules_after_main(["explain", "--help"]) == []
+
+
+def test_the_full_list_still_imports_every_subcommand() -> None:
+    # --help lists them all, and a word that names none gets argparse's list of choices.
+    assert _modules_after_main(["--help"]) == list(OTHER_SUBCOMMANDS)
+    assert _modules_after_main(["no-such-command"]) == list(OTHER_SUBCOMMANDS)
+
+
+def test_every_subcommand_is_registered_by_the_module_named_for_it() -> None:
+    from controller.cli import SUBCOMMAND_HOMES
+
+    for name in SUBCOMMAND_HOMES:
+        out = subprocess.run(
+            [sys.executable, "-m", "controller.cli", name, "--help"],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.startswith(f"usage: dra-controller {name} "), name
