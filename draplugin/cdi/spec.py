@@ -1,7 +1,7 @@
 """Container Device Interface: a typed spec model and an atomic, per-claim spec store.
 
 There is no Python CDI library, so this is ours. The model covers the fields
-we emit (device nodes, env, mounts) and computes the lowest `cdiVersion`
+we emit (device nodes, env, mounts, hooks) and computes the lowest `cdiVersion`
 that covers them: runtimes bundle a CDI library of some age and refuse
 versions newer than they know, so asking for more than needed only breaks
 older nodes.
@@ -110,14 +110,37 @@ class Mount:
         return "0.4.0" if self.type is not None else BASE_VERSION
 
 
+# OCI hook points a CDI hook may name (the CDI spec's `hookName`).
+HOOK_NAMES = ("prestart", "createRuntime", "createContainer", "startContainer", "poststart", "poststop")
+
+
+@dataclass(frozen=True, slots=True)
+class Hook:
+    """An OCI hook the runtime runs for a container (`args[0]` is the program's argv[0])."""
+
+    hook_name: str
+    path: str
+    args: tuple[str, ...] = ()
+    env: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"hookName": self.hook_name, "path": self.path}
+        if self.args:
+            out["args"] = list(self.args)
+        if self.env:
+            out["env"] = list(self.env)
+        return out
+
+
 @dataclass(frozen=True, slots=True)
 class ContainerEdits:
     env: tuple[str, ...] = ()
     device_nodes: tuple[DeviceNode, ...] = ()
     mounts: tuple[Mount, ...] = ()
+    hooks: tuple[Hook, ...] = ()
 
     def is_empty(self) -> bool:
-        return not (self.env or self.device_nodes or self.mounts)
+        return not (self.env or self.device_nodes or self.mounts or self.hooks)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -127,6 +150,8 @@ class ContainerEdits:
             out["deviceNodes"] = [node.to_json() for node in self.device_nodes]
         if self.mounts:
             out["mounts"] = [mount.to_json() for mount in self.mounts]
+        if self.hooks:
+            out["hooks"] = [hook.to_json() for hook in self.hooks]
         return out
 
     def min_version(self) -> str:
@@ -161,6 +186,14 @@ class ContainerEdits:
         for mount in self.mounts:
             if not mount.container_path.startswith("/"):
                 raise CdiError(f"{where}: mount containerPath {mount.container_path!r} must be absolute")
+        for hook in self.hooks:
+            if hook.hook_name not in HOOK_NAMES:
+                raise CdiError(
+                    f"{where}: hook {hook.path}: hookName {hook.hook_name!r} is not one of "
+                    f"{', '.join(HOOK_NAMES)}"
+                )
+            if not hook.path.startswith("/"):
+                raise CdiError(f"{where}: hook path {hook.path!r} must be absolute")
 
 
 @dataclass(frozen=True, slots=True)

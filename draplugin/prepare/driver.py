@@ -69,6 +69,7 @@ from draplugin.prepare.api import (
     iter_opaque_configs,
 )
 from draplugin.prepare.claimstatus import ClaimStatusWriter
+from draplugin.prepare.memlimits import MemoryLimitHook, check_memory_fits
 from draplugin.prepare.metadata import claim_metadata, with_metadata_devices
 from draplugin.prepare.metadatastore import MetadataStore
 from draplugin.prepare.plan import (
@@ -130,6 +131,7 @@ class GpuDriver:
         started_at: float = cdi.PROCESS_STARTED,
         status: ClaimStatusWriter | None = None,
         metadata: MetadataStore | None = None,
+        memory_limit_hook: MemoryLimitHook | None = None,
     ) -> None:
         self.driver_name = driver_name
         self.node_name = node_name
@@ -144,6 +146,8 @@ class GpuDriver:
         self.cdi_kind = cdi_store.kind
         # The driver's user-space files for CUDA containers; None: specs carry no driver files.
         self.driver_files = driver_files
+        # NVIDIA's hook that gives each share's containers the driver's memory limit (memlimits).
+        self.memory_limit_hook = memory_limit_hook
         # The longest a prepare waits for the API server; the kubelet's own deadline may be sooner.
         self.api_deadline_s = api_deadline_s
         # Temp files older than this (wall clock) are left over from a process that is gone.
@@ -341,6 +345,7 @@ class GpuDriver:
             if not plan.devices:
                 return False
             check_sharing(plan, self.checkpoint.records())
+            check_memory_fits(plan, self.checkpoint.records())
             self._materialize(plan)
         except (PlanError, OSError, cdi.CdiError, ValueError) as err:
             if has_spec:
@@ -520,6 +525,7 @@ class GpuDriver:
 
         # No await between the check and the record: no other claim can slip in between.
         check_sharing(plan, self.checkpoint.records())
+        check_memory_fits(plan, self.checkpoint.records())
         if record is not None:
             log.info(
                 "preparing a known claim again",
@@ -652,7 +658,9 @@ class GpuDriver:
                 message = f"CUDA containers cannot get the NVIDIA driver files: {err}"
                 raise PlanError(err.reason, message) from None
         plan = self.sharing.apply(plan)  # the plan as realized: created MIG devices filled in
-        return plan, render_spec(plan, self.sharing.host_dir_for(plan), self.cdi_kind, driver_edits)
+        return plan, render_spec(
+            plan, self.sharing.host_dir_for(plan), self.cdi_kind, driver_edits, self.memory_limit_hook
+        )
 
     async def _unprepare(self, claim: ClaimRef) -> None:
         removed = False

@@ -36,6 +36,7 @@ from draplugin.prepare.claimconfig import (
     validate_opaque_config,
 )
 from draplugin.prepare.errors import PlanError as PlanError  # re-exported: its home before errors.py
+from draplugin.prepare.memlimits import MemoryLimitHook, device_edits
 from draplugin.prepare.mpspaths import MPS_CONTAINER_DIR, SHM_CONTAINER_PATH, SHM_DIR
 from draplugin.prepare.shares import Share, enforced_configs, parse_consumed
 
@@ -391,8 +392,12 @@ def render_spec(
     mps_host_dir: PurePosixPath | None = None,
     kind: str = cdi.KIND,
     driver_edits: cdi.ContainerEdits | None = None,
+    memory_limit_hook: MemoryLimitHook | None = None,
 ) -> cdi.Spec:
     """The claim's CDI spec: one CDI device per node device, each with only its own edits.
+
+    A share whose GPU takes the driver's per-cgroup memory limit gets NVIDIA's hook that sets it
+    and the limit in its env (`memory_limit_hook`, `draplugin.prepare.memlimits`).
 
     `driver_edits` (the driver's libraries, binaries and node-wide device nodes,
     `draplugin.cdi.driverfiles`) are the spec's own edits, which CDI applies
@@ -460,7 +465,9 @@ def render_spec(
             for node in device.device_nodes
             if node in NVIDIA_CONTROL_NODES
         ]
-        devices.append(cdi.CdiDevice(planned.cdi_name, cdi.ContainerEdits(tuple(env), nodes, mounts)))
+        limit_env, hooks = device_edits(planned, memory_limit_hook)
+        env.extend(limit_env)
+        devices.append(cdi.CdiDevice(planned.cdi_name, cdi.ContainerEdits(tuple(env), nodes, mounts, hooks)))
     shared = driver_edits or cdi.ContainerEdits()
     # The control nodes are node-wide: written once, at spec level. A device-level copy would be
     # applied after the spec's (and win) with the wrong host path. The driver root's, when it is

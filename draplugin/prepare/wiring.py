@@ -36,6 +36,7 @@ from draplugin.prepare.api import REQUEST_TIMEOUT_S, KubeClaimReader
 from draplugin.prepare.claimstatus import ClaimStatusWriter, enabled_for
 from draplugin.prepare.driver import GpuDriver
 from draplugin.prepare.drivertools import DriverTools
+from draplugin.prepare.memlimits import MemoryLimitHook
 from draplugin.prepare.metadatastore import MetadataStore
 from draplugin.prepare.mps import DaemonRunner, MpsDaemons
 from draplugin.prepare.mpspod import PodRunner, PodSettings
@@ -169,6 +170,13 @@ def _claim_status(
     )
 
 
+def memory_limit_hook(settings: Settings) -> MemoryLimitHook | None:
+    """NVIDIA's hook for shares' memory limits, where discovery can mark GPUs for it (nvml backend)."""
+    if settings.nvidia_cdi_hook_path is None or settings.backend != "nvml":
+        return None
+    return MemoryLimitHook(settings.nvidia_cdi_hook_path, settings.driver_root or "/")
+
+
 def metadata_store(settings: Settings) -> MetadataStore:
     """Device metadata below the plugin's own kubelet directory, as upstream's helper keeps it
     (its plugin data directory); the chart mounts that directory at the same path, so the host
@@ -233,6 +241,7 @@ def driver_from_settings(settings: Settings, backend: DeviceBackend | None = Non
         api_deadline_s=settings.prepare_api_deadline_s,
         status=_claim_status(settings, api, status_api),
         metadata=metadata_store(settings),
+        memory_limit_hook=memory_limit_hook(settings),
     )
     # Beside another plugin pod (rolling update: a pod UID is set) recover under the lock its
     # calls hold, or it could remove a spec that pod is writing for a claim it is preparing.
