@@ -85,7 +85,7 @@ def accelerate(expression: str, info: Analysis, full: Program) -> Program:
     try:
         tree = syntax.parse(expression)
         # The driver only changes constants, never what is covered: any name tells.
-        compile_function(tree, info, "\0")
+        fastgen.generate(tree, info, "\0")
     except (Unsupported, syntax.ParseFailure, RecursionError):
         return full
     return FastProgram(tree, info, full)

@@ -35,6 +35,7 @@ class Unhandled(Exception):
     """The compiled code cannot decide this device; the full engine must."""
 
 
+SIGNALS: Final = (CelFailure, Unhandled)
 MISSING: Final = object()
 EMPTY: Final[dict[str, Any]] = {}
 

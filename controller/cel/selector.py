@@ -5,14 +5,15 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from functools import cache, lru_cache
 from typing import Any
 
-from controller.cel import analysis, literaltypes, versions
+from controller.cel import analysis, literaltypes, syntax, versions
 from controller.cel.device import device_name
 from controller.cel.engine import Engine, EvalFailure, Program
 from controller.cel.errors import CompileError, EngineUnavailable, EvaluationError
+from controller.cel.fastruntime import SIGNALS as FAST_PATH_SIGNALS
 from controller.cel.memo import KeyPlan
 from controller.cel.syntax import ParseFailure
 from dracommon.kubeversion import NEWEST_KNOWN, KubernetesVersion
@@ -34,6 +35,9 @@ _INSTALL_HINTS = {
         " be loaded, is the optional extra: pip install 'draplugin[fallback]')"
     )
 }
+
+# A driver name -> the compiled selector for that driver (controller.cel.fastpath).
+FastPath = Callable[[str], Callable[[Mapping[str, Any]], bool]]
 
 _COMPILE_CACHE_SIZE = 256
 _MEMO_SIZE = 4096
@@ -72,10 +76,22 @@ def _load_engine(name: str) -> Engine:
 class Selector:
     """A compiled device selector. Thread-safe; results are memoized per device content."""
 
-    def __init__(self, expression: str, engine: str, program: Program, info: analysis.Analysis) -> None:
+    def __init__(
+        self,
+        expression: str,
+        engine: str,
+        program: Program,
+        info: analysis.Analysis,
+        *,
+        fast: FastPath | None = None,
+    ) -> None:
         self.expression = expression
         self.engine = engine
         self._program = program
+        # The compiled-Python form (controller.cel.fastpath), per driver: it decides a device
+        # faster than a memo lookup, so the memo and `_program` serve only what it leaves.
+        self._fast = fast
+        self._fast_functions: dict[str, Callable[[Mapping[str, Any]], bool]] = {}
         self._info = info
         self._memo: dict[Hashable, bool | str] = {}
         self._plans: dict[str, KeyPlan] = {}
@@ -87,6 +103,11 @@ class Selector:
 
     def matches(self, driver: str, device: Mapping[str, Any]) -> bool:
         """True if the device is selected; EvaluationError on any runtime error or non-bool result."""
+        if self._fast is not None:
+            try:
+                return (self._fast_functions.get(driver) or self._fast_function(driver))(device)
+            except FAST_PATH_SIGNALS:
+                pass  # a CEL error or an unusual device: the engine's program says what it is
         key = self._key(driver, device)
         if key is not None:
             # Reads need no lock: dict lookups are atomic, and a racing miss only evaluates twice.
@@ -123,10 +144,28 @@ class Selector:
 
     def matches_uncached(self, driver: str, device: Mapping[str, Any]) -> bool:
         """`matches` without memoization (benchmarks, and checking the memo itself)."""
+        if self._fast is not None:
+            try:
+                return (self._fast_functions.get(driver) or self._fast_function(driver))(device)
+            except FAST_PATH_SIGNALS:
+                pass
         try:
             return self._program.evaluate(driver, device)
         except EvalFailure as err:
             raise EvaluationError(device_name(device), str(err)) from None
+
+    def _fast_function(self, driver: str) -> Callable[[Mapping[str, Any]], bool]:
+        assert self._fast is not None
+        function = self._fast(driver)
+        with self._lock:
+            if len(self._fast_functions) < _MAX_PLANS:
+                self._fast_functions[driver] = function
+        return function
+
+    @property
+    def compiled_to_python(self) -> bool:
+        """Whether the fast path (controller.cel.fastpath) runs this selector."""
+        return self._fast is not None
 
     def __repr__(self) -> str:
         return f"Selector({self.expression!r}, engine={self.engine!r})"
@@ -159,13 +198,6 @@ def _compile_cached(expression: str, engine_name: str, version: KubernetesVersio
     info = analysis.for_release(_analyze(expression, engine), expression, version)
     versions.check_available(expression, info.calls, version)
     program = engine.compile(expression, info)
-    if engine_name == CPP_ENGINE:
-        # Where it covers the expression, compiled Python decides most devices. Imported
-        # here: it builds on the cpp engine's module, which cel-python-only hosts lack.
-        from controller.cel import fastpath
-
-        if fastpath.enabled():
-            program = fastpath.accelerate(expression, info, program)
     # A validator upstream runs after type checking: its errors come after the engine's.
     literaltypes.check_homogeneous_literals(expression)
     if info.cost > MAX_COST:
@@ -174,7 +206,27 @@ def _compile_cached(expression: str, engine_name: str, version: KubernetesVersio
         "compiled CEL selector",
         extra={"engine": engine_name, "cost": info.cost, "memoized": info.reads is not None},
     )
-    return Selector(expression, engine_name, program, info)
+    return Selector(
+        expression, engine_name, program, info, fast=_fast_path(expression, engine_name, info, program)
+    )
+
+
+def _fast_path(
+    expression: str, engine_name: str, info: analysis.Analysis, program: Program
+) -> FastPath | None:
+    """The compiled-Python form in front of cel-expr-python, where it covers the expression.
+
+    Only there: it answers exactly as that engine does (and hands it what it cannot decide).
+    Imported here: it builds on that engine's module, which cel-python-only hosts lack.
+    """
+    if engine_name != CPP_ENGINE:
+        return None
+    from controller.cel import fastpath
+
+    if not fastpath.enabled():
+        return None
+    accelerated = fastpath.accelerate(expression, info, program)
+    return accelerated.function if isinstance(accelerated, fastpath.FastProgram) else None
 
 
 def _analyze(expression: str, engine: Engine) -> analysis.Analysis:
@@ -195,3 +247,4 @@ def _analyze(expression: str, engine: Engine) -> analysis.Analysis:
 def clear_caches() -> None:
     """Forget compiled selectors (for tests and long-running processes that reload config)."""
     _compile_cached.cache_clear()
+    syntax.parse.cache_clear()

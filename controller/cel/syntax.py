@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from controller.cel.errors import CompileError
 
@@ -465,8 +466,13 @@ def _unescape(body: str) -> str:
     return "".join(out)
 
 
+@lru_cache(maxsize=256)
 def parse(source: str) -> Node:
-    """The AST of a CEL expression, or CompileError with line and column."""
+    """The AST of a CEL expression, or CompileError with line and column.
+
+    Cached: compiling one selector parses it in several places (analysis, release checks,
+    literal types, the fast path), and the tree is immutable.
+    """
     return Parser(source).parse()
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -22,7 +23,6 @@ from bench.cel.__main__ import SELECTORS as BENCH_SELECTORS
 from bench.cel.__main__ import fleet as bench_fleet
 from controller.cel import CompileError, EvaluationError, compile_selector
 from controller.cel.engine import EvalFailure, Program
-from controller.cel.fastpath import FastProgram
 from controller.cel.fastruntime import CelFailure, Unhandled
 from controller.cel.selector import CPP_ENGINE, clear_caches
 from tests.celcorpus import FLEET_DRIVER, Generator, _Scope, corpus, fleet
@@ -117,6 +117,16 @@ def _full_outcome(program: Program, device: dict[str, Any]) -> bool | str:
         return f"error: {err}"
 
 
+def _decide(function: Callable[[dict[str, Any]], bool], device: dict[str, Any]) -> object:
+    """The compiled function's own verdict: its bool, or the signal class it raised."""
+    try:
+        return function(device)
+    except CelFailure:
+        return CelFailure
+    except Unhandled:
+        return Unhandled
+
+
 def _selector_outcome(expression: str, device: dict[str, Any]) -> bool | str:
     try:
         return compile_selector(expression, engine=CPP_ENGINE).matches_uncached(D, device)
@@ -134,14 +144,15 @@ def differential(expressions: list[str], devices: list[dict[str, Any]]) -> Count
         except CompileError:
             seen["compile error"] += 1
             continue
-        program = selector._program  # the engine pair under test
-        if not isinstance(program, FastProgram):
+        if selector._fast is None:
             seen["full engine only"] += 1
             continue
         seen["compiled"] += 1
+        # The pair under test: the compiled function and the engine's program behind it.
+        function, full_program = selector._fast(D), selector._program
         for device in devices:
-            full = _full_outcome(program.full, device)
-            fast = program.decide(D, device)
+            full = _full_outcome(full_program, device)
+            fast = _decide(function, device)
             if fast is Unhandled:
                 seen["device left to the full engine"] += 1
             elif fast is CelFailure:
