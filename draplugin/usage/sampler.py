@@ -1,11 +1,12 @@
 """The sampling loop: every interval, read every device, attribute, split, track idleness, publish a snapshot.
 
 It runs on a thread of its own and never touches prepare's event loop, so a
-slow pass never delays a prepare. Each device is read on a worker thread of
-its own with a deadline: a device whose NVML calls hang (a GPU falling off
-the bus can block for seconds) misses the pass with a `Timeout` error and is
-skipped (`StillHung`) until its stuck call returns, while the other devices
-are read on time. A read that raises costs that device's figures for the
+slow pass never delays a prepare. Devices are read on a few worker threads
+(`draplugin.usage.readpool`: one, and one more for each read still queued
+behind a stuck one) with a deadline: a device whose NVML calls hang (a GPU
+falling off the bus can block for seconds) misses the pass with a `Timeout`
+error and is skipped (`StillHung`) until its stuck call returns, while the
+other devices are read on time. A read that raises costs that device's figures for the
 pass, nothing else. The exporter serves the latest snapshot; a claim that was
 unprepared is absent from the next one, so its series disappear.
 """
@@ -13,7 +14,6 @@ unprepared is absent from the next one, so its series disappear.
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -29,6 +29,7 @@ from draplugin.usage.attribution import PodProcess
 from draplugin.usage.holders import HolderDirectory
 from draplugin.usage.idle import ClaimIdleness, IdleTracker
 from draplugin.usage.reading import DeviceReading, UsageSource, device_model
+from draplugin.usage.readpool import ReadPool
 from draplugin.usage.split import DeviceSplit, split_device
 from draplugin.usage.xids import XidCounter
 
@@ -54,34 +55,6 @@ class Snapshot:
     devices: tuple[DeviceUsage, ...]
     claims: tuple[ClaimIdleness, ...]
     xids: dict[str, dict[int, int]]
-
-
-class _DeviceWorker:
-    """One daemon thread per device. Not a ThreadPoolExecutor: its threads are joined at interpreter
-    exit, and a call hung in the driver would then keep the plugin from ever exiting."""
-
-    def __init__(self, name: str, read: Callable[[Device], DeviceReading]) -> None:
-        self._read = read
-        self._jobs: queue.SimpleQueue[tuple[Device, Future[DeviceReading]] | None] = queue.SimpleQueue()
-        threading.Thread(target=self._run, name=f"usage-{name}", daemon=True).start()
-
-    def submit(self, device: Device) -> Future[DeviceReading]:
-        future: Future[DeviceReading] = Future()
-        self._jobs.put((device, future))
-        return future
-
-    def close(self) -> None:
-        self._jobs.put(None)
-
-    def _run(self) -> None:
-        while (job := self._jobs.get()) is not None:
-            device, future = job
-            if not future.set_running_or_notify_cancel():
-                continue
-            try:
-                future.set_result(self._read(device))
-            except BaseException as err:  # reported by the pass that waits for it
-                future.set_exception(err)
 
 
 class SampleMetrics:
@@ -140,7 +113,7 @@ class UsageSampler:
         self._xids = xids or XidCounter()
         self._timeout_s = min(device_timeout_s, interval_s) if interval_s > 0 else device_timeout_s
         self._clock = clock
-        self._workers: dict[str, _DeviceWorker] = {}
+        self._pool: ReadPool[Device, DeviceReading] | None = None
         self._pending: dict[str, Future[DeviceReading]] = {}
         self._latest: Snapshot | None = None
         self._thread: threading.Thread | None = None
@@ -184,19 +157,17 @@ class UsageSampler:
 
     def _read_all(self, devices: Sequence[Device]) -> dict[str, DeviceReading]:
         started: dict[str, Future[DeviceReading]] = {}
+        if self._pool is None:
+            self._pool = ReadPool(self._source.read, name="usage-read")
         for device in devices:
             pending = self._pending.get(device.uuid)
             if pending is not None and not pending.done():
                 self._error(device.name, names.REASON_BUSY)
                 continue
-            worker = self._workers.get(device.uuid)
-            if worker is None:
-                worker = _DeviceWorker(device.name, self._source.read)
-                self._workers[device.uuid] = worker
-            future = worker.submit(device)
+            future = self._pool.submit(device)
             self._pending[device.uuid] = future
             started[device.name] = future
-        wait_futures(list(started.values()), timeout=self._timeout_s)
+        self._wait(self._pool, list(started.values()))
         readings: dict[str, DeviceReading] = {}
         for name, future in started.items():
             if not future.done():
@@ -216,10 +187,19 @@ class UsageSampler:
         self._forget_gone({d.uuid for d in devices})
         return readings
 
+    def _wait(self, pool: ReadPool[Device, DeviceReading], futures: list[Future[DeviceReading]]) -> None:
+        """Until every read is done or the deadline passed, looking every `stall_s` for reads
+        queued behind stuck ones (the pool then gives them threads of their own)."""
+        deadline = time.monotonic() + self._timeout_s
+        while (remaining := deadline - time.monotonic()) > 0:
+            _, running = wait_futures(futures, timeout=min(remaining, pool.stall_s))
+            if not running:
+                return
+            pool.rescue()
+
     def _forget_gone(self, uuids: set[str]) -> None:
-        for uuid in set(self._workers) - uuids:
-            self._workers.pop(uuid).close()
-            self._pending.pop(uuid, None)
+        for uuid in set(self._pending) - uuids:
+            self._pending.pop(uuid)
 
     def _error(self, device: str, reason: str) -> None:
         self._metrics.errors.labels(device, reason).inc()
@@ -248,7 +228,7 @@ class UsageSampler:
         if self._thread is not None:
             self._thread.join(timeout_s)
             self._thread = None
-        for worker in self._workers.values():
-            worker.close()
-        self._workers.clear()
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
         self._pending.clear()
