@@ -7,8 +7,8 @@ not split the GPU. So every claim that takes a share of a shared GPU
 (`--shared-gpus`, an allocation result with a `shareID`) and is prepared with
 MPS is a client of the GPU's one daemon:
 
-- the daemon's ledger name (its `owner`) is `shared-<gpu uuid, lower case>`
-  (`owner_of`), its directory `<state>/mps/<owner>/` with `pipe/`, `log/` and
+- the daemon's ledger name (its `owner`) is `gpu-<16 hex digits of the
+  UUID's SHA-256>` (`owner_of`), its directory `<state>/mps/<owner>/` with `pipe/`, `log/` and
   `shm/` as a claim's daemon has them (`draplugin.prepare.mps` starts it,
   `--mps-daemon` says where it runs: its Pod is `mps-<owner>`), and every
   client claim's containers get that directory mounted;
@@ -33,6 +33,7 @@ interleave with another claim's.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import shutil
 import threading
@@ -50,12 +51,14 @@ log = logging.getLogger(__name__)
 KIND = "mpsshare"
 JOINING, HELD = "joining", "held"
 # Claim UIDs are UUIDs (hex digits and dashes): no claim's ledger name starts with this.
-OWNER_PREFIX = "shared-"
+OWNER_PREFIX = "gpu-"
 
 
 def owner_of(gpu: str) -> str:
-    """The ledger name (and daemon Pod suffix) of the GPU's daemon: a DNS label, as a Pod name needs."""
-    return OWNER_PREFIX + gpu.lower()
+    """The ledger name (and daemon Pod suffix) of the GPU's daemon: a DNS label, as a Pod name needs,
+    and short: the daemon's sockets (`<pipe>/control_privileged`) must fit a socket path's 108 bytes,
+    which `<state>/mps/<the GPU UUID>/pipe/...` under the kubelet's plugin directory does not."""
+    return OWNER_PREFIX + hashlib.sha256(gpu.encode()).hexdigest()[:16]
 
 
 def is_owner(name: str) -> bool:

@@ -8,7 +8,7 @@
   its own `nvidia-caps` nodes;
 - MPS on shares of a shared GPU (`draplugin.prepare.mpsgpu`): the GPU's one
   MPS control daemon, started with its first share and stopped with its last,
-  in `<root>/mps/shared-<gpu uuid>/` (`pipe/`, `log/`, `shm/`), mounted into
+  in `<root>/mps/gpu-<hash of its UUID>/` (`pipe/`, `log/`, `shm/`), mounted into
   every client claim's containers at `/var/run/draplugin/mps`; each claim's
   limits are in its own containers' environment (its CDI spec);
 - MPS on GPUs a claim has to itself (`draplugin.prepare.mps`): the claim gets

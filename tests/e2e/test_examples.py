@@ -41,7 +41,8 @@ from devcluster.plugin import PluginProcess, node_slices, wait_published
 from devcluster.wait import wait_for
 from dracommon.kubeapi import ApiError, KubeApi
 from draplugin.devices.fake import make_device_nodes
-from tests.driverroot_layout import command_log
+from draplugin.prepare import mpsgpu
+from tests.driverroot_layout import TOOL_STATE, command_log
 from tests.e2e import inside
 from tests.e2e.cleanup import release_namespace
 
@@ -536,25 +537,27 @@ def test_13_shared_gpu(
             assert env["DRAPLUGIN_DEVICE_GPU_0_SHARING"] == "MPS"
             assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"{uuid}={limit}"
             assert MPS_DIR in inside.mounts_in(api, namespace, pod_name, "server")
-            # The container reaches its own claim's daemon, which holds its own limit.
+            # The container reaches the GPU's one daemon, which has no daemon-wide limit of either claim:
+            # each client's limit is the CUDA_MPS_PINNED_DEVICE_MEM_LIMIT of its own environment.
             code, out, err = pods.exec_in(api, namespace, pod_name, "server", [
-                "sh", "-c", "echo get_default_device_pinned_mem_limit 0 | nvidia-cuda-mps-control",
+                "sh", "-c", "echo get_default_active_thread_percentage | nvidia-cuda-mps-control",
             ])  # fmt: skip
-            assert (code, out.strip()) == (0, limit), err
-            # On the GPU (the recorded commands): the claim's daemon, started for that GPU, got that limit.
-            uid = claim["metadata"]["uid"]
-            pipe = plugin.state_dir / "mps" / uid / "pipe"
-            pid = (pipe / "nvidia-cuda-mps-control.pid").read_text().strip()
-            log = command_log(driver_root)
-            (start,) = [line for line in log if line.startswith(f"nvidia-cuda-mps-control -d pipe={pipe} ")]
-            assert start.endswith(f"CUDA_VISIBLE_DEVICES={uuid}"), start
-            assert f"mps-daemon {pid}: set_default_device_pinned_mem_limit 0 {limit}" in [
-                line.rstrip() for line in log
-            ]
+            assert (code, out.strip()) == (0, "100.0"), err
         assert len(uuids) == 1 and len(share_ids) == 2  # one GPU, two shares of it
-        # Unprepare stops both claims' daemons.
+        (uuid,) = uuids
+        # On the GPU (the recorded commands): one daemon for the GPU, started once, with no limits set;
+        # the GPU in EXCLUSIVE_PROCESS compute mode while it runs.
+        pipe = plugin.state_dir / "mps" / mpsgpu.owner_of(uuid) / "pipe"
+        log = command_log(driver_root)
+        (start,) = [line for line in log if line.startswith(f"nvidia-cuda-mps-control -d pipe={pipe} ")]
+        assert start.endswith(f"CUDA_VISIBLE_DEVICES={uuid}"), start
+        assert not [line for line in log if "set_default_device_pinned_mem_limit" in line]
+        mode = driver_root / TOOL_STATE / f"computemode-{uuid}"
+        assert mode.read_text().strip() == "Exclusive_Process"
+        # Unprepare of the last share stops the daemon and restores the compute mode.
         release_namespace(api, plugin, namespace, POD_TIMEOUT)
         assert not list(plugin.state_dir.glob("mps/*/pipe/nvidia-cuda-mps-control.pid"))
+        assert mode.read_text().strip() == "Default"
 
 
 def test_a_cdi_device_the_runtime_cannot_inject_fails_naming_the_spec_and_the_runtime_error(

@@ -15,13 +15,14 @@ was found on PATH and has loaded libcuda.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from draplugin.prepare.plan import PlanError
+from draplugin.prepare.plan import ClaimPlan, PlanError
 from draplugin.prepare.sharing import SharingState
 from tests import nvidia_roots as nr
 from tests.unit.sharing_fixtures import ToolNode
@@ -82,9 +83,22 @@ def server_log_after_start(sharing: SharingState, uid: str, *logs: Path) -> str:
     raise AssertionError(f"no server outcome in {files}: {text}")
 
 
+def double_mps_plan(sharing: SharingState) -> ClaimPlan:
+    """`mps_plan` on the GPU the double lists (its built-in configuration: the tools get no other),
+    so the real nvidia-smi finds the GPU whose compute mode the daemon needs set."""
+    assert sharing.mps is not None
+    args = ["--query-gpu=uuid", "--format=csv,noheader"]
+    what = "listing the double's GPU"
+    uuid = sharing.mps._tools.run("nvidia-smi", args, error=PlanError, reason="x", what=what, timeout_s=30)
+    plan = mps_plan()
+    (planned,) = plan.devices
+    device = dataclasses.replace(planned.device, uuid=uuid.strip())
+    return dataclasses.replace(plan, devices=(dataclasses.replace(planned, device=device),))
+
+
 def test_the_real_mps_daemon_answers_and_its_server_loads_libcuda(real_node: ToolNode) -> None:
     sharing = real_node.sharing()
-    sharing.apply(mps_plan())
+    sharing.apply(double_mps_plan(sharing))
     assert sharing.mps is not None
     assert sharing.mps.ask("uid-a", "get_default_active_thread_percentage", sharing.ledger) == "50.0"
     assert sharing.mps.ask("uid-a", "get_default_device_pinned_mem_limit 0", sharing.ledger) == "10G"
@@ -101,7 +115,7 @@ def test_the_real_mps_daemon_pod_gets_the_same_environment(tmp_path: Path) -> No
         node = PodNode(tmp_path, api)
         node.driver_root = nr.tool_root(tmp_path / "real-root").path
         sharing = node.sharing()
-        sharing.apply(mps_plan())
+        sharing.apply(double_mps_plan(sharing))
         assert node.ask(sharing, "get_default_active_thread_percentage") == "50.0"
         logs = server_log_after_start(sharing, "uid-a", tmp_path / "mps-uid-a.log")
         assert "no CUDA-capable device" in logs, logs
