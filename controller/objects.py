@@ -12,12 +12,14 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import yaml
 
-from dracommon.kubeapi import ApiError, KubeApi
 from dracommon.yamlload import load_all as load_yaml_documents
+
+if TYPE_CHECKING:  # the API client is imported where objects are listed: offline tools skip it
+    from dracommon.kubeapi import KubeApi
 
 JSON = dict[str, Any]
 
@@ -191,6 +193,8 @@ def load_from_cluster(
 def _list_into(
     api: KubeApi, objects: ClusterObjects, include_taint_rules: bool, include_workloads: bool
 ) -> None:
+    from dracommon.kubeapi import ApiError
+
     for attribute, path, kind in COLLECTIONS:
         items, _ = api.list(path, kind=kind)
         setattr(objects, attribute, items)

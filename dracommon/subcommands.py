@@ -26,8 +26,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, TextIO
 
-from dracommon.buildinfo import version_line
-
 EXIT_OK: Final = 0
 EXIT_FAILURE: Final = 1
 EXIT_USAGE: Final = 2
@@ -44,6 +42,8 @@ class _VersionAction(argparse._VersionAction):
         values: str | Sequence[Any] | None,
         option_string: str | None = None,
     ) -> None:
+        from dracommon.buildinfo import version_line  # platform and the version lookup: --version only
+
         self.version = version_line(parser.prog)
         super().__call__(parser, namespace, values, option_string)
 
