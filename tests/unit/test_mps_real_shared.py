@@ -15,13 +15,13 @@ import json
 import shutil
 import tempfile
 from collections.abc import Iterator
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import pytest
 
 from draplugin.kubelet.interface import ClaimRef
 from draplugin.prepare import mps, mpsgpu
-from draplugin.prepare.plan import PlanError, plan_claim
+from draplugin.prepare.plan import ClaimPlan, PlanError, plan_claim
 from draplugin.prepare.sharing import SharingState
 from tests import nvidia_roots as nr
 from tests.unit.sharing_fixtures import ToolNode
@@ -62,7 +62,7 @@ def real_node(tmp_path: Path) -> Iterator[tuple[ToolNode, str]]:
     shutil.rmtree(state)
 
 
-def share_plan(uid: str, gpu: str, share_id: str, compute: str) -> object:
+def share_plan(uid: str, gpu: str, share_id: str, compute: str) -> ClaimPlan:
     device = dataclasses.replace(DEVICES["gpu-0"], uuid=gpu)
     doc = claim_doc(uid, [shared_result("gpu-0", share_id, memory="10Gi", compute=compute)])
     return plan_claim(ClaimRef("ns", uid, uid), doc, driver=DRIVER, pool=NODE, devices={"gpu-0": device})
@@ -77,17 +77,17 @@ def test_one_real_daemon_for_two_shares_and_the_compute_mode_set_and_restored(
     before = double_compute_mode(gpu) if DEFAULT_STATE.exists() else NVML_DEFAULT
     assert before == NVML_DEFAULT
     first, second = share_plan("uid-a", gpu, "s-1", "30"), share_plan("uid-b", gpu, "s-2", "60")
-    sharing.apply(first)  # type: ignore[arg-type]
+    sharing.apply(first)
     assert double_compute_mode(gpu) == NVML_EXCLUSIVE_PROCESS
     owner = mpsgpu.owner_of(gpu)
     (daemon,) = node.daemon_pids()
-    sharing.apply(second)  # type: ignore[arg-type]
+    sharing.apply(second)
     assert node.daemon_pids() == [daemon]  # the second share is a client of the same daemon
     # The real daemon answers through the one pipe directory both claims' containers get; it has
     # no daemon-wide limit of either claim (each client's is in its own environment).
     assert sharing.mps.ask(owner, "get_default_active_thread_percentage", sharing.ledger) == "100.0"
-    host_dirs = {sharing.host_dir_for(p) for p in (first, second)}  # type: ignore[arg-type]
-    assert host_dirs == {Path(sharing.mps_dir(owner))}
+    host_dirs = {sharing.host_dir_for(p) for p in (first, second)}
+    assert host_dirs == {PurePosixPath(sharing.mps_dir(owner))}
     sharing.release("uid-a")
     assert node.daemon_pids() == [daemon] and double_compute_mode(gpu) == NVML_EXCLUSIVE_PROCESS
     sharing.release("uid-b")
