@@ -7,7 +7,13 @@ GPU now does, and undoes what it did in a `finally` (also after a failure):
 
 - MPS, per whole GPU without MIG mode: a control daemon with a thread
   percentage of `MPS_THREADS` and a pinned memory limit of `MPS_LIMIT_MIB`;
-  it must answer, report both limits back, and be gone after `quit`.
+  it must answer, report both limits back, and be gone after `quit`. As root
+  the GPU is in EXCLUSIVE_PROCESS compute mode while it runs, as prepare has
+  it, and back in its mode before after the stop (`nvidia-smi
+  --query-gpu=compute_mode`). The limits a client itself runs with (a CUDA
+  process's CUDA_MPS_* environment, what `get_server_list` and
+  `get_active_thread_percentage <server PID>` report for its server) is a row
+  marked not yet run: it needs a CUDA client, which no machine here has run.
 - Time-slice, per whole GPU, as root: level `TIMESLICE_LEVEL` set and read back
   with `nvidia-smi compute-policy -l`, then the default again. A GPU that
   already runs another time-slice (an admin's, a running plugin's) is left
@@ -39,7 +45,8 @@ from draplugin.devices.schema import KIND_GPU
 from draplugin.gpucheck.mig import CreatedDevice
 from draplugin.gpucheck.smi import SmiGpu, listed_uuids
 from draplugin.gpucheck.table import MISMATCH, OK, SKIPPED, Row
-from draplugin.prepare import mig, mps, timeslice
+from draplugin.prepare import computemode, mig, mps, timeslice
+from draplugin.prepare.computemode import ComputeModes
 from draplugin.prepare.drivertools import DriverTools
 from draplugin.prepare.errors import PlanError
 from draplugin.prepare.ledger import SharingLedger
@@ -104,13 +111,22 @@ def mps_rows(gpu: Device, tools: DriverTools) -> list[Row]:
         return [_row("MPS start", subject, str(err), "a daemon that answers", False)]
     # A process of this check, as a host-run plugin has it, with the plugin's environment
     # (DriverTools.env) and its /dev/shm tmpfs (root only: mounting needs it; else a directory).
-    daemons = MpsDaemons(tools, shm_bytes=None if os.geteuid() == 0 else 0)
+    root = os.geteuid() == 0
+    daemons = MpsDaemons(tools, shm_bytes=None if root else 0, exclusive_mode=root)
+    modes = ComputeModes(tools)
     settings = MpsSettings((gpu.uuid,), MPS_THREADS, ((0, MPS_LIMIT_MIB),))
     rows: list[Row] = []
+    before = _mode(modes, gpu.uuid) if root else None
     with _ledger() as (work, ledger):
         try:
             daemons.ensure_settings(CLAIM_UID, settings, work / "mps", ledger)
             rows.append(_row("MPS start", subject, "answered", "answered", True))
+            if root:
+                now = _mode(modes, gpu.uuid)
+                expected = computemode.EXCLUSIVE_PROCESS
+                rows.append(_row("MPS compute mode", subject, now, expected, now == expected))
+            else:
+                rows.append(Row("MPS compute mode", subject, "needs root (nvidia-smi -c)", "", SKIPPED))
             threads = daemons.ask(CLAIM_UID, "get_default_active_thread_percentage", ledger)
             rows.append(
                 _row("MPS thread %", subject, threads, f"{MPS_THREADS}", _number(threads) == MPS_THREADS)
@@ -123,7 +139,18 @@ def mps_rows(gpu: Device, tools: DriverTools) -> list[Row]:
             rows.append(_row("MPS start", subject, _error(err), "a daemon that answers", False))
         finally:
             rows.append(_stop_mps(daemons, ledger, subject))
+    if before is not None:
+        after = _mode(modes, gpu.uuid)
+        rows.append(_row("MPS compute mode restored", subject, after, before, after == before))
+    rows.append(Row("MPS client limits", subject, "not yet run: needs a CUDA client process", "", SKIPPED))
     return rows
+
+
+def _mode(modes: ComputeModes, gpu: str) -> str:
+    try:
+        return modes.read(gpu)
+    except PlanError as err:
+        return _error(err)
 
 
 def _stop_mps(daemons: MpsDaemons, ledger: SharingLedger, subject: str) -> Row:

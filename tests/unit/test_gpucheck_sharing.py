@@ -66,12 +66,20 @@ def test_mps_timeslice_and_mig_rows_pass_on_the_fake_and_leave_nothing(tmp_path:
     sharing = [r for r in rows if r.check.startswith(("MPS", "time-slice", "MIG create", "MIG destroy"))]
     assert [r for r in sharing if r.status == MISMATCH] == []
     # MPS and time-slice on the whole GPU (the H100 runs MIG: it has no whole-GPU device).
+    # As root the GPU is in EXCLUSIVE_PROCESS mode while the daemon runs, and back after it.
+    root_only = os.geteuid() == 0
+    mode = "EXCLUSIVE_PROCESS" if root_only else "needs root (nvidia-smi -c)"
     assert [(r.check, r.subject, r.ours) for r in sharing if r.check.startswith("MPS")] == [
         ("MPS start", f"gpu-1 ({A10G})", "answered"),
+        ("MPS compute mode", f"gpu-1 ({A10G})", mode),
         ("MPS thread %", f"gpu-1 ({A10G})", "50.0"),
         ("MPS pinned memory", f"gpu-1 ({A10G})", "1024M"),
         ("MPS stop", f"gpu-1 ({A10G})", "exited"),
+        *([("MPS compute mode restored", f"gpu-1 ({A10G})", "DEFAULT")] if root_only else []),
+        ("MPS client limits", f"gpu-1 ({A10G})", "not yet run: needs a CUDA client process"),
     ]
+    (client,) = by_check(rows, "MPS client limits")
+    assert client.status == SKIPPED
     assert [(r.check, r.ours) for r in sharing if r.check.startswith("time-slice")] == [
         ("time-slice set", "Medium (2)"),
         ("time-slice reset", "Default (0)"),
