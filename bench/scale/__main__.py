@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
                     _print_case("explain of one unfit claim", cases.yaml)
                     print(
                         f"  YAML floor (libyaml): {cases.yaml_floor.wall_s:.2f} s; dra-controller start-up "
-                        f"alone (--version): {cases.startup.wall_s:.2f} s",
+                        f"alone (explain --help): {cases.startup.wall_s:.2f} s",
                         flush=True,
                     )
                     _print_case("explain of one unfit claim, JSON files", cases.json)

@@ -31,7 +31,7 @@ def explain_rows(cases: ExplainCases) -> list[Row]:
         Row(BENCHMARK, f"{what}, YAML, wall beside the YAML parse", "s", case.ours.wall_s,
             cases.yaml_floor.wall_s, YAML_FLOOR),
         Row(BENCHMARK, f"{what}, JSON, wall", "s", on_json.ours.wall_s, on_json.floor.wall_s, FLOOR),
-        Row(BENCHMARK, "dra-controller start-up alone (--version), wall", "s", cases.startup.wall_s,
+        Row(BENCHMARK, "dra-controller explain start-up alone (--help), wall", "s", cases.startup.wall_s,
             case.floor.wall_s, f"{FLOOR} at {shape(case.nodes, case.gpus)}"),
         Row(BENCHMARK, f"{what}, YAML, peak RSS", "MiB", case.ours.peak_mib, case.floor.peak_mib, FLOOR),
     ]  # fmt: skip
