@@ -32,8 +32,11 @@ from controller.cel import fastruntime as rt
 from controller.cel.analysis import DEVICE_FIELDS, WILDCARD, Analysis
 from controller.cel.engine_cpp import NATIVE_FUNCTIONS
 from controller.cel.errors import LibraryError
+from controller.cel.library import Function
 from controller.cel.regexlib import compile_regex
+from controller.cel.semver import Semver
 from controller.cel.syntax import Call, Ident, Index, ListLit, Literal, Node, Select
+from dracommon.quantity import Quantity
 
 
 class Unsupported(Exception):
@@ -47,6 +50,7 @@ _EQUALITY_CLASSES = "_EQ"  # str, int, bool, float: == agrees with CEL's on thes
 _ORDER_CLASSES = "_ORD"  # str, int, float
 _RELATIONS = {"_==_": "==", "_!=_": "!=", "_<_": "<", "_<=_": "<=", "_>_": ">", "_>=_": ">="}
 _NOT_CONSTANT = object()
+_COMPARISONS = {"compareTo": "", "isGreaterThan": " > 0", "isLessThan": " < 0"}
 _MAX_LOCALS = 200  # far below CPython's limits; a bigger expression stays on the full engine
 
 
@@ -427,8 +431,44 @@ class _Generator:
             done, result = rt.fold(function, [value.constant for value in values])
             if done:
                 return self.constant(result, kind)
-        call = self.constant(rt.dispatcher(function), None)
-        return self.assign(f"{call.code}({', '.join(value.code for value in values)})", kind)
+        if name in _COMPARISONS and target is not None and len(values) == 2:
+            return self.comparison(function, name, values, kind)
+        if name in ("major", "minor", "patch") and target is not None and len(values) == 1:
+            out = self.temp()
+            self.line(f"if {_class_of(values[0].code)} is Semver: {out} = {values[0].code}.{name}")
+            self.line("else:")
+            self.depth += 1
+            self.line(f"{out} = {self.library_call(function, values, kind).code}")
+            self.depth -= 1
+            return Value(out, kind)
+        return self.library_call(function, values, kind)
+
+    def comparison(self, function: Function, name: str, values: list[Value], kind: str | None) -> Value:
+        """Quantity and Semver compareTo/isGreaterThan/isLessThan straight to `compare`:
+        what the library's overloads call for two values of one of those classes."""
+        left, right = values[0].code, values[1].code
+        out = self.temp()
+        self.line(f"if {_class_of(left)} is {_class_of(right)} and {_class_of(left)} in _CMP:")
+        self.line(f"    {out} = {left}.compare({right}){_COMPARISONS[name]}")
+        self.line("else:")
+        self.depth += 1
+        self.line(f"{out} = {self.library_call(function, values, kind).code}")
+        self.depth -= 1
+        return Value(out, kind)
+
+    def library_call(self, function: Function, values: list[Value], kind: str | None) -> Value:
+        """The overload by the arguments' classes (engine_cpp's choice), then the call."""
+        table = self.constant(rt.dispatch_table(function), None)
+        arguments = ", ".join(value.code for value in values)
+        classes = "".join(f"{_class_of(value.code)}, " for value in values)
+        impl, out = self.temp(), self.temp()
+        self.line(f"{impl} = {table.code}.get(({classes}))")
+        self.line(f"if {impl} is None: raise _F")
+        self.line("try:")
+        self.line(f"    {out} = {impl}({arguments})")
+        self.line("except LIBRARY_ERRORS:")
+        self.line("    raise _E from None")
+        return Value(out, kind)
 
     def regex_match(self, text: Node, pattern: Node) -> Value:
         if not (isinstance(pattern, Literal) and pattern.kind == "string"):
@@ -443,6 +483,11 @@ class _Generator:
         return self.assign(f"{search.code}({value.code}) is not None", BOOL)
 
 
+def _class_of(code: str) -> str:
+    """`code.__class__`, with a number literal in parentheses (`6.__class__` does not parse)."""
+    return f"({code}).__class__" if code[0] in "-0123456789" else f"{code}.__class__"
+
+
 def namespace() -> dict[str, Any]:
     """The globals compiled selectors run with."""
     return {
@@ -455,6 +500,9 @@ def namespace() -> dict[str, Any]:
         "divide": rt.divide,
         "modulo": rt.modulo,
         "member": rt.member,
+        "LIBRARY_ERRORS": rt.LIBRARY_ERRORS,
         "_EQ": frozenset({str, int, bool, float}),
         "_ORD": frozenset({str, int, float}),
+        "_CMP": frozenset({Quantity, Semver}),
+        "Semver": Semver,
     }

@@ -15,6 +15,7 @@ So the compiled code only ever has to be right where it returns a bool.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from itertools import product
 from typing import Any, Final
 
 from controller.cel.errors import LibraryError
@@ -116,46 +117,61 @@ _SCALARS: frozenset[type] = frozenset({str, int, float, bool, bytes, Quantity, S
 
 # Run-time kind tests for library overloads, over the values compiled code holds. UINT has
 # no test: compiled code never holds a uint, so no uint overload may be picked for an int.
-_KIND_TESTS: dict[Kind, Callable[[object], bool]] = {
-    Kind.STRING: lambda v: v.__class__ is str,
-    Kind.INT: lambda v: v.__class__ is int,
-    Kind.UINT: lambda v: False,
-    Kind.DOUBLE: lambda v: v.__class__ is float,
-    Kind.BOOL: lambda v: v.__class__ is bool,
-    Kind.BYTES: lambda v: v.__class__ is bytes,
-    Kind.QUANTITY: lambda v: v.__class__ is Quantity,
-    Kind.SEMVER: lambda v: v.__class__ is Semver,
-    Kind.LIST: lambda v: v.__class__ is list,
-    Kind.LIST_STRING: lambda v: v.__class__ is list,
-    Kind.MAP_STRING_LIST: lambda v: v.__class__ is dict,
-    Kind.IP: lambda v: v.__class__ is IP,
-    Kind.CIDR: lambda v: v.__class__ is CIDR,
-    Kind.URL: lambda v: v.__class__ is URL,
-    Kind.ANY: lambda v: v.__class__ in _SCALARS,
-}
-
 FUNCTIONS_BY_NAME: dict[str, Function] = {function.name: function for function in FUNCTIONS}
 
 
-def dispatcher(function: Function) -> Callable[..., object]:
-    """The run-time overload choice of engine_cpp's dispatcher, over plain Python values.
+# A library function's errors (QuantityError and SemverError are ValueErrors), as engine_cpp's
+# dispatcher counts them: each a CEL runtime error.
+LIBRARY_ERRORS: Final = (LibraryError, ValueError, TypeError, ArithmeticError, RecursionError)
 
-    No overload fitting the argument kinds is Unhandled (the full engine reports it, or
-    absorbs it where CEL does); a library error is a CEL runtime error.
+# The Python classes of the values compiled code holds, per library kind. UINT has none:
+# compiled code never holds a uint, so no uint overload may be picked for an int.
+_KIND_CLASSES: dict[Kind, tuple[type, ...]] = {
+    Kind.STRING: (str,),
+    Kind.INT: (int,),
+    Kind.UINT: (),
+    Kind.DOUBLE: (float,),
+    Kind.BOOL: (bool,),
+    Kind.BYTES: (bytes,),
+    Kind.QUANTITY: (Quantity,),
+    Kind.SEMVER: (Semver,),
+    Kind.LIST: (list,),
+    Kind.LIST_STRING: (list,),
+    Kind.MAP_STRING_LIST: (dict,),
+    Kind.IP: (IP,),
+    Kind.CIDR: (CIDR,),
+    Kind.URL: (URL,),
+    Kind.ANY: tuple(_SCALARS),
+}
+
+
+def dispatch_table(function: Function) -> dict[tuple[type, ...], Callable[..., object]]:
+    """engine_cpp's run-time overload choice as a table: argument classes -> implementation.
+
+    The first overload that fits wins, as there. Arguments that fit none are not in the
+    table: compiled code then raises Unhandled (the full engine reports it, or absorbs it
+    where CEL does).
     """
-    overloads = [
-        (overload.impl, tuple(_KIND_TESTS[kind] for kind in overload.params))
-        for overload in function.overloads
-    ]
+    table: dict[tuple[type, ...], Callable[..., object]] = {}
+    for overload in function.overloads:
+        impl = getattr(overload.impl, "__wrapped__", overload.impl)
+        for classes in product(*(_KIND_CLASSES[kind] for kind in overload.params)):
+            table.setdefault(classes, impl)
+    return table
+
+
+def dispatcher(function: Function) -> Callable[..., object]:
+    """The same choice as a function (compile-time folding): CelFailure or Unhandled."""
+    table = dispatch_table(function)
 
     def call(*args: object) -> object:
-        for impl, tests in overloads:
-            if len(tests) == len(args) and all(test(arg) for test, arg in zip(tests, args, strict=True)):
-                try:
-                    return impl(*args)
-                except (LibraryError, ValueError, TypeError, ArithmeticError, RecursionError):
-                    raise CelFailure from None
-        raise Unhandled
+        impl = table.get(tuple(arg.__class__ for arg in args))
+        if impl is None:
+            raise Unhandled
+        try:
+            return impl(*args)
+        except LIBRARY_ERRORS:
+            raise CelFailure from None
 
     return call
 

@@ -76,6 +76,8 @@ def _wrap(fn: Callable[..., object]) -> Callable[..., object]:
             raise LibraryError(str(err)) from None
 
     call.__name__ = getattr(fn, "__name__", "call")
+    # Callers that treat every ValueError as a CEL error anyway (controller.cel.fastruntime) skip a layer.
+    call.__wrapped__ = fn  # type: ignore[attr-defined]
     return call
 
 
