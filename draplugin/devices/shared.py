@@ -16,8 +16,8 @@ more than the GPU has. Prepare enforces each share (`draplugin.prepare.shares`).
   share's MPS active thread percentage (`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` of
   its containers, clients of the GPU's one MPS daemon): a cap on the SMs each
   of the share's CUDA contexts may run on, not a split of the GPU's time and
-  not a guaranteed minimum (the shares' caps may add up to more or less than
-  100; the caps of other clients are not taken away from). A request that names none takes 100:
+  not a guaranteed minimum (SMs one share leaves idle are not given to
+  another beyond its cap). A request that names none takes 100:
   a claim that does not say how much compute it needs reserves all of it, so
   every claim on a GPU shared this way asks for both.
 
