@@ -161,13 +161,21 @@ class _Generator:
                 continue
             if field not in ("attributes", "capacity"):
                 continue
-            table, convert = ("A", "_attr") if field == "attributes" else ("C", "_cap")
+            table = "A" if field == "attributes" else "C"
             self.line(f"{var} = {table}.get({f'{domain}/{ident}'!r}, _M)")
             if domain == self.driver:
                 # The unqualified spelling; with both present, the full engine decides which counts.
                 self.line(f"if {var} is _M: {var} = {table}.get({ident!r}, _M)")
                 self.line(f"elif {ident!r} in {table}: raise _F")
-            self.line(f"if {var} is not _M: {var} = {convert}({var})")
+            if field == "capacity":
+                self.line(f"if {var} is not _M: {var} = _cap({var})")
+                continue
+            # The usual string attribute without a call; every other shape through `attribute`.
+            self.line(f"if {var} is not _M:")
+            usual = f"{var}.__class__ is dict and len({var}) == 1 and {var}.get('string').__class__ is str"
+            self.line(f"    if {usual}:")
+            self.line(f"        {var} = {var}['string']")
+            self.line(f"    else: {var} = _attr({var})")
 
     def boolean(self, value: Value) -> str:
         if value.kind != BOOL:
