@@ -1,4 +1,11 @@
-"""MPS: one CUDA MPS control daemon per claim, started at prepare, stopped at unprepare.
+"""MPS: a CUDA MPS control daemon, started at prepare, stopped at unprepare.
+
+Whose: a claim's own for GPUs it has to itself (named by its UID, below), or
+a shared GPU's, started with its first share and stopped with its last
+(`draplugin.prepare.mpsgpu`, named `gpu-<hash of its UUID>`: "claim" below is
+then that name). Either way the daemon's GPUs are in EXCLUSIVE_PROCESS
+compute mode from before it starts until after it stops
+(`draplugin.prepare.computemode`).
 
 The daemon is the driver's own `nvidia-cuda-mps-control`, run from the
 driver root with `CUDA_VISIBLE_DEVICES` set to the claim's GPUs and the pipe

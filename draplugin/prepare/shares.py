@@ -3,18 +3,20 @@
 A GPU published with `--shared-gpus` (`draplugin.devices.shared`) can be
 allocated to several claims at once; each allocation result then carries a
 `shareID` and the `consumedCapacity` the scheduler counted for it. A claim
-whose shares leave room for others on the GPU gets its own MPS control
-daemon for its shared GPUs (`draplugin.prepare.mps`), configured from what it
-consumed:
+whose shares leave room for others on the GPU is a client of the GPU's one
+MPS control daemon (`draplugin.prepare.mpsgpu`), with limits from what it
+consumed, in its containers' environment (the CDI spec):
 
-- pinned device memory limit of each GPU = the `memory` the claim consumed
-  there (summed when two requests of the claim share one GPU), in whole MiB;
-- default active thread percentage = the `compute` it consumed (percent of
-  the GPU's SMs), when the GPU is shared with a compute capacity.
+- pinned device memory limit of each GPU (`CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`)
+  = the `memory` the claim consumed there (summed when two requests of the
+  claim share one GPU), in whole MiB;
+- active thread percentage (`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`) = the
+  `compute` it consumed (percent of the GPU's SMs), when the GPU is shared
+  with a compute capacity: a cap on the SMs each of its contexts may use.
 
 The derived config is an ordinary MPS `GpuConfig`, so the rest of prepare
-(CDI variables, the daemon, the checkpoint, unprepare) treats it like any MPS
-claim, and the checkpoint restores it unchanged. A share that holds the whole
+(CDI variables, the checkpoint, unprepare) treats it like any MPS claim, and
+the checkpoint restores it unchanged. A share that holds the whole
 GPU (what a claim without capacity requests gets) leaves no room for anyone,
 so it is prepared like an exclusive GPU, with the claim's own config.
 
@@ -89,7 +91,8 @@ def holds_whole(device: Device, consumed: Mapping[str, int]) -> bool:
 
 def enforced_configs(shares: Sequence[Share], *, api_version: str, who: str) -> list[GpuConfig]:
     """The config each share is prepared with, in the order given: one MPS config for all the
-    claim's partial shares (one daemon per claim), the share's own config for whole ones."""
+    claim's partial shares (one set of client variables per container), the share's own config
+    for whole ones."""
     totals: dict[str, dict[str, int]] = {}
     for share in shares:
         device_total = totals.setdefault(share.device.name, {})
@@ -119,8 +122,8 @@ def enforced_configs(shares: Sequence[Share], *, api_version: str, who: str) -> 
         raise PlanError(
             "UnsupportedSharing",
             f"claim {who}: its shared GPUs have different compute shares "
-            f"({', '.join(map(str, sorted(percentages)))}); a claim runs one MPS server, which has one "
-            "active thread percentage",
+            f"({', '.join(map(str, sorted(percentages)))}); a claim's containers have one "
+            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
         )
     mps: dict[str, Any] = {"perDevicePinnedMemoryLimit": {name: limits[name] for name in sorted(limits)}}
     if percentages:
