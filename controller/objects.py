@@ -148,9 +148,15 @@ def gc_paused() -> Iterator[None]:
 
 def load_manifests(paths: Iterable[str | Path]) -> ClusterObjects:
     """Read YAML (multi-document) and JSON manifests, including `kind: List`."""
+    return load_files(manifest_files(paths))
+
+
+def load_files(files: Iterable[Path]) -> ClusterObjects:
+    """`load_manifests` of files already found (`controller.manifests.collect`): each is read as
+    it is, with no second look at what the path is."""
     objects = ClusterObjects()
     with gc_paused():
-        for path in manifest_files(paths):
+        for path in files:
             for document in _documents(path):
                 for obj in flatten_document(document, path):
                     if obj.get("kind") in NAMESPACED_KINDS:

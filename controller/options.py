@@ -21,7 +21,7 @@ from controller.allocation.selectors import Compiler
 from controller.cel import compile_selector, versions
 from controller.cel.versions import VERSION_ENV
 from controller.manifests import Source, collect, duplicates
-from controller.objects import ClusterObjects, ManifestError, load_from_cluster, load_manifests
+from controller.objects import ClusterObjects, ManifestError, load_files, load_from_cluster
 from controller.scheduler import extendedclaim
 from controller.scheduler.allocator import Allocator
 from dracommon.kubeversion import (
@@ -184,7 +184,7 @@ def load_manifest_sources(sources: list[Source]) -> ClusterObjects:
     twice); InputError for an unreadable file or an object two files define."""
     try:
         found = collect(sources)
-        objects = load_manifests(found.files)
+        objects = load_files(found.files)
         repeated = duplicates(objects, found.files)
     except (ManifestError, OSError) as err:
         raise InputError(str(err)) from err
