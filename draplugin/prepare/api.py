@@ -1,16 +1,22 @@
 """Reading ResourceClaims for the prepare path, within a deadline.
 
-Claims are read as plain JSON through the shared client, never through the
-generated models: those drop fields they do not know, and a newer API
-server's allocation fields must not vanish between the wire and our planning
-code. Reads run on a thread pool (`AsyncKubeApi`) because the client is
-synchronous and the kubelet sends many claims at once.
+Claims are read as plain JSON, never through the generated models: those drop
+fields they do not know, and a newer API server's allocation fields must not
+vanish between the wire and our planning code. The kubelet sends many claims at
+once, and their GETs go out at once on the event loop, each on a keep-alive
+connection of its own (`draplugin.prepare.claimpool`), with the shared client's
+server, TLS settings and credentials (its bearer token read per request, so a
+refreshed service account token is used as the client would use it). A client
+set up in a way the pool does not cover (a proxy, a custom hostname check)
+reads on the shared client's thread pool (`AsyncKubeApi`) instead, as
+`list_claims` at start-up always does.
 
 Every read has a deadline (the kubelet's, handed down, or the plugin's own
 setting): transient failures are retried with backoff inside it, and when it
 passes the claim gets `ApiDeadlineExceeded`, a clean per-claim error, instead
 of the kubelet's call expiring first. The client's own hidden retries are
-switched off (`AsyncKubeApi(retries=0)`) so one attempt never outlasts it.
+switched off (`AsyncKubeApi(retries=0)`) so one attempt never outlasts it; the
+pool's one hidden retry is of a kept-alive connection the server had closed.
 
 Bodies are decoded with bounded nesting (`decode_json`): opaque parameters of
 other drivers may be nested deeper than Python's parser recurses, and must not
@@ -28,6 +34,9 @@ from typing import Any, Final, Protocol
 from urllib.parse import quote
 
 from dracommon.kubeapi import ApiError, AsyncKubeApi
+from dracommon.kubeapi.errors import error_from_response
+from draplugin.prepare.claimpool import ClaimPool, claim_pool
+from draplugin.prepare.httpget import HttpUnavailable
 
 REQUEST_TIMEOUT_S: Final = 20.0
 # The longest a prepare waits for the API server (`--prepare-api-deadline`): a few seconds under the
@@ -81,6 +90,8 @@ class KubeClaimReader:
     def __init__(self, api: AsyncKubeApi, *, backoff_s: float = RETRY_BACKOFF_S) -> None:
         self._api = api
         self._backoff_s = backoff_s
+        # None: the client's set-up is one the pool does not cover; GETs go through `api`.
+        self._pool: ClaimPool | None = claim_pool(api)
 
     async def get_claim(self, namespace: str, name: str, deadline: float) -> dict[str, Any] | None:
         path = claim_path(namespace, name)
@@ -90,9 +101,9 @@ class KubeClaimReader:
         while (remaining := deadline - time.monotonic()) > 0:
             attempts += 1
             try:
-                # wait_for: a request still queued for a worker thread is answered at the deadline too;
-                # one already running ends by its own timeout, which is never longer.
-                raw = await asyncio.wait_for(self._api.get_bytes(path, request_timeout=remaining), remaining)
+                # wait_for: a request still waiting for a connection or a worker thread is answered
+                # at the deadline too; one already running ends by its own timeout, never longer.
+                raw = await asyncio.wait_for(self._get_bytes(path, remaining), remaining)
             except TimeoutError:
                 last = "no answer"
                 break
@@ -114,6 +125,18 @@ class KubeClaimReader:
             f"after {attempts} attempts (last: {last})"
         )
 
+    async def _get_bytes(self, path: str, budget_s: float) -> bytes:
+        """The body of a 2xx answer; `ApiError` for any other outcome, as `KubeApi.get_bytes`."""
+        if self._pool is None:
+            return await self._api.get_bytes(path, request_timeout=budget_s)
+        try:
+            answer = await self._pool.get(path)
+        except HttpUnavailable as err:
+            raise ApiError(0, f"GET {path}: {err}") from None
+        if 200 <= answer.status < 300:
+            return answer.body
+        raise error_from_response(answer.status, answer.body, answer.reason)
+
     def list_claims(self, timeout_s: float) -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = []
         query = {"limit": str(LIST_PAGE_SIZE)}
@@ -129,6 +152,8 @@ class KubeClaimReader:
             query["continue"] = str(token)
 
     def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
         self._api.close()
 
 
