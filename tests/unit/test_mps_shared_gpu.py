@@ -9,19 +9,23 @@ real `nvidia-cuda-mps-control` and `nvidia-smi` on the NVML double: tests/unit/t
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from draplugin import crashpoints
-from draplugin.kubelet.interface import ClaimError
+from draplugin.kubelet.interface import ClaimError, ClaimRef
 from draplugin.prepare import computemode, mps, mpsgpu, timeslice
 from draplugin.prepare.errors import PlanError
 from draplugin.prepare.ledger import LedgerEntry
+from draplugin.prepare.plan import plan_claim
+from tests.driverroot_layout import TOOL_STATE
 from tests.unit import sharing_fixtures, test_prepare_driver
 from tests.unit.sharing_fixtures import ToolNode, kill_daemon
+from tests.unit.test_mps_pod import PodApi, PodNode
 from tests.unit.test_prepare_driver import FakeClaims, SimulatedCrash
-from tests.unit.test_prepare_plan import claim_doc
+from tests.unit.test_prepare_plan import DRIVER, NODE, claim_doc
 from tests.unit.test_shares import DEVICES, driver, shared_result
 
 tool_node = sharing_fixtures.tool_node
@@ -258,3 +262,28 @@ async def test_an_mps_share_and_a_time_slice_on_one_gpu_are_refused_either_way(t
 def test_the_time_slicers_name_for_the_share_kind_is_the_shares_own() -> None:
     assert timeslice.MPS_SHARE_KIND == mpsgpu.KIND
     assert mps.KIND != mpsgpu.KIND != computemode.KIND
+
+
+def test_in_pod_mode_the_gpus_daemon_is_one_pod_that_outlives_a_plugin_restart(tmp_path: Path) -> None:
+    api = PodApi()
+    try:
+        node = PodNode(tmp_path, api)
+        devices = {"gpu-0": DEVICES["gpu-0"]}
+        first, second = (
+            plan_claim(ClaimRef("ns", uid, uid), claim_doc(uid, [shared_result("gpu-0", sid, memory="10Gi")]),
+                       driver=DRIVER, pool=NODE, devices=devices)
+            for uid, sid in (("uid-a", "s-1"), ("uid-b", "s-2"))
+        )  # fmt: skip
+        node.sharing().apply(first)
+        node.sharing().apply(second)  # another plugin process: finds the Pod in the ledger
+        (pod,) = api.created
+        assert pod["metadata"]["name"] == f"mps-{OWNER}" and api.running() == [f"mps-{OWNER}"]
+        assert pod["metadata"]["labels"][f"{DRIVER}/claim-uid"] == OWNER
+        mode = node.driver_root / TOOL_STATE / f"computemode-{GPU0}"
+        assert mode.read_text().strip() == "Exclusive_Process"
+        node.sharing().release("uid-a")
+        assert api.running() == [f"mps-{OWNER}"]
+        node.sharing().release("uid-b")
+        assert api.running() == [] and api.pods == {} and mode.read_text().strip() == "Default"
+    finally:
+        api.close()
