@@ -71,7 +71,7 @@ if [ "$1" = -i ] && [ "$3" = -c ] && [ $# -eq 4 ]; then
     *) echo "Invalid compute mode: $4" >&2; exit 2;;
   esac
   mkdir -p "$STATE" && echo "$mode" > "$STATE/computemode-$2"
-  echo "Compute mode set to $4 for GPU $2." && echo "All done."
+  echo "Set compute mode to $4 for GPU $2." && echo "All done."
   exit 0
 fi
 if [ "$1" = --query-gpu=compute_mode ] && [ "$2" = --format=csv,noheader ] && [ "$3" = -i ]; then
