@@ -16,7 +16,7 @@ from draplugin.devices.model import (
     Version,
 )
 from draplugin.devices.naming import DeviceNaming
-from draplugin.devices.shared import SharedGpus
+from draplugin.devices.shared import SharedGpus, UnlimitedShares
 
 __all__ = [
     "AttributeValue",
@@ -38,7 +38,8 @@ def load_backend(kind: str, node_name: str, **options: Any) -> DeviceBackend:
 
     fake: `config_file` (YAML path) or `gpus` + `model` (+ `partitionable`), `dev_root` or
     `device_dir` (where to create the fake device nodes).
-    nvml: `lib_path` (libnvidia-ml.so.1 or a driver root), `partitionable`, `sysfs_root`, `proc_root`.
+    nvml: `lib_path` (libnvidia-ml.so.1 or a driver root), `partitionable`, `sysfs_root`, `proc_root`,
+    and for shared GPUs `nvidia_cdi_hook_path` and `unlimited_shares` (`draplugin.devices.shared`).
     Both: `shared_gpus` (a `SharedGpus` mode; whole GPUs several claims may share), `naming` (a
     `DeviceNaming`: the device name scheme, `draplugin.devices.naming`).
     Raises ValueError (a subclass naming the problem) for bad options or a missing NVML library.
@@ -89,6 +90,8 @@ def load_backend(kind: str, node_name: str, **options: Any) -> DeviceBackend:
             naming=naming,
             sysfs_root=options.pop("sysfs_root", "/sys"),
             proc_root=options.pop("proc_root", "/proc"),
+            nvidia_cdi_hook_path=options.pop("nvidia_cdi_hook_path", None),
+            unlimited_shares=UnlimitedShares(options.pop("unlimited_shares", UnlimitedShares.SKIP)),
         )
         _reject_unknown(kind, options)
         return backend

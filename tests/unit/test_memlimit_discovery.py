@@ -135,3 +135,27 @@ def test_without_a_hook_path_no_share_is_published(
     devices, events = _discover(double, request, mounts_file=_mounts(tmp_path, CGROUP2_MOUNTS))
     assert [d.allow_multiple_allocations for d in devices] == [False]
     assert "--nvidia-cdi-hook-path" in events.posted[0][1]
+
+
+def test_load_backend_passes_the_settings_to_the_nvml_backend(
+    nvml_double: Callable[..., NvmlDouble], monkeypatch: pytest.MonkeyPatch, hook: Path, tmp_path: Path
+) -> None:
+    from draplugin.devices import load_backend
+    from draplugin.devices.nvml import NvmlBackend
+
+    double = nvml_double("dgxh100", gpus=1, overrides=[Gpu(index=0, memory_limits=False)])
+    monkeypatch.setenv("NVML_DOUBLE_CONFIG", str(double.config_path))
+    backend = load_backend(
+        "nvml",
+        "node-a",
+        lib_path=str(double.lib_path),
+        shared_gpus=SharedGpus.MEMORY,
+        nvidia_cdi_hook_path=str(hook),
+        unlimited_shares=UnlimitedShares.PUBLISH,
+    )
+    assert isinstance(backend, NvmlBackend)
+    try:
+        # publish: the GPU whose driver answers NOT_SUPPORTED is still shared, marked none.
+        assert [d.attributes.get("sharedMemoryLimit") for d in backend.discover()] == ["none"]
+    finally:
+        backend.close()
