@@ -326,6 +326,10 @@ _states: list[_State] = [_START]
 # state's number under the key None (no line is None).
 _Table = dict[str | None, Any]
 _tables: list[_Table] = [{None: 0}]
+# Per state: the text of a line up to its value ("    uuid: ", a plain key's entry) -> the JSON text
+# before the value and the table after it. Most lines seen once are such entries (UUIDs, names),
+# and their key, indentation and state repeat: only the value is new.
+_templates: list[dict[str, tuple[str, _Table]]] = [{}]
 _steps_kept = 0
 
 
@@ -446,7 +450,19 @@ def _intern(state: _State) -> _Table:
         found = _state_ids[state] = len(_states)
         _states.append(state)
         _tables.append({None: found})
+        _templates.append({})
     return _tables[found]
+
+
+def _value_start(line: str) -> int:
+    """Where the value after a line's first ": " begins; 0 without one."""
+    at = line.find(": ")
+    if at < 0:
+        return 0
+    start, end = at + 2, len(line)
+    while start < end and line[start] == " ":
+        start += 1
+    return start if start < end else 0
 
 
 def _learn(table: _Table, raw: str) -> tuple[str, _Table]:
@@ -473,11 +489,25 @@ def _learn(table: _Table, raw: str) -> tuple[str, _Table]:
     elif line.startswith("--- ") or line.startswith("---\t"):
         raise _NotSubset(line)
     else:
-        stack = list(blocks)
-        out: list[str] = []
-        for token in _tokens(line):
-            pending, fresh = _feed(stack, pending, fresh, written, token, out)
-        step = ("".join(out), _intern((written, started, tuple(stack), pending, fresh)))
+        start = _value_start(line)
+        templates = _templates[table[None]]
+        template = templates.get(line[:start]) if start else None
+        if template is not None and line[start] != "#":
+            # The same key in the same state: only the value is new (as `_entry` reads it).
+            step = (template[0] + _json_value(_scalar(line[start:])), template[1])
+        else:
+            stack = list(blocks)
+            out: list[str] = []
+            tokens = _tokens(line)
+            for token in tokens:
+                pending, fresh = _feed(stack, pending, fresh, written, token, out)
+            step = ("".join(out), _intern((written, started, tuple(stack), pending, fresh)))
+            prefix = line[:start]
+            if start and tokens[-1][1] == _ENTRY and "'" not in prefix and '"' not in prefix:
+                # A plain key: its value is the text from `start` on (`_entry` splits at the first ": ").
+                value = _json_value(tokens[-1][3])
+                if step[0].endswith(value) and len(templates) < _CACHE_LIMIT:
+                    templates[prefix] = (step[0][: len(step[0]) - len(value)], step[1])
     if _steps_kept < _CACHE_LIMIT:
         table[raw] = step
         _steps_kept += 1

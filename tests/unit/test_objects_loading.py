@@ -147,6 +147,24 @@ def test_edge_cases_through_the_json_route(text: str) -> None:
             assert routed == reference(text)
 
 
+LEARNED_VALUES = [
+    "1", "yes", "~", "null", "2001-12-14", "'q'", '"q"', "'it''s'", "[]", "{}", "[1]", "{a: 1}", "a: b",
+    "x #y", "#c", "- x", "0012", ".inf", "-.nan", "1:20", "é", "b:", "=", "<<", "&a", "*a", "!t", "|", ">",
+    "'open",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("value", LEARNED_VALUES)
+def test_a_known_key_with_a_new_value_reads_as_pyyaml_reads_it(value: str) -> None:
+    # The second item teaches the route the text before the value in that state; the third
+    # only brings a new value, read from what was learned.
+    text = f"- k: a\n- k: b\n- k: {value}\n"
+    assert ours(text) == reference(text)
+    routed = through_json(text)
+    if routed != "not JSON":
+        assert routed == through_tree(text)
+
+
 def test_fleet_files_take_the_json_route(tmp_path: Path) -> None:
     # bench.fleet's files, as `draplugin devices` renders slices (MIG nodes too), one per node.
     written = fleet.write_fleet(tmp_path, nodes=6, gpus_per_node=8, mig_fraction=0.5, fmt="yaml")
