@@ -298,7 +298,7 @@ def run_apply(args: argparse.Namespace) -> int:
         print(f"apply: {err}", file=sys.stderr)
         return 1
     finally:
-        api.close()  # type: ignore[no-untyped-call]
+        api.close()
     return 0
 
 

@@ -30,6 +30,8 @@ if TYPE_CHECKING:
     import asyncio
 
     from draplugin.kubelet.interface import Driver
+    from draplugin.kubelet.server import KubeletPluginServer
+    from draplugin.nodestart import Daemon
 
 __all__ = [
     "EXIT_FAILURE",
@@ -225,7 +227,13 @@ def _run(args: argparse.Namespace) -> int:
     # driver's recovery) is imported and built behind them (draplugin.nodestart).
     from draplugin.nodestart import StagedNode
 
-    return asyncio.run(serve_service(settings, StagedNode(settings)))
+    return asyncio.run(serve_service(settings, StagedNode(settings, _build_node)))
+
+
+def _build_node(settings: Settings, server: KubeletPluginServer | None) -> Daemon:
+    from draplugin.node import build_node  # here, on the builder's thread: most of the plugin's imports
+
+    return build_node(settings, server=server)
 
 
 RUN = Subcommand(

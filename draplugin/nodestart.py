@@ -22,17 +22,34 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import Protocol
 
 from draplugin.config import Settings
 from draplugin.devices.naming import NVIDIA_DRIVER_NAME
+from draplugin.kubelet.interface import Driver, HealthSource
 from draplugin.kubelet.pending import PendingDriver, PendingHealth
 from draplugin.kubelet.server import KubeletPluginServer, PluginServerOptions
 
-if TYPE_CHECKING:
-    from draplugin.node import NodeDaemon
-
 log = logging.getLogger(__name__)
+
+
+class Daemon(Protocol):
+    """What is built behind the sockets (`draplugin.node.NodeDaemon`)."""
+
+    @property
+    def driver(self) -> Driver: ...
+
+    @property
+    def health(self) -> HealthSource: ...
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+# Builds the daemon around a server already serving (None: one of its own, started by its start).
+Build = Callable[[Settings, KubeletPluginServer | None], Daemon]
 
 
 class NodeUnavailable(RuntimeError):
@@ -49,25 +66,21 @@ def plugin_server_options(settings: Settings) -> PluginServerOptions:
     )
 
 
-def _build(settings: Settings, server: KubeletPluginServer | None) -> NodeDaemon:
-    from draplugin.node import build_node  # here: most of the plugin's imports
-
-    return build_node(settings, server=server)
-
-
 class StagedNode:
-    """The node daemon behind sockets opened first (`cli.serve_service` runs it)."""
+    """The node daemon behind sockets opened first (`cli.serve_service` runs it); `build` runs on
+    a worker thread (`draplugin.node.build_node`, imported there)."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, build: Build) -> None:
         self.settings = settings
+        self._build = build
         self.driver = PendingDriver()
         self.health = PendingHealth()
         self.server: KubeletPluginServer | None = None
-        self.node: NodeDaemon | None = None
+        self.node: Daemon | None = None
 
     async def start(self) -> None:
         if self.settings.driver_name == NVIDIA_DRIVER_NAME:
-            self.node = await asyncio.to_thread(_build, self.settings, None)
+            self.node = await asyncio.to_thread(self._build, self.settings, None)
             await self.node.start()
             return
         server = KubeletPluginServer(
@@ -76,7 +89,7 @@ class StagedNode:
         self.server = server
         await server.start()
         try:
-            self.node = await asyncio.to_thread(_build, self.settings, server)
+            self.node = await asyncio.to_thread(self._build, self.settings, server)
             await self.node.start()
         except BaseException as err:
             reason = str(err) or type(err).__name__

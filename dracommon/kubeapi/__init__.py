@@ -1,10 +1,12 @@
 """The one Kubernetes API layer of both daemons, the dev cluster and the tests.
 
-`load_api_client` (config) finds the cluster and credentials; `KubeApi`
-(client) sends raw-JSON requests, lists and watches; `ApiError`/`Gone`
-(errors) say what failed; `watch_events` (watch) reads watch streams. The
-`kubernetes` package is imported only when a client is built or used, so
-code that merely names these types (offline commands) stays quick to start.
+`load_api_client` (config) finds the cluster and credentials (credentials) and
+builds a `RestClient` (rest: urllib3); `KubeApi` (client) sends raw-JSON
+requests, lists and watches over it, or over a `kubernetes` package ApiClient
+handed in; `ApiError`/`Gone` (errors) say what failed; `watch_events` (watch)
+reads watch streams. The `kubernetes` package is imported only where such an
+ApiClient is built (the dev cluster, tests, a kubeconfig user only it serves),
+never on the daemons' own path.
 """
 
 from dracommon.kubeapi.client import (

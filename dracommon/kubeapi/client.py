@@ -1,8 +1,11 @@
 """`KubeApi`: every request to the API server, as raw JSON dicts in and out.
 
-Built on the `kubernetes` package's ApiClient for the server address,
-credentials, TLS and token refresh, but never its typed models: those drop
-fields a newer server sends, and a read-modify-write would lose them. A
+Built on a `RestClient` (dracommon.kubeapi.rest: urllib3 with the credentials
+`load_api_client` read), or on a `kubernetes` package ApiClient where one is
+handed in (the dev cluster and tests build those; `load_api_client` falls back
+to one for kubeconfig users only that package serves), never on its typed
+models: those drop fields a newer server sends, and a read-modify-write would
+lose them. A
 failure is always an `ApiError` (`Gone` for 410): an HTTP error answer with
 the server's metav1.Status, or status 0 when no answer came (connection
 refused, TLS, timeout, a stream broken midway). What to do about it is each
@@ -12,11 +15,12 @@ caller's policy.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Final, TypeVar
 
 from dracommon.kubeapi.errors import ApiError, error_from_response
+from dracommon.kubeapi.rest import RestClient
 from dracommon.kubeapi.watch import watch_events
 
 JSON = dict[str, Any]
@@ -38,19 +42,58 @@ WATCH_READ_SLACK_S: Final = 30.0
 
 
 def _transport_errors() -> tuple[type[BaseException], ...]:
-    """What the HTTP stack raises when no answer came (imported late: the client library is heavy)."""
-    from kubernetes.client.exceptions import ApiException  # the library's wrapper of TLS errors
+    """What the HTTP stack raises when no answer came."""
     from urllib3.exceptions import HTTPError
 
-    return HTTPError, OSError, ApiException
+    return HTTPError, OSError
+
+
+class _KubernetesTransport:
+    """`RestClient.urlopen` over a `kubernetes` package ApiClient (its server, credentials and pool)."""
+
+    def __init__(self, api_client: Any) -> None:
+        self.api_client = api_client
+
+    def urlopen(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Iterable[tuple[str, str]],
+        headers: Mapping[str, str],
+        body: bytes | None,
+        timeout: Timeout,
+    ) -> Any:
+        from kubernetes.client.exceptions import ApiException  # the library's wrapper of TLS errors
+        from urllib3.exceptions import HTTPError
+
+        try:
+            method, url, sent, _, _ = self.api_client.param_serialize(
+                method=method,
+                resource_path=path,
+                query_params=list(query),
+                header_params=dict(headers),
+                auth_settings=["BearerToken"],
+            )
+            # The library serializes JSON bodies itself (all of ours are JSON).
+            obj = json.loads(body) if body is not None else None
+            return self.api_client.call_api(
+                method, url, header_params=sent, body=obj, _request_timeout=timeout
+            ).response
+        except ApiException as err:
+            raise HTTPError(str(err)) from err
 
 
 class KubeApi:
-    """Raw-JSON requests with one ApiClient's server and credentials."""
+    """Raw-JSON requests with one client's server and credentials (`RestClient`, or a `kubernetes`
+    ApiClient)."""
 
     def __init__(self, api_client: Any, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         self.api_client = api_client
         self.timeout_s = timeout_s
+        self._transport: RestClient | _KubernetesTransport = (
+            api_client if isinstance(api_client, RestClient) else _KubernetesTransport(api_client)
+        )
 
     # ---------------------------------------------------------------- the one request path
 
@@ -67,19 +110,19 @@ class KubeApi:
         """One request; returns the unread 2xx response (`status`, `read()`, `response` to stream),
         raises `ApiError` for any other outcome."""
         headers = {"Accept": accept}
+        payload = None
         if body is not None:
             headers["Content-Type"] = content_type
+            # JSON for every content type: an apply patch's YAML may be JSON, as kubectl sends it.
+            payload = body if isinstance(body, bytes) else json.dumps(body).encode()
         try:
-            method, url, headers, payload, _ = self.api_client.param_serialize(
-                method=method,
-                resource_path=path,
-                query_params=list((query or {}).items()),
-                header_params=headers,
-                body=body,
-                auth_settings=["BearerToken"],
-            )
-            response = self.api_client.call_api(
-                method, url, header_params=headers, body=payload, _request_timeout=timeout or self.timeout_s
+            response = self._transport.urlopen(
+                method,
+                path,
+                query=list((query or {}).items()),
+                headers=headers,
+                body=payload,
+                timeout=timeout or self.timeout_s,
             )
             if 200 <= response.status < 300:
                 return response
@@ -210,16 +253,24 @@ class KubeApi:
         if resource_version:
             params["resourceVersion"] = resource_version
         timeout = (WATCH_CONNECT_TIMEOUT_S, timeout_s + WATCH_READ_SLACK_S)
-        raw = self._send("GET", path, None, params, JSON_TYPE, timeout).response
-        from kubernetes.watch.watch import iter_resp_lines  # splits chunks into lines, partial ones too
-
+        raw = self._send("GET", path, None, params, JSON_TYPE, timeout)
         try:
-            yield from watch_events(iter_resp_lines(raw))  # type: ignore[no-untyped-call]
+            yield from watch_events(_lines(raw))
         except _transport_errors() as err:
             raise ApiError(0, f"watch of {path} broke: {err}") from err
         finally:
             raw.close()  # a watch left midway has unread data: never hand that connection out again
             raw.release_conn()
+
+
+def _lines(response: Any) -> Iterator[bytes]:
+    """The stream's lines as the chunks bring them, a line split across chunks joined."""
+    pending = b""
+    for chunk in response.stream(amt=None, decode_content=False):
+        *complete, pending = (pending + chunk).split(b"\n")
+        yield from complete
+    if pending:
+        yield pending
 
 
 class AsyncKubeApi:
@@ -265,8 +316,11 @@ def _ensure_connections(api_client: Any, workers: int, retries: int | None = Non
     """One pooled connection per worker, so parallel requests do not open and drop sockets, and
     urllib3's retries as asked.
 
-    The connection pool is built with the ApiClient, so a larger size needs a new one.
+    A kubernetes ApiClient's pool is built with it, so a larger size needs a new one.
     """
+    if isinstance(api_client, RestClient):
+        api_client.ensure_pool(workers, retries)
+        return
     configuration = api_client.configuration
     current = configuration.retries
     same_retries = retries is None or getattr(current, "total", current) == retries

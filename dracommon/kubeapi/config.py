@@ -1,8 +1,11 @@
-"""Which cluster and credentials: an ApiClient from a kubeconfig or the in-cluster service account.
+"""Which cluster and credentials: a client from a kubeconfig or the in-cluster service account.
 
-Each call builds its own `Configuration`, never touching the library's global
-default: two clients in one process (tests, or the controller talking to two
-clusters) must not leak settings into each other.
+The credentials are read here (`dracommon.kubeapi.credentials`) into a `RestClient`, without
+the `kubernetes` package; a kubeconfig user only that package serves (exec credential plugins,
+auth providers, passwords, proxies) gets its ApiClient instead, which `KubeApi` takes as well.
+Each call builds its own client and configuration, never touching a global default: two
+clients in one process (tests, or the controller talking to two clusters) must not leak
+settings into each other.
 """
 
 from __future__ import annotations
@@ -10,7 +13,10 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+from dracommon.kubeapi import credentials
+from dracommon.kubeapi.rest import RestClient
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
@@ -22,28 +28,24 @@ class KubeConfigError(RuntimeError):
     """No usable cluster credentials were found."""
 
 
-def load_api_client(kubeconfig: str | None = None, context: str | None = None) -> ApiClient:
-    """A `kubernetes.client.ApiClient` from, in order: the given kubeconfig file, the in-cluster
-    service account, or the default kubeconfig ($KUBECONFIG, else ~/.kube/config).
+def load_api_client(kubeconfig: str | None = None, context: str | None = None) -> RestClient | ApiClient:
+    """A client (for `KubeApi`) from, in order: the given kubeconfig file, the in-cluster service
+    account, or the default kubeconfig ($KUBECONFIG, else ~/.kube/config).
 
     Naming a context skips the in-cluster step: a context only exists in a kubeconfig.
     """
-    from kubernetes import client, config
-    from kubernetes.config.config_exception import ConfigException
-
     if kubeconfig:
         if not Path(kubeconfig).is_file():
             raise KubeConfigError(f"kubeconfig {kubeconfig} does not exist or is not a file")
         return _from_kubeconfig(kubeconfig, context)
     if context is None:
-        in_cluster = client.Configuration()
         try:
-            config.load_incluster_config(client_configuration=in_cluster)  # type: ignore[no-untyped-call]
-        except ConfigException as exc:
+            in_cluster = credentials.in_cluster()
+        except credentials.CredentialsError as exc:
             log.debug("not running in a cluster", extra={"reason": str(exc)})
         else:
             log.info("using in-cluster service account credentials")
-            return client.ApiClient(configuration=in_cluster)
+            return RestClient(in_cluster)
     default = default_kubeconfig()
     missing = [p for p in default.split(os.pathsep) if p and not Path(p).is_file()]
     if len(missing) == len([p for p in default.split(os.pathsep) if p]):
@@ -70,26 +72,33 @@ def context_namespace(kubeconfig: str | None = None, context: str | None = None)
     """The namespace kubectl would use without -n, from the credentials `load_api_client` picks
     (in the same order): the kubeconfig context's (the current one, or `context`), or in a pod
     the pod's own; None when none is named."""
-    from kubernetes import config
-    from kubernetes.config.config_exception import ConfigException
-
     if not kubeconfig and context is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
         try:
             return IN_CLUSTER_NAMESPACE_FILE.read_text().strip() or None
         except OSError:
             pass  # not a pod after all: the kubeconfig's, as load_api_client falls back
     try:
-        contexts, current = config.list_kube_config_contexts(  # type: ignore[no-untyped-call]
-            config_file=kubeconfig or default_kubeconfig()
-        )
-    except (ConfigException, OSError):
+        contexts, current = credentials.contexts(kubeconfig or default_kubeconfig())
+    except credentials.CredentialsError:
         return None
-    chosen = next((c for c in contexts if c.get("name") == context), None) if context else current
-    namespace = ((chosen or {}).get("context") or {}).get("namespace")
+    chosen: dict[str, Any] = contexts.get(context or current or "") or {}
+    namespace = chosen.get("namespace")
     return str(namespace) if namespace else None
 
 
-def _from_kubeconfig(path: str | None, context: str | None) -> ApiClient:
+def _from_kubeconfig(path: str, context: str | None) -> RestClient | ApiClient:
+    try:
+        client: RestClient | ApiClient = RestClient(credentials.from_kubeconfig(path, context))
+    except credentials.CredentialsError as exc:
+        raise KubeConfigError(f"cannot load cluster credentials from {path}: {exc}") from exc
+    except credentials.NeedsKubernetesClient:
+        client = _library_client(path, context)
+    log.info("using kubeconfig credentials", extra={"kubeconfig": path, "context": context or ""})
+    return client
+
+
+def _library_client(path: str, context: str | None) -> ApiClient:
+    """The kubernetes package's own loader, for what `credentials` does not read."""
     from kubernetes import config
     from kubernetes.config.config_exception import ConfigException
 
@@ -99,9 +108,5 @@ def _from_kubeconfig(path: str | None, context: str | None) -> ApiClient:
             config_file=path, context=context, persist_config=False
         )
     except (ConfigException, OSError) as exc:
-        where = path or "the kubeconfig"
-        raise KubeConfigError(f"cannot load cluster credentials from {where}: {exc}") from exc
-    log.info(
-        "using kubeconfig credentials", extra={"kubeconfig": path or "default", "context": context or ""}
-    )
+        raise KubeConfigError(f"cannot load cluster credentials from {path}: {exc}") from exc
     return api

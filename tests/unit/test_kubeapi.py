@@ -1,5 +1,6 @@
 """The shared API client over real HTTP: a scripted server on 127.0.0.1 answers, the real request
-path (kubernetes ApiClient, urllib3) carries it. Errors, verbs, pagination, server-side apply, watches."""
+path carries it: our RestClient (urllib3), and a kubernetes ApiClient as the dev cluster hands in
+(every test runs with both). Errors, verbs, pagination, server-side apply, watches."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import asyncio
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -26,6 +27,8 @@ from dracommon.kubeapi import (
     error_from_status,
     watch_events,
 )
+from dracommon.kubeapi.credentials import Credentials
+from dracommon.kubeapi.rest import RestClient
 
 TOKEN = "test-token"
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
@@ -121,15 +124,30 @@ def server() -> Iterator[FakeApiServer]:
 
 
 def api_client(port: int) -> Any:
+    """A kubernetes ApiClient to the scripted server (other tests' clients, as before)."""
+    return library_client(port)
+
+
+def library_client(port: int) -> Any:
     configuration = k8s.Configuration(host=f"http://127.0.0.1:{port}")
     configuration.api_key = {"BearerToken": TOKEN}
     configuration.api_key_prefix = {"BearerToken": "Bearer"}
     return k8s.ApiClient(configuration)
 
 
+def rest_client(port: int) -> Any:
+    return RestClient(Credentials(server=f"http://127.0.0.1:{port}", token=TOKEN))
+
+
+@pytest.fixture(params=[rest_client, library_client], ids=["rest", "kubernetes"])
+def make_client(request: pytest.FixtureRequest) -> Callable[[int], Any]:
+    made: Callable[[int], Any] = request.param
+    return made
+
+
 @pytest.fixture
-def api(server: FakeApiServer) -> Iterator[KubeApi]:
-    with api_client(server.port) as client:
+def api(server: FakeApiServer, make_client: Callable[[int], Any]) -> Iterator[KubeApi]:
+    with make_client(server.port) as client:
         yield KubeApi(client, timeout_s=5)
 
 
@@ -190,8 +208,8 @@ def test_410_is_gone(server: FakeApiServer, api: KubeApi) -> None:
         api.list(SLICES)
 
 
-def test_no_answer_is_status_zero(api: KubeApi) -> None:
-    with api_client(1) as client, pytest.raises(ApiError) as caught:
+def test_no_answer_is_status_zero(api: KubeApi, make_client: Callable[[int], Any]) -> None:
+    with make_client(1) as client, pytest.raises(ApiError) as caught:
         KubeApi(client, timeout_s=2).get("/version")
     assert caught.value.status == 0 and "GET /version" in str(caught.value)
 
@@ -338,7 +356,7 @@ def test_error_from_status_uses_the_status_code_when_no_http_status() -> None:
 
 def test_async_calls_run_on_the_pool_with_one_connection_per_worker(server: FakeApiServer) -> None:
     server.reply("GET", "/version", Reply(body={"gitVersion": "v1.37.2"}))
-    with api_client(server.port) as client:
+    with library_client(server.port) as client:
         client.configuration.connection_pool_maxsize = 2
         aapi = AsyncKubeApi(KubeApi(client), workers=8)
         try:
@@ -349,5 +367,25 @@ def test_async_calls_run_on_the_pool_with_one_connection_per_worker(server: Fake
             assert asyncio.run(burst()) == [{"gitVersion": "v1.37.2"}] * 8
             assert client.configuration.connection_pool_maxsize == 8
             assert client.rest_client.pool_manager.connection_pool_kw["maxsize"] == 8
+        finally:
+            aapi.close()
+
+
+def test_a_rest_client_gets_a_pooled_connection_per_worker_and_the_retries_asked(
+    server: FakeApiServer,
+) -> None:
+    server.reply("GET", "/version", Reply(body={"gitVersion": "v1.37.2"}))
+    with rest_client(server.port) as client:
+        client.pool_size = 2
+        aapi = AsyncKubeApi(KubeApi(client), workers=8, retries=0)
+        try:
+
+            async def burst() -> list[dict[str, Any]]:
+                return await asyncio.gather(*(aapi.get("/version") for _ in range(8)))
+
+            assert asyncio.run(burst()) == [{"gitVersion": "v1.37.2"}] * 8
+            assert (client.pool_size, client.retries) == (8, 0)
+            assert client._manager().connection_pool_kw["maxsize"] == 8
+            assert client._manager().connection_pool_kw["retries"].total == 0
         finally:
             aapi.close()

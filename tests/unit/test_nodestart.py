@@ -15,6 +15,7 @@ from draplugin import nodestart
 from draplugin.config import Settings
 from draplugin.devices import DeviceBackend
 from draplugin.kubelet.interface import ClaimRef, Driver, PreparedDevice
+from draplugin.kubelet.server import KubeletPluginServer
 from draplugin.kubelet.sockets import socket_paths
 from draplugin.node import NodeDaemon
 from tests.kubelet_client import FakeKubelet, StaticDriver
@@ -67,20 +68,19 @@ class SlowBuild:
         self.driver = RecoveringDriver()
         return self.driver
 
-    def __call__(self, settings: Settings, server: object) -> NodeDaemon:
+    def __call__(self, settings: Settings, server: KubeletPluginServer | None) -> NodeDaemon:
         return daemon(settings, self.api, driver_factory=self.factory, server=server)
 
 
-def staged(root: Path, build: SlowBuild, monkeypatch: pytest.MonkeyPatch) -> nodestart.StagedNode:
-    monkeypatch.setattr(nodestart, "_build", build)
-    return nodestart.StagedNode(settings_for(root))
+def staged(root: Path, build: SlowBuild) -> nodestart.StagedNode:
+    return nodestart.StagedNode(settings_for(root), build)
 
 
 async def test_the_sockets_serve_before_recovery_and_a_prepare_waits_for_it(
-    root: Path, api: FakeSliceApi, monkeypatch: pytest.MonkeyPatch
+    root: Path, api: FakeSliceApi
 ) -> None:
     build = SlowBuild(api)
-    node = staged(root, build, monkeypatch)
+    node = staged(root, build)
     starting = asyncio.ensure_future(node.start())
     try:
         await wait_until(build.recovering.is_set, "the driver's recovery to begin")
@@ -106,10 +106,10 @@ async def test_the_sockets_serve_before_recovery_and_a_prepare_waits_for_it(
 
 
 async def test_a_failed_start_refuses_the_waiting_claim_and_removes_the_sockets(
-    root: Path, api: FakeSliceApi, monkeypatch: pytest.MonkeyPatch
+    root: Path, api: FakeSliceApi
 ) -> None:
     build = SlowBuild(api, fail="no GPUs here")
-    node = staged(root, build, monkeypatch)
+    node = staged(root, build)
     starting = asyncio.ensure_future(node.start())
     paths = socket_paths(root / "kubelet", DRIVER)
     try:
