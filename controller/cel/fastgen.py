@@ -25,11 +25,13 @@ would never look at it, as it does in the full engine.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from controller.cel import fastruntime as rt
 from controller.cel.analysis import DEVICE_FIELDS, WILDCARD, Analysis
+from controller.cel.device import ViewPlan
 from controller.cel.engine_cpp import NATIVE_FUNCTIONS
 from controller.cel.errors import LibraryError
 from controller.cel.library import Function
@@ -44,12 +46,18 @@ class Unsupported(Exception):
 
 
 # Static kinds the generator tracks (None: only known at run time).
-STR, INT, BOOL, DOUBLE, QUANTITY, LIST = "str", "int", "bool", "float", "quantity", "list"
+STR, INT, BOOL, DOUBLE, QUANTITY, LIST, MAP = "str", "int", "bool", "float", "quantity", "list", "map"
 _PY_CLASS = {STR: "str", INT: "int", BOOL: "bool", DOUBLE: "float"}
 _EQUALITY_CLASSES = "_EQ"  # str, int, bool, float: == agrees with CEL's on these
 _ORDER_CLASSES = "_ORD"  # str, int, float
 _RELATIONS = {"_==_": "==", "_!=_": "!=", "_<_": "<", "_<=_": "<=", "_>_": ">", "_>=_": ">="}
 _NOT_CONSTANT = object()
+_MACROS = frozenset({"all", "exists", "exists_one", "existsOne", "map", "filter"})
+# Comprehension iterations per evaluation past which the device goes to the full engine.
+# cel-expr-python changes course after engine_cpp.ITERATION_LIMIT (10,000; it hands over to
+# cel-python, or fails where that cannot run the expression). Our loops never exit early, so
+# they run at least as many iterations as that engine does: below this, it never got there.
+ITERATIONS = 9_000
 _COMPARISONS = {"compareTo": "", "isGreaterThan": " > 0", "isLessThan": " < 0"}
 _MAX_LOCALS = 200  # far below CPython's limits; a bigger expression stays on the full engine
 
@@ -68,7 +76,7 @@ class Binding:
     """A cel.bind name: its expression, and the names in scope where it was bound."""
 
     node: Node
-    scope: dict[str, Binding]
+    scope: dict[str, Binding | Value]
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,12 +87,11 @@ class Generated:
 
 def generate(tree: Node, info: Analysis, driver: str) -> Generated:
     """Source of `def selector(device)`; Unsupported when the expression is not covered."""
-    if info.reads is None or info.loops > _binds(tree):
-        raise Unsupported("reads unknown, or comprehensions")
-    for _field, domain, ident in info.reads:
-        if WILDCARD in (domain, ident):
-            raise Unsupported("whole-domain read")
-    return _Generator(info.reads, driver).function(tree)
+    if info.reads is None:
+        raise Unsupported("reads unknown")
+    comprehensions = info.loops > _binds(tree)
+    whole = any(WILDCARD in (domain, ident) for _field, domain, ident in info.reads)
+    return _Generator(info.reads, driver, whole_view=whole, loops=comprehensions).function(tree)
 
 
 def _binds(tree: Node) -> int:
@@ -93,7 +100,7 @@ def _binds(tree: Node) -> int:
     return sum(1 for node in syntax.walk(tree) if isinstance(node, Call) and _is_bind(node, {}))
 
 
-def _is_bind(node: Call, scope: dict[str, Binding]) -> bool:
+def _is_bind(node: Call, scope: Mapping[str, object]) -> bool:
     return (
         node.name == "bind"
         and isinstance(node.target, Ident)
@@ -105,15 +112,21 @@ def _is_bind(node: Call, scope: dict[str, Binding]) -> bool:
 
 
 class _Generator:
-    def __init__(self, reads: tuple[tuple[str, str, str], ...], driver: str) -> None:
+    def __init__(
+        self, reads: tuple[tuple[str, str, str], ...], driver: str, *, whole_view: bool, loops: bool
+    ) -> None:
         self.driver = driver
         self.reads = reads
+        # With a whole-domain read, the device view is built (build_view, with the read plan
+        # the full engine uses) and read as maps; otherwise entries come from the JSON itself.
+        self.whole_view = whole_view
+        self.loops = loops
         self.lines: list[str] = []
         self.depth = 1
         self.count = 0
         self.constants: dict[str, object] = {}
         self.read_vars: dict[tuple[str, str, str], str] = {}
-        self.scope: dict[str, Binding] = {}
+        self.scope: dict[str, Binding | Value] = {}
 
     # ------------------------------------------------------------------ plumbing
 
@@ -148,6 +161,12 @@ class _Generator:
 
     def prologue(self) -> None:
         """Every entry the expression can read, validated up front (as build_view does)."""
+        if self.loops:
+            self.line("n = 0")  # comprehension iterations so far
+        if self.whole_view:
+            plan = self.constant(ViewPlan(self.reads, self.driver), None)
+            self.line(f"V = view({self.driver!r}, device, {plan.code})")
+            return
         self.line("if device.__class__ is not dict: raise _F")
         for name, table in (("A", "attributes"), ("C", "capacity")):
             self.line(f"{name} = device.get({table!r})")
@@ -204,8 +223,12 @@ class _Generator:
             bound = self.scope.get(node.name)
             if bound is not None:
                 return self.bound_value(bound)
+            if node.name == "device" and self.whole_view:
+                return Value("V", MAP)
             raise Unsupported(f"identifier {node.name}")
         if isinstance(node, Select | Index):
+            if self.whole_view or not _from_device(node, self.scope):
+                return self.selection(node)
             return self.device_read(node)
         if isinstance(node, Call):
             return self.call(node)
@@ -213,12 +236,29 @@ class _Generator:
             return self.list_value(node)
         raise Unsupported(type(node).__name__)
 
-    def bound_value(self, bound: Binding) -> Value:
+    def bound_value(self, bound: Binding | Value) -> Value:
+        if isinstance(bound, Value):
+            return bound  # a comprehension variable
         outer, self.scope = self.scope, bound.scope
         try:
             return self.emit(bound.node)
         finally:
             self.scope = outer
+
+    def selection(self, node: Select | Index) -> Value:
+        """`x.f` and `x[i]` on a value: a map's key (missing: CEL's error) or a list's element."""
+        if node.optional:
+            raise Unsupported("optional selection")
+        operand = self.emit(node.operand)
+        key = self.constant(node.field, STR) if isinstance(node, Select) else self.emit(node.index)
+        out = self.temp()
+        if _is_domain_table(node.operand, self.scope):
+            # device.attributes[d] / device.capacity[d]: an unknown domain is an empty map.
+            self.require(key, STR)
+            self.line(f"{out} = {operand.code}.get({key.code}, EMPTY)")
+            return Value(out, MAP)
+        self.line(f"{out} = item({operand.code}, {key.code})")
+        return Value(out, None)
 
     def device_path(self, node: Node) -> list[str]:
         steps: list[str] = []
@@ -285,7 +325,85 @@ class _Generator:
             return self.presence(args[0])
         if _is_bind(node, self.scope):
             return self.bind(node)
+        if target is not None and name in _MACROS and args and isinstance(args[0], Ident):
+            return self.comprehension(node)
         return self.function_call(node)
+
+    def comprehension(self, node: Call) -> Value:
+        """all / exists / exists_one / map / filter, with one variable or (all, exists,
+        existsOne) two; `all`/`exists` absorb an element's error where another element
+        decides, as cel-go's loop does; every iteration counts against ITERATIONS."""
+        name, args = node.name, node.args
+        assert node.target is not None
+        two = len(args) == 3 and isinstance(args[1], Ident) and name in ("all", "exists", "existsOne")
+        one = name in ("all", "exists", "exists_one", "filter") and len(args) == 2
+        if not (two or one or (name == "map" and len(args) in (2, 3))):
+            raise Unsupported(f"macro {name} with {len(args)} arguments")
+        names = [arg.name for arg in args[: 2 if two else 1] if isinstance(arg, Ident)]
+        body = args[2 if two else 1 :]
+        target = self.emit(node.target)
+        if two:
+            items = self.assign(f"pairs({target.code})", None)
+        else:
+            self.line(
+                f"if {target.code}.__class__ is not list and {target.code}.__class__ is not dict: raise _F"
+            )
+            items = target
+        variables = [self.temp() for _ in names]
+        out, failed = self.temp(), self.temp()
+        kind = {"all": BOOL, "exists": BOOL, "exists_one": BOOL, "existsOne": BOOL}.get(name, LIST)
+        start = {"all": "True", "exists": "False"}.get(name, "0" if kind == BOOL else "[]")
+        self.line(f"{out} = {start}")
+        if name in ("all", "exists"):
+            self.line(f"{failed} = False")
+        self.line(f"for {', '.join(variables)} in {items.code}:")
+        self.depth += 1
+        self.line("n += 1")
+        self.line(f"if n > {ITERATIONS}: raise _F")
+        saved = {n: self.scope.get(n) for n in names}
+        for cel_name, var in zip(names, variables, strict=True):
+            self.scope[cel_name] = Value(var, None)
+        try:
+            self.loop_body(name, body, out, failed, variables[-1])
+        finally:
+            for cel_name, previous in saved.items():
+                if previous is None:
+                    self.scope.pop(cel_name, None)
+                else:
+                    self.scope[cel_name] = previous
+        self.depth -= 1
+        if name in ("all", "exists"):
+            undecided = "True" if name == "all" else "False"
+            self.line(f"if {out} is {undecided} and {failed}: raise _E")
+        if kind == BOOL and name not in ("all", "exists"):
+            return self.assign(f"{out} == 1", BOOL)
+        return Value(out, kind)
+
+    def loop_body(self, name: str, body: tuple[Node, ...], out: str, failed: str, element: str) -> None:
+        if name in ("all", "exists"):
+            decisive = "False" if name == "all" else "True"
+            predicate = self.temp()
+            self.line("try:")
+            self.depth += 1
+            self.line(f"{predicate} = {self.boolean(self.emit(body[0]))}")
+            self.depth -= 1
+            self.line("except _E:")
+            self.line(f"    {failed} = True")
+            self.line("    continue")
+            # No early exit: every element counts as an iteration, as in cel-expr-python's
+            # longest run (see ITERATIONS).
+            self.line(f"if {predicate} is {decisive}: {out} = {decisive}")
+        elif name in ("exists_one", "existsOne"):
+            self.line(f"if {self.boolean(self.emit(body[0]))}: {out} += 1")
+        elif name == "filter":
+            self.line(f"if {self.boolean(self.emit(body[0]))}: {out}.append({element})")
+        elif len(body) == 2:  # map(x, predicate, transform)
+            self.line(f"if {self.boolean(self.emit(body[0]))}:")
+            self.depth += 1
+            self.line(f"{out}.append({self.emit(body[1]).code})")
+            self.depth -= 1
+        else:
+            self.line(f"{out}.append({self.emit(body[0]).code})")
 
     def logical(self, node: Call, conjunction: bool) -> Value:
         """CEL's commutative `&&`/`||`: a decisive side wins over an error on the other side."""
@@ -387,6 +505,12 @@ class _Generator:
     def presence(self, tested: Node) -> Value:
         if not isinstance(tested, Select):
             raise Unsupported("has() of something other than a field selection")
+        if tested.optional:
+            raise Unsupported("optional selection")
+        if self.whole_view or not _from_device(tested, self.scope):
+            operand = self.emit(tested.operand)
+            self.line(f"if {operand.code}.__class__ is not dict: raise _F")
+            return self.assign(f"{tested.field!r} in {operand.code}", BOOL)
         field, var = self.read_var(self.device_path(tested))
         if field == "allowMultipleAllocations":
             return self.constant(True, None)
@@ -491,6 +615,25 @@ class _Generator:
         return self.assign(f"{search.code}({value.code}) is not None", BOOL)
 
 
+def _from_device(node: Node, scope: Mapping[str, object]) -> bool:
+    """Whether a select/index chain starts at the `device` variable."""
+    while isinstance(node, Select | Index):
+        node = node.operand
+    return isinstance(node, Ident) and node.name == "device" and "device" not in scope
+
+
+def _is_domain_table(node: Node, scope: Mapping[str, object]) -> bool:
+    """`device.attributes` / `device.capacity` themselves."""
+    return (
+        isinstance(node, Select)
+        and not node.optional
+        and node.field in ("attributes", "capacity")
+        and isinstance(node.operand, Ident)
+        and node.operand.name == "device"
+        and "device" not in scope
+    )
+
+
 def _class_of(code: str) -> str:
     """`code.__class__`, with a number literal in parentheses (`6.__class__` does not parse)."""
     return f"({code}).__class__" if code[0] in "-0123456789" else f"{code}.__class__"
@@ -509,6 +652,9 @@ def namespace() -> dict[str, Any]:
         "modulo": rt.modulo,
         "member": rt.member,
         "LIBRARY_ERRORS": rt.LIBRARY_ERRORS,
+        "view": rt.view,
+        "item": rt.item,
+        "pairs": rt.pairs,
         "_EQ": frozenset({str, int, bool, float}),
         "_ORD": frozenset({str, int, float}),
         "_CMP": frozenset({Quantity, Semver}),

@@ -14,10 +14,11 @@ So the compiled code only ever has to be right where it returns a bool.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from itertools import product
 from typing import Any, Final
 
+from controller.cel.device import DeviceShapeError, ViewPlan, build_view
 from controller.cel.errors import LibraryError
 from controller.cel.library import FUNCTIONS, Function, Kind
 from controller.cel.netlib import CIDR, IP, URL
@@ -78,6 +79,51 @@ def capacity(raw: object) -> Quantity:
     raise Unhandled
 
 
+def _same(value: object) -> object:
+    return value
+
+
+def view(driver: str, device: Mapping[str, Any], plan: ViewPlan) -> dict[str, Any]:
+    """The `device` variable as the full engine builds it (same plan), with plain values."""
+    try:
+        built = build_view(driver, device, semver=_same, quantity=_same, plan=plan)
+    except DeviceShapeError:
+        raise Unhandled from None
+    # An int past int64 fails in the full engine as its value crosses into cel-cpp.
+    for entries in built["attributes"].values():
+        for value in entries.values():
+            values = value if value.__class__ is list else (value,)
+            if any(v.__class__ is int and not INT64_MIN <= v <= INT64_MAX for v in values):
+                raise Unhandled
+    return built
+
+
+def item(container: object, key: object) -> object:
+    """`container[key]` / `container.key` on a map (string keys) or a list (int index):
+    a missing key or an index out of range is CEL's error; anything else is Unhandled."""
+    if container.__class__ is dict:
+        if key.__class__ is not str:
+            raise Unhandled
+        value = container.get(key, MISSING)
+        if value is MISSING:
+            raise CelFailure
+        return value
+    if container.__class__ is list and key.__class__ is int:
+        if 0 <= key < len(container):
+            return container[key]
+        raise CelFailure
+    raise Unhandled
+
+
+def pairs(container: object) -> Iterable[tuple[object, object]]:
+    """What a two-variable comprehension ranges over: (index, element) or (key, value)."""
+    if container.__class__ is list:
+        return list(enumerate(container))
+    if container.__class__ is dict:
+        return list(container.items())
+    raise Unhandled
+
+
 def checked(value: int) -> int:
     """An int64 result, or CEL's overflow error."""
     if INT64_MIN <= value <= INT64_MAX:
@@ -105,6 +151,8 @@ def member(needle: object, haystack: object) -> bool:
     """CEL `in` over a list, where every element has the needle's own type (str or int):
     there Python's `in` is CEL's; mixed types (CEL's heterogeneous equality) are Unhandled."""
     kind = needle.__class__
+    if haystack.__class__ is dict and kind is str:
+        return needle in haystack  # the view's maps have string keys only
     if haystack.__class__ is not list or (kind is not str and kind is not int):
         raise Unhandled
     for item in haystack:

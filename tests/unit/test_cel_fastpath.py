@@ -17,17 +17,26 @@ def _fresh_cache() -> None:
     clear_caches()
 
 
-def test_a_covered_selector_runs_compiled() -> None:
-    assert compile_selector(COVERED, engine=CPP_ENGINE).compiled_to_python
+@pytest.mark.parametrize(
+    "expression",
+    [
+        COVERED,
+        'device.attributes["gpu.example.com"].all(k, k != "x")',  # a comprehension
+        '"x" in device.attributes["gpu.example.com"]',  # a whole-domain read
+    ],
+)
+def test_a_covered_selector_runs_compiled(expression: str) -> None:
+    assert compile_selector(expression, engine=CPP_ENGINE).compiled_to_python
 
 
 @pytest.mark.parametrize(
     "expression",
     [
-        'device.attributes["gpu.example.com"].all(k, k != "x")',  # a comprehension
-        '"x" in device.attributes["gpu.example.com"]',  # a whole-domain read
+        "[3, 1].sort()[0] == 1",  # ext.Lists, native in cel-expr-python
+        "[1, 2].transformList(i, v, v * 2)[0] == 2",  # transformList
         f"{A}.index == 1u",  # uint
         f'{A}.?model.orValue("") == "H100"',  # optionals
+        f'{A}.model == b"x"',  # bytes
     ],
 )
 def test_what_it_does_not_cover_stays_on_the_engine(expression: str) -> None:

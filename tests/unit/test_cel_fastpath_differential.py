@@ -77,6 +77,26 @@ EDGE_EXPRESSIONS = [
     f'{A}.model != "a" && size([{A}.model]) == 1',
     f'({A}.index == 0 ? "a" : {A}.model) == "a"',
     f'({A}.index == 0 ? {A}.model : {A}.index) == "L4"',
+    # Comprehensions and whole-domain reads.
+    f'{A}.all(k, k != "model") || {A}.exists(k, {A}[k] == "L4")',
+    "[1, 0, 2].all(x, 4 / x > 1)",
+    "[1, 0, 2].exists(x, 4 / x > 3)",
+    "[1, 0, 2].exists(x, 4 / x > 9)",
+    "[0, 0].all(x, 4 / x > 1) || true",
+    "[1, 2, 0].exists_one(x, 4 / x == 4)",
+    "[1, 2, 3].exists_one(x, x > 2) && [1, 2].map(x, x * 2)[1] == 4",
+    "[1, 2, 3].map(x, x > 1, x * 10).filter(y, y > 20).size() == 1",
+    f'{A}.all(k, v, k.size() > 0 && v != "H100")',
+    "[5, 6].exists(i, v, i == 1 && v == 6)",
+    'device.attributes.exists(d, device.attributes[d].exists(k, k == "mig"))',
+    f'device.capacity["{D}"].exists(k, device.capacity["{D}"][k].isGreaterThan(quantity("50Gi")))',
+    f'"model" in {A} && !("nothing" in device.attributes["unknown.domain"])',
+    'size(device.attributes["other.dev"]) > 1',
+    "[1, 2][2] == 1 || [1, 2][1] == 2",
+    f'{A}.productName.split(" ")[1] == "L4"',
+    "[[1, 2], [3]].map(l, l.size())[0] == 2",
+    # Past the fast path's iteration limit: the full engine takes the device.
+    f"[{', '.join(['0'] * 95)}].all(x, [{', '.join(['0'] * 95)}].all(y, x == y))",
 ]
 
 
