@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 JSON = Mapping[str, Any]
@@ -18,58 +19,62 @@ ALL = "All"
 
 @dataclass(frozen=True)
 class Request:
-    """One request, or one subrequest of a `firstAvailable` list."""
+    """One request, or one subrequest of a `firstAvailable` list.
+
+    Its facts are read from the spec once (cached): the search asks them for every device it
+    tries, and a prepared claim's requests serve every node of a scheduling cycle. The spec is
+    not changed while a Request of it exists."""
 
     name: str  # the request's or subrequest's own name
     parent: str  # the main request's name for a subrequest, else ""
     spec: JSON  # `exactly` or the subrequest object
 
-    @property
+    @cached_property
     def result_name(self) -> str:
         """The name used in results and config: "req" or "req/sub"."""
         return f"{self.parent}/{self.name}" if self.parent else self.name
 
-    @property
+    @cached_property
     def base_name(self) -> str:
         return self.parent or self.name
 
-    @property
+    @cached_property
     def sub_name(self) -> str:
         return self.name if self.parent else ""
 
-    @property
+    @cached_property
     def device_class_name(self) -> str:
         return str(self.spec.get("deviceClassName") or "")
 
-    @property
+    @cached_property
     def allocation_mode(self) -> str:
         return str(self.spec.get("allocationMode") or EXACT_COUNT)
 
-    @property
+    @cached_property
     def count(self) -> int:
         if self.allocation_mode != EXACT_COUNT:
             return 0
         count = self.spec.get("count")
         return 1 if count is None else int(count)
 
-    @property
+    @cached_property
     def admin_access(self) -> bool:
         # Subrequests cannot ask for admin access.
         return not self.parent and bool(self.spec.get("adminAccess"))
 
-    @property
+    @cached_property
     def has_admin_access_field(self) -> bool:
         return not self.parent and self.spec.get("adminAccess") is not None
 
-    @property
+    @cached_property
     def selectors(self) -> Sequence[JSON]:
         return list(self.spec.get("selectors") or [])
 
-    @property
+    @cached_property
     def tolerations(self) -> Sequence[JSON]:
         return list(self.spec.get("tolerations") or [])
 
-    @property
+    @cached_property
     def capacity_requests(self) -> Mapping[str, Any] | None:
         capacity = self.spec.get("capacity")
         if capacity is None:

@@ -52,6 +52,8 @@ class Candidate:
     consumes_counters: bool
     per_device_node_selection: bool
     plain_capacity: bool  # see `has_plain_capacity`
+    allows_multiple: bool  # allowMultipleAllocations (sharing, under DRAConsumableCapacity)
+    tainted: bool  # has taints (which a request may not tolerate)
     # Selector outcomes on this device by the expressions evaluated (a request's steps): CEL
     # is pure over the device, so a node's cached candidates need each verdict only once.
     # Errors are not kept: they abort the attempt, and the next one evaluates (and fails) again.
@@ -101,6 +103,8 @@ def candidate_of(pool: Pool, slice_obj: JSON, device: JSON) -> Candidate:
         consumes_counters=bool(device.get("consumesCounters")),
         per_device_node_selection=bool((slice_obj.get("spec") or {}).get("perDeviceNodeSelection")),
         plain_capacity=has_plain_capacity(device),
+        allows_multiple=bool(device.get("allowMultipleAllocations")),
+        tainted=bool(device.get("taints")),
     )
 
 
@@ -359,7 +363,7 @@ class Search:
         )
 
     def _allow_multiple(self, candidate: Candidate) -> bool:
-        return self.features.consumable_capacity and bool(candidate.device.get("allowMultipleAllocations"))
+        return self.features.consumable_capacity and candidate.allows_multiple
 
     # ----- shared counters -----------------------------------------------------------
 
@@ -551,22 +555,27 @@ class Search:
         plan = self.plans[claim_index]
         request = request_plan.request
         device_id = candidate.device_id
-        multiple = self._allow_multiple(candidate)
-        if not multiple and request.admin_access and claim_index in self._allocating.get(device_id, ()):
-            return None
-        if not request.admin_access and self.in_use(device_id):
-            return None
-        if not self.features.partitionable_devices and candidate.consumes_counters:
-            return None
-        capacity_in_use = device_id in self.state.capacity or device_id in self._allocating_capacity
-        counters_taken = False
-        if not (multiple and capacity_in_use) and candidate.consumes_counters:
-            if not self._take_counters(candidate):
+        features = self.features
+        multiple = features.consumable_capacity and candidate.allows_multiple
+        admin_access = request.admin_access
+        if admin_access:
+            if not multiple and claim_index in self._allocating.get(device_id, ()):
                 return None
-            counters_taken = True
+        elif device_id in self.state.devices or self._allocating.get(device_id):  # in_use
+            return None
+        counters_taken = False
+        if candidate.consumes_counters:
+            if not features.partitionable_devices:
+                return None
+            capacity_in_use = device_id in self.state.capacity or device_id in self._allocating_capacity
+            if not (multiple and capacity_in_use):
+                if not self._take_counters(candidate):
+                    return None
+                counters_taken = True
         # Up to 1.36, as there, counters taken above are not given back when a taint or a
         # constraint rejects the device afterwards (Features.rejected_device_keeps_counters).
-        if self.features.device_taints and blocking_taint(candidate.device, request) is not None:
+        tainted = candidate.tainted and features.device_taints
+        if tainted and blocking_taint(candidate.device, request) is not None:
             self._reject_after_counters(candidate, counters_taken)
             return None
         for i, constraint in enumerate(plan.constraints):
