@@ -150,3 +150,22 @@ def test_a_feasible_node_read_after_a_commit_is_refused() -> None:
     allocator.commit(one, done.allocations[0])
     with pytest.raises(StaleAllocation):
         _ = pending.allocations
+
+
+def test_a_searched_node_builds_its_allocation_when_it_is_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    allocator, nodes = build(0)
+    built = 0
+    real = Allocator._allocation
+
+    def counted(self: Allocator, *args: Any) -> dict[str, Any]:
+        nonlocal built
+        built += 1
+        return real(self, *args)
+
+    monkeypatch.setattr(Allocator, "_allocation", counted)
+    two = claims()[1]  # two H100: the search runs on every node where screening cannot tell
+    outcomes = [allocator.prefilter([two]).allocate(n) for n in nodes]
+    assert any(o.ok for o in outcomes) and built == 0
+    fitting = next(o for o in outcomes if o.ok)
+    assert fitting.allocations[0]["devices"]["results"] and built == 1
+    assert fitting.allocations and built == 1  # once
