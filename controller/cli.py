@@ -14,6 +14,7 @@ pod/x` work, and `kubectl_complete-dra` answers kubectl's completion for it (doc
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 
@@ -58,8 +59,34 @@ build_parser = COMMAND_LINE.build_parser
 KUBECTL_PLUGIN_PROG = "kubectl dra"
 
 
+# Commands that end holding a fleet's objects (1,000 nodes' slices, the allocator's views) and
+# register nothing that must run at exit: freeing those objects one by one as the interpreter
+# shuts down took ~35 ms of explain's 0.45 s of CPU at 1,000 nodes, where the process's end
+# frees them at once.
+EXIT_WITHOUT_TEARDOWN = frozenset({"explain", "simulate"})
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     return COMMAND_LINE.main(argv)
+
+
+def console_main() -> None:
+    """The `dra-controller` program: `main` on the command line, then the process ends (for
+    EXIT_WITHOUT_TEARDOWN's commands without the interpreter's teardown, output flushed first)."""
+    words = sys.argv[1:]
+    code = main(words)
+    if words and words[0] in EXIT_WITHOUT_TEARDOWN:
+        _end_now(code)
+    sys.exit(code)
+
+
+def _end_now(code: int) -> None:
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (BrokenPipeError, ValueError):
+        code = code or 1  # the reader went away: as main answers a closed pipe
+    os._exit(code)
 
 
 def kubectl_main(argv: Sequence[str] | None = None) -> int:
@@ -76,6 +103,6 @@ def kubectl_complete(argv: Sequence[str] | None = None) -> int:
 if __name__ == "__main__":
     # Run as `python -m controller.cli`, this file is `__main__`, while the subcommand modules
     # register with `controller.cli`, a second copy: use that copy, which holds the registry.
-    from controller.cli import main as registered_main
+    from controller.cli import console_main as registered_main
 
-    sys.exit(registered_main())
+    registered_main()
