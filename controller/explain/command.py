@@ -318,8 +318,12 @@ def _explain_claim(args: argparse.Namespace, explainer: _Explainer, namespace: s
     if claim is not None:
         nodes = [explainer.only] if explainer.only is not None else explainer.known
         explanation: Explanation = explain_claim(explainer.allocator, claim, nodes or None)
-        data = explanation.to_json()  # once: at 1,000 nodes it is most of the output's work
-        emit(args, data, lambda: explanation.to_text(explainer.node_limit))
+        if args.output == "text":  # the JSON of every node (1,000 of them) is not needed for it
+            emit(args, None, lambda: explanation.to_text(explainer.node_limit))
+            usable = explanation.error_node is None and explanation.usable
+            return EXIT_OK if usable else EXIT_FAILURE
+        data = explanation.to_json()
+        emit(args, data, lambda: "")
         return EXIT_OK if _usable(data) else EXIT_FAILURE
     generated = explainer.find_generated(namespace, name)
     if generated is None:
