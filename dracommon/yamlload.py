@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import re
+from functools import cache
 from json.encoder import encode_basestring as _json_string
 from typing import Any
 
@@ -44,9 +45,23 @@ C_LOADER: Any = getattr(yaml, "CSafeLoader", None) if yaml.__with_libyaml__ else
 # What PyYAML's Reader refuses (its NON_PRINTABLE), plus what path 1 leaves alone: tabs and
 # carriage returns (line breaks and separation PyYAML treats specially), NEL and the Unicode
 # line separators (line breaks to PyYAML), and a byte-order mark.
-_NOT_SUBSET = re.compile(
-    "[^\x0a\x20-\x7e\xa0-\u2027\u202a-\ud7ff\ue000-\ufefe\uff00-\ufffd\U00010000-\U0010ffff]"
-)
+_NOT_SUBSET = "[^\x0a\x20-\x7e\xa0-\u2027\u202a-\ud7ff\ue000-\ufefe\uff00-\ufffd\U00010000-\U0010ffff]"
+# The same for ASCII text: compiling the whole class takes milliseconds, where most texts are ASCII.
+_NOT_SUBSET_ASCII = re.compile("[^\x0a\x20-\x7e]")
+
+
+@cache
+def _not_subset() -> re.Pattern[str]:
+    return re.compile(_NOT_SUBSET)
+
+
+def _outside_subset(text: str) -> bool:
+    """A character PyYAML refuses or treats specially in `text` (_NOT_SUBSET)."""
+    if text.isascii():
+        return _NOT_SUBSET_ASCII.search(text) is not None
+    return _not_subset().search(text) is not None
+
+
 # Plain scalars cannot start with these (PyYAML's scanner), or path 1 does not take them.
 _BAD_FIRST = frozenset("[]{}#&*!|>%@`,'\"")
 
@@ -292,7 +307,7 @@ def _sequence(tokens: list[tuple[int, int, Any, Any]], i: int, indent: int) -> t
 
 
 def _load_subset(text: str) -> list[Any]:
-    if _NOT_SUBSET.search(text):
+    if _outside_subset(text):
         raise _NotSubset("characters PyYAML treats specially")
     out = []
     for tokens in _documents(text):
@@ -469,7 +484,7 @@ def _learn(table: _Table, raw: str) -> tuple[str, _Table]:
     """What the line adds to the JSON text in the table's state, and the state after it (kept)."""
     global _steps_kept
     written, started, blocks, pending, fresh = _states[table[None]]
-    if _NOT_SUBSET.search(raw):  # each line is checked once: every character is on some line
+    if _outside_subset(raw):  # each line is checked once: every character is on some line
         raise _NotSubset("characters PyYAML treats specially")
     line = raw.rstrip(" ")
     step: tuple[str, _Table]

@@ -299,3 +299,13 @@ def test_loaded_objects_are_frozen_for_the_command_only(monkeypatch: pytest.Monk
     monkeypatch.setattr("controller.options.load_objects", lambda args: ClusterObjects())
     assert handler(argparse.Namespace()) == 0
     assert seen[0] > 0 and gc.get_freeze_count() == 0
+
+
+def test_the_ascii_check_refuses_what_the_whole_class_refuses() -> None:
+    import re
+
+    whole = re.compile(yamlload._NOT_SUBSET)
+    edges = [0xD7FF, 0xD800, 0xDFFF, 0xE000, 0xFEFE, 0xFEFF, 0xFF00, 0xFFFD, 0xFFFE, 0x10000, 0x10FFFF]
+    for point in [*range(0x3000), *edges]:
+        text = f"a: b{chr(point)}c"
+        assert yamlload._outside_subset(text) == (whole.search(text) is not None), hex(point)
