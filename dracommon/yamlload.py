@@ -97,6 +97,8 @@ def _plain(text: str) -> Any:
         return _plain_values[text]
     except KeyError:
         pass
+    if not text:
+        raise _NotSubset("an empty key")  # ": b"
     first = text[0]
     if first in _BAD_FIRST or (first in "-?:" and (len(text) == 1 or text[1] == " ")):
         raise _NotSubset(text)
@@ -110,8 +112,8 @@ def _plain(text: str) -> Any:
             value = _constructor.construct_object(ScalarNode(tag, text))
         except yaml.YAMLError as err:  # e.g. "=" (the value tag has no safe constructor)
             raise _NotSubset(text) from err
-    if isinstance(value, list | dict | bytes | bytearray | set):
-        raise _NotSubset(text)  # not from an implicit plain tag; keep the cache immutable
+        if isinstance(value, list | dict | bytes | bytearray | set):
+            raise _NotSubset(text)  # not from an implicit plain tag; keep the cache immutable
     if len(_plain_values) < _CACHE_LIMIT:
         _plain_values[text] = value
     return value
@@ -483,10 +485,26 @@ def _value_start(line: str) -> int:
 def _learn(table: _Table, raw: str) -> tuple[str, _Table]:
     """What the line adds to the JSON text in the table's state, and the state after it (kept)."""
     global _steps_kept
-    written, started, blocks, pending, fresh = _states[table[None]]
     if _outside_subset(raw):  # each line is checked once: every character is on some line
         raise _NotSubset("characters PyYAML treats specially")
     line = raw.rstrip(" ")
+    start = _value_start(line)
+    template = _templates[table[None]].get(line[:start]) if start else None
+    if template is not None and line[start] != "#":
+        # The same key in the same state: only the value is new (as `_entry` reads it). A text
+        # that begins as a learned entry is no marker, directive or comment line.
+        step = (template[0] + _json_value(_scalar(line[start:])), template[1])
+    else:
+        step = _learn_line(table, line, start)
+    if _steps_kept < _CACHE_LIMIT:
+        table[raw] = step
+        _steps_kept += 1
+    return step
+
+
+def _learn_line(table: _Table, line: str, start: int) -> tuple[str, _Table]:
+    """`_learn` of a line (right-stripped) with no known entry before its value at `start`."""
+    written, started, blocks, pending, fresh = _states[table[None]]
     step: tuple[str, _Table]
     if not line:
         step = ("", table)
@@ -504,28 +522,19 @@ def _learn(table: _Table, raw: str) -> tuple[str, _Table]:
     elif line.startswith("--- ") or line.startswith("---\t"):
         raise _NotSubset(line)
     else:
-        start = _value_start(line)
-        templates = _templates[table[None]]
-        template = templates.get(line[:start]) if start else None
-        if template is not None and line[start] != "#":
-            # The same key in the same state: only the value is new (as `_entry` reads it).
-            step = (template[0] + _json_value(_scalar(line[start:])), template[1])
-        else:
-            stack = list(blocks)
-            out: list[str] = []
-            tokens = _tokens(line)
-            for token in tokens:
-                pending, fresh = _feed(stack, pending, fresh, written, token, out)
-            step = ("".join(out), _intern((written, started, tuple(stack), pending, fresh)))
-            prefix = line[:start]
-            if start and tokens[-1][1] == _ENTRY and "'" not in prefix and '"' not in prefix:
-                # A plain key: its value is the text from `start` on (`_entry` splits at the first ": ").
-                value = _json_value(tokens[-1][3])
-                if step[0].endswith(value) and len(templates) < _CACHE_LIMIT:
-                    templates[prefix] = (step[0][: len(step[0]) - len(value)], step[1])
-    if _steps_kept < _CACHE_LIMIT:
-        table[raw] = step
-        _steps_kept += 1
+        stack = list(blocks)
+        out: list[str] = []
+        tokens = _tokens(line)
+        for token in tokens:
+            pending, fresh = _feed(stack, pending, fresh, written, token, out)
+        step = ("".join(out), _intern((written, started, tuple(stack), pending, fresh)))
+        prefix = line[:start]
+        if start and tokens[-1][1] == _ENTRY and "'" not in prefix and '"' not in prefix:
+            # A plain key: its value is the text from `start` on (`_entry` splits at the first ": ").
+            value = _json_value(tokens[-1][3])
+            templates = _templates[table[None]]
+            if step[0].endswith(value) and len(templates) < _CACHE_LIMIT:
+                templates[prefix] = (step[0][: len(step[0]) - len(value)], step[1])
     return step
 
 
@@ -535,10 +544,10 @@ def _load_as_json(text: str) -> list[Any]:
     append = parts.append
     table = _tables[0]
     for line in text.split("\n"):
-        step = table.get(line)
-        if step is None:
-            step = _learn(table, line)
-        fragment, table = step
+        try:
+            fragment, table = table[line]
+        except KeyError:
+            fragment, table = _learn(table, line)
         append(fragment)
     _, started, blocks, pending, _ = _states[table[None]]
     if blocks:

@@ -101,6 +101,7 @@ EDGE_CASES = [
     "'a': 1\n\"b\": 2\n'c''d': 3\n", "'a'b: 1\n", "a: b: c\n", "a: b:\n", "a:b\n", "-\n- x\n-  y\n",
     "- \n  a: 1\n", "key: [unclosed\n", "a: 'unclosed\n", "\x00\n", "a: \x07\n", "k" * 1100 + ": v\n",
     "--- x\n", "---x: 1\n", "----\n", "a:\n  - b:\n    - c\n", "a:\n    - 1\n    - 2\n", "-1: x\n",
+    ": b\n", "a: 1\n: b\n", "- : b\n",
 ]  # fmt: skip
 
 
