@@ -12,6 +12,7 @@ $DRA_CEL_FASTPATH=off turns the compiled form off (the full engine alone runs se
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections.abc import Callable, Mapping
@@ -23,6 +24,7 @@ from controller.cel.engine import Program
 from controller.cel.fastgen import Unsupported
 from controller.cel.fastruntime import CelFailure, Unhandled
 
+log = logging.getLogger(__name__)
 FASTPATH_ENV = "DRA_CEL_FASTPATH"
 _MAX_DRIVERS = 64  # drivers are few; never grow without bound
 
@@ -87,5 +89,8 @@ def accelerate(expression: str, info: Analysis, full: Program) -> Program:
         # The driver only changes constants, never what is covered: any name tells.
         fastgen.generate(tree, info, "\0")
     except (Unsupported, syntax.ParseFailure, RecursionError):
+        return full
+    except Exception as err:  # a fault of ours must never fail a compile the engine passed
+        log.warning("CEL fast path failed to compile a selector", extra={"error": repr(err)[:200]})
         return full
     return FastProgram(tree, info, full)

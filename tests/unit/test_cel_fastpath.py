@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from controller.cel import compile_selector
+from controller.cel import compile_selector, fastgen
 from controller.cel.fastpath import FASTPATH_ENV
 from controller.cel.selector import CELPY_ENGINE, CPP_ENGINE, clear_caches
 
@@ -51,3 +51,15 @@ def test_it_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_it_stands_only_in_front_of_cel_expr_python() -> None:
     pytest.importorskip("celpy")
     assert not compile_selector(COVERED, engine=CELPY_ENGINE).compiled_to_python
+
+
+def test_a_fault_in_the_fast_path_leaves_the_selector_to_the_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*_: object) -> None:
+        raise KeyError("a generator fault")
+
+    monkeypatch.setattr(fastgen, "generate", broken)
+    selector = compile_selector(COVERED, engine=CPP_ENGINE)
+    assert not selector.compiled_to_python
+    assert (
+        selector.matches("gpu.example.com", {"name": "d", "attributes": {"model": {"string": "L4"}}}) is False
+    )
