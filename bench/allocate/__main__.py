@@ -22,9 +22,9 @@ alike here). Both sides' results are checked: no device used twice, devices on t
 node, the selector and the NUMA constraint hold (checked on the snapshot, not by either CEL
 engine); the two sides' placements are compared claim by claim. Both sides Filter one node
 after another on one thread (kube-scheduler spreads Filter over 16 goroutines; neither side
-does that here, and this machine has 2 cores). At the default sizes each side needs one to
-two minutes per case on 2 cores (about 1.2 and 0.6 million Filter calls); --nodes/--claims
-make it smaller. Timings cover the decision loop only: the peer's start and JSON decoding of
+does that here, and this machine has 2 cores). At the default sizes (about 1.2 and 0.6
+million Filter calls) the peer needs 25 to 50 s per case on 2 cores, ours 4 to 12 s;
+--nodes/--claims make it smaller. Timings cover the decision loop only: the peer's start and JSON decoding of
 its job are outside them.
 
 Memory: the peak RSS of a process that reads one job of 8,000 devices (800 nodes x 10) and
