@@ -213,17 +213,58 @@ def _pool_device_count(allocator: Allocator, driver: str, pool: str, generation:
     )
 
 
-def _explain_request(
-    allocator: Allocator, search: Search, key: tuple[int, int, int], plan: RequestPlan
-) -> RequestReport:
+@dataclass(frozen=True)
+class _Asked:
+    """One alternative of one request of the claim, as every node's explanation reads it (built
+    once per claim: at 1,000 nodes rebuilding it per node was most of explain's own work)."""
+
+    key: tuple[int, int, int]  # (claim, request, alternative), as the search numbers them
+    plan: RequestPlan | None  # None: no such class
+    steps: list[SelectorStep]
+    class_steps: int
+    needed: str
+
+
+def _asked(allocator: Allocator, claim: JSON) -> list[_Asked | RequestReport]:
+    """The claim's requests in order: what to explain, or the report of a missing class."""
+    asked: list[_Asked | RequestReport] = []
+    ref = claim_ref(claim)
+    for request_index, request in enumerate(claim_requests(claim)):
+        for alt_index, option in enumerate(alternatives(request)):
+            device_class = allocator.classes.get(option.device_class_name)
+            if device_class is None:
+                asked.append(
+                    RequestReport(
+                        option.result_name,
+                        option.device_class_name,
+                        "-",
+                        [PoolReport("-", note="no such class")],
+                    )
+                )
+                continue
+            plan = RequestPlan(request=option, device_class=device_class, num_devices=option.count)
+            asked.append(
+                _Asked(
+                    key=(0, request_index, alt_index),
+                    plan=plan,
+                    steps=request_steps(device_class, option, ref),
+                    class_steps=len((device_class.get("spec") or {}).get("selectors") or []),
+                    needed="all" if option.allocation_mode == ALL else str(option.count),
+                )
+            )
+    return asked
+
+
+def _explain_request(allocator: Allocator, search: Search, asked: _Asked) -> RequestReport:
+    plan, key, steps, class_steps = asked.plan, asked.key, asked.steps, asked.class_steps
+    assert plan is not None
     request = plan.request
-    needed = "all" if request.allocation_mode == ALL else str(request.count)
-    report = RequestReport(request=request.result_name, device_class=request.device_class_name, needed=needed)
+    report = RequestReport(
+        request=request.result_name, device_class=request.device_class_name, needed=asked.needed
+    )
     # Each device's first failing selector, kept by the allocator per node and selector
     # expressions: CEL runs once per device for every claim and node that asks.
     failing = allocator.first_failing(search.node, request)
-    steps = request_steps(plan.device_class, plan.request, claim_ref(search.claims[key[0]]))
-    class_steps = len((plan.device_class.get("spec") or {}).get("selectors") or [])
     for pool_index, pool in enumerate(search.pools):
         pool_report = PoolReport(pool=pool.id)
         report.pools.append(pool_report)
@@ -299,7 +340,10 @@ def _counters_fit(search: Search, candidate: Candidate) -> bool:
     return fits
 
 
-def explain_on_node(allocator: Allocator, claim: JSON, node: Node | None) -> NodeReport:
+def explain_on_node(
+    allocator: Allocator, claim: JSON, node: Node | None, asked: list[_Asked | RequestReport] | None = None
+) -> NodeReport:
+    """The claim on one node; `asked` is `_asked(allocator, claim)` where the caller kept it."""
     outcome = allocator.allocate([claim], node)
     node_name = node.name if node is not None else None
     if outcome.ok:
@@ -310,21 +354,15 @@ def explain_on_node(allocator: Allocator, claim: JSON, node: Node | None) -> Nod
     error = outcome.failure is not None and outcome.failure.error
     report = NodeReport(node=node_name, allocatable=outcome.ok, verdict=verdict, error=error)
     search = allocator.search([claim], node)
-    for request_index, request in enumerate(claim_requests(claim)):
-        for alt_index, option in enumerate(alternatives(request)):
-            device_class = allocator.classes.get(option.device_class_name)
-            if device_class is None:
-                report.requests.append(
-                    RequestReport(
-                        option.result_name,
-                        option.device_class_name,
-                        "-",
-                        [PoolReport("-", note="no such class")],
-                    )
+    for item in _asked(allocator, claim) if asked is None else asked:
+        if isinstance(item, RequestReport):  # a missing class: the same report on every node
+            report.requests.append(
+                RequestReport(
+                    item.request, item.device_class, item.needed, [PoolReport("-", note="no such class")]
                 )
-                continue
-            plan = RequestPlan(request=option, device_class=device_class, num_devices=option.count)
-            report.requests.append(_explain_request(allocator, search, (0, request_index, alt_index), plan))
+            )
+        else:
+            report.requests.append(_explain_request(allocator, search, item))
     if not outcome.ok and "cannot allocate" in verdict:
         short = [r for r in report.requests if r.needed != "all" and r.usable < int(r.needed)]
         if not short and report.requests:
@@ -354,6 +392,7 @@ def explain_claim(allocator: Allocator, claim: JSON, nodes: Sequence[Node] | Non
     else:
         names = allocator.node_names()
         candidates = [Node(n) for n in names] if names else [None]
+    asked = _asked(allocator, claim)
     for node in candidates:
-        explanation.nodes.append(explain_on_node(allocator, claim, node))
+        explanation.nodes.append(explain_on_node(allocator, claim, node, asked))
     return explanation

@@ -40,3 +40,19 @@ def test_text_output_builds_no_json(
     monkeypatch.setattr(Explanation, "to_json", refuse)
     assert main(["explain", "unfittable", "-n", "default", "--objects", objects]) == 1
     assert "cannot be allocated on 4 node(s)" in capsys.readouterr().out
+
+
+def test_a_request_of_a_missing_class_is_reported_on_every_node(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    claim = fleet.unfittable_claim("nowhere")
+    claim["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] = "missing.example.com"
+    fleet.write_fleet(tmp_path, nodes=3, gpus_per_node=2, claims=[claim])
+    assert main(["explain", "nowhere", "-n", "default", "-o", "json", "--objects", str(tmp_path)]) == 1
+    nodes = json.loads(capsys.readouterr().out)["nodes"]
+    assert len(nodes) == 3
+    for node in nodes:
+        (request,) = node["requests"]
+        assert request["deviceClassName"] == "missing.example.com"
+        assert [pool["note"] for pool in request["pools"]] == ["no such class"]
+        assert "device class missing.example.com does not exist" in node["verdict"]
