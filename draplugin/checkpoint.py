@@ -232,24 +232,24 @@ class CheckpointStore:
                 # A write begun before our change failed: ours goes into the next one.
 
     def _start_write(self) -> asyncio.Future[None]:
-        loop = asyncio.get_running_loop()
+        version = self._version
+        task = asyncio.get_running_loop().create_task(self._write(version, self._render()))
+        self._flight, self._flight_version = task, version
+        return task
+
+    async def _write(self, version: int, content: bytes) -> None:
         if self._writer is None:
             self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
-        version = self._version
-        content = self._render()
-        future = loop.run_in_executor(
-            self._writer, functools.partial(atomic_write, self.path, content, 0o600, **self._write_options)
-        )
-        self._flight, self._flight_version = future, version
-
-        def done(finished: asyncio.Future[None]) -> None:
-            # Runs before any waiter resumes: the next write starts from an idle file.
+        write = functools.partial(atomic_write, self.path, content, 0o600, **self._write_options)
+        try:
+            await asyncio.get_running_loop().run_in_executor(self._writer, write)
+        finally:
+            # Here, inside the task, before anyone awaiting it resumes: a caller that sees the
+            # write done sees the file idle and its version written (a done-callback may run
+            # after a caller woken in the same loop turn, which would then wait on a write that
+            # is over and never yield).
             self._flight = None
-            if not finished.cancelled() and finished.exception() is None:
-                self._mark_written(version)
-
-        future.add_done_callback(done)
-        return future
+        self._mark_written(version)
 
     def save(self) -> None:
         """Synchronous commit, for start-up before the event loop serves requests."""

@@ -200,3 +200,49 @@ async def test_64_concurrent_prepares_cost_two_checkpoint_writes(tmp_path: Path)
     await asyncio.gather(*prepares)
     assert disk.syncs == 4
     assert on_disk(node.checkpoint_path) == {f"uid-{i}" for i in range(N)}
+
+
+def test_a_caller_woken_as_a_write_ends_waits_for_the_next_write_and_gets_it(tmp_path: Path) -> None:
+    """A claim that completes in the same loop turn in which the previous write's end is delivered
+    (an unprepare whose spec removal ended then, say) must get its own write, not spin on the one
+    that is over. Run on its own loop in a thread, so that a spinning loop fails the test (the
+    thread is still alive) instead of hanging it."""
+    disk = HeldDisk()
+    store = CheckpointStore(tmp_path / "cp.json", "b", fsync=disk.fsync)
+
+    async def scenario() -> None:
+        go = asyncio.Event()
+
+        async def completes_later() -> None:
+            await go.wait()
+            store.put(record(2))
+            await store.commit()
+
+        store.put(record(1))
+        first = asyncio.create_task(store.commit())
+        second = asyncio.create_task(completes_later())
+        await disk.reached(1)
+        await settle()
+        disk.allow(2)
+        # Hold the loop until the writer thread has finished the write and queued its delivery,
+        # then wake the second caller: both land in the same loop turn, the delivery first.
+        assert store._writer is not None
+        store._writer.submit(lambda: None).result()
+        go.set()
+        disk.let_go()
+        await asyncio.gather(first, second)
+
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            asyncio.run(scenario())
+        except BaseException as err:  # reported below, in the test's own thread
+            errors.append(err)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(30)
+    assert not thread.is_alive(), "the event loop never finished: a caller spun on a finished write"
+    assert not errors, errors
+    assert on_disk(tmp_path / "cp.json") == {"u1", "u2"} and disk.syncs == 4
