@@ -84,6 +84,7 @@ _EMPTY_DICT = object()
 
 _resolver = yaml.resolver.Resolver()
 _STR_TAG = "tag:yaml.org,2002:str"
+_UNKNOWN = object()
 _constructor = yaml.constructor.SafeConstructor()
 _plain_values: dict[str, Any] = {}
 _line_tokens: dict[str, tuple[tuple[int, int, Any, Any], ...]] = {}
@@ -93,10 +94,9 @@ _CACHE_LIMIT = 200_000
 
 def _plain(text: str) -> Any:
     """A plain scalar's value as PyYAML resolves and constructs it."""
-    try:
-        return _plain_values[text]
-    except KeyError:
-        pass
+    known = _plain_values.get(text, _UNKNOWN)  # not KeyError: most lines seen once have new values
+    if known is not _UNKNOWN:
+        return known
     if not text:
         raise _NotSubset("an empty key")  # ": b"
     first = text[0]
@@ -488,7 +488,9 @@ def _learn(table: _Table, raw: str) -> tuple[str, _Table]:
     if _outside_subset(raw):  # each line is checked once: every character is on some line
         raise _NotSubset("characters PyYAML treats specially")
     line = raw.rstrip(" ")
-    start = _value_start(line)
+    start = line.find(": ") + 2  # _value_start, inline for its common case: one space
+    if start == 1 or start == len(line) or line[start] == " ":
+        start = _value_start(line)
     template = _templates[table[None]].get(line[:start]) if start else None
     if template is not None and line[start] != "#":
         # The same key in the same state: only the value is new (as `_entry` reads it). A text
