@@ -228,6 +228,8 @@ class NvmlDouble:
     events_path: Path | None = None
     # A GPU reset (reboot) at a process's first nvmlInit: pending MIG modes become current.
     reset_at_init: bool = False
+    # The state file when a configuration written elsewhere names its own (else <config>.state).
+    state_file: Path | None = None
 
     @classmethod
     def create(
@@ -257,7 +259,7 @@ class NvmlDouble:
 
     @property
     def state_path(self) -> Path:
-        return Path(str(self.config_path) + ".state")
+        return self.state_file or Path(str(self.config_path) + ".state")
 
     @property
     def lib_path(self) -> Path:
