@@ -551,7 +551,9 @@ def test_13_shared_gpu(
         log = command_log(driver_root)
         (start,) = [line for line in log if line.startswith(f"nvidia-cuda-mps-control -d pipe={pipe} ")]
         assert start.endswith(f"CUDA_VISIBLE_DEVICES={uuid}"), start
-        assert not [line for line in log if "set_default_device_pinned_mem_limit" in line]
+        daemon = (pipe / "nvidia-cuda-mps-control.pid").read_text().strip()
+        served = [line for line in log if line.startswith(f"mps-daemon {daemon}: ")]
+        assert served and not [line for line in served if "set_default" in line], served
         mode = driver_root / TOOL_STATE / f"computemode-{uuid}"
         assert mode.read_text().strip() == "Exclusive_Process"
         # Unprepare of the last share stops the daemon and restores the compute mode.
