@@ -22,6 +22,8 @@ import pytest
 
 from devcluster import pki
 from dracommon.kubeapi import KubeApi
+from dracommon.kubeapi.credentials import Credentials
+from dracommon.kubeapi.rest import RestClient
 from draplugin.kubelet.dra import DEFAULT_MAX_CONCURRENT_CLAIMS
 from draplugin.prepare.api import ApiDeadlineExceeded, KubeClaimReader, claim_path
 from draplugin.prepare.claimpool import claim_pool
@@ -211,3 +213,51 @@ def test_the_server_path_prefix_is_kept() -> None:
     assert (
         pool._prefix + claim_path("ns", "c") == "/k8s/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/c"
     )
+
+
+# --- the plugin's own client (dracommon.kubeapi.rest.RestClient), as load_api_client builds it ---------
+
+
+def rest_reader(credentials: Credentials) -> KubeClaimReader:
+    return claim_reader(KubeApi(RestClient(credentials)))
+
+
+async def test_over_the_plugins_own_client_a_burst_goes_out_at_once(barrier_server: Server) -> None:
+    reader = rest_reader(Credentials(server=f"http://127.0.0.1:{barrier_server.port}", token=TOKEN))
+    assert reader._pool is not None  # the pool, not the client's threads
+    try:
+        assert await read_burst(reader, "a") == [f"a{i}" for i in range(BURST)]
+        assert await read_burst(reader, "b") == [f"b{i}" for i in range(BURST)]
+    finally:
+        reader.close()
+    assert barrier_server.barrier is not None and not barrier_server.barrier.broken
+    assert len(barrier_server.connections) == BURST
+    assert {h["authorization"] for h in barrier_server.headers} == {f"Bearer {TOKEN}"}
+
+
+async def test_over_the_plugins_own_client_the_token_file_and_tls(tmp_path: Path) -> None:
+    """A service account's shape: the token from its file, the server's CA; and a client
+    certificate, as a kubeconfig may name one."""
+    ca = pki.self_signed_ca(tmp_path, "test-ca")
+    server_cert = pki.serving_cert(ca, tmp_path, "server", "apiserver", ("127.0.0.1",), ())
+    client_cert = pki.client_cert(ca, tmp_path, "plugin", "system:node:a", ("system:nodes",))
+    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=str(ca.cert))
+    tls.load_cert_chain(str(server_cert.cert), str(server_cert.key))
+    tls.verify_mode = ssl.CERT_REQUIRED
+    token_file = tmp_path / "token"
+    token_file.write_text("service-account-token\n")
+    with serving(Server(), tls) as server:
+        reader = rest_reader(
+            Credentials(
+                server=f"https://127.0.0.1:{server.port}",
+                ca_file=str(ca.cert),
+                token_file=str(token_file),
+                cert_file=str(client_cert.cert),
+                key_file=str(client_cert.key),
+            )
+        )
+        try:
+            assert await reader.get_claim("ns", "c", time.monotonic() + 5) == {"metadata": {"name": "c"}}
+        finally:
+            reader.close()
+        assert [h["authorization"] for h in server.headers] == ["Bearer service-account-token"]
