@@ -35,13 +35,16 @@ def node_support(hook_path: str | None, mounts_file: str = "/proc/self/mounts") 
         return NodeSupport("no --nvidia-cdi-hook-path is set (NVIDIA's nvidia-cdi-hook applies the limit)")
     if not os.access(hook_path, os.X_OK):
         return NodeSupport(f"--nvidia-cdi-hook-path {hook_path} is not an executable file")
+    return NodeSupport(cgroup_problem(mounts_file))
+
+
+def cgroup_problem(mounts_file: str = "/proc/self/mounts") -> str | None:
+    """None when /sys/fs/cgroup is cgroup v2, else what it is."""
     fstype = _mount_type(mounts_file, CGROUP_ROOT)
-    if fstype != "cgroup2":
-        found = f"{fstype}" if fstype else "nothing"
-        return NodeSupport(
-            f"{CGROUP_ROOT} is {found}, not cgroup v2, and nvidia-cdi-hook limits only cgroup v2"
-        )
-    return NodeSupport(None)
+    if fstype == "cgroup2":
+        return None
+    found = f"{fstype}" if fstype else "nothing"
+    return f"{CGROUP_ROOT} is {found}, not cgroup v2, and nvidia-cdi-hook limits only cgroup v2"
 
 
 def _mount_type(mounts_file: str, mount_point: str) -> str | None:

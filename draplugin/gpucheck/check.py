@@ -23,7 +23,11 @@
      `nvidia-caps` nodes against `/proc` and the host's `/dev/nvidia-caps`, a
      runc container on its spec listing it with `nvidia-smi -L`, and the UUID
      prepare read from the compute instance against `nvidia-smi -L`'s.
-  6. As in the plugin's pod and its workloads (`draplugin.gpucheck.pod`):
+  6. Memory shares (`draplugin.gpucheck.memlimit`), per whole GPU, as root on
+     cgroup v2: the driver's per-cgroup memory limit set and read back on a
+     scratch cgroup, and an allocation past it refused from a process in that
+     cgroup (the driver's libcuda through ctypes); cleared and removed after.
+  7. As in the plugin's pod and its workloads (`draplugin.gpucheck.pod`):
      `nvidia-smi compute-policy -l` with `DriverTools.env` in a container with
      no NVIDIA library and the driver root elsewhere than `/`, against the
      admin's; an MPS client in another PID namespace served by the claim's
@@ -215,9 +219,13 @@ def check(
         smi = next((b for b in files.install().binaries if b.found.name == "nvidia-smi"), None)
         nvidia_smi = driver_root.local(smi.real) if smi is not None else None
     rows += container_rows(runc, specs, devices, nvidia_smi)
+    from draplugin.gpucheck import memlimit, sharing
+
+    for gpu in sharing.whole_gpus(devices):
+        rows += memlimit.memory_limit_rows(backend.nvml, gpu)
     if files is None or driver_root is None:
         return [*rows, Row("sharing", "all GPUs", "no driver root: no MPS or nvidia-smi to run", "", SKIPPED)]
-    from draplugin.gpucheck import pod, sharing
+    from draplugin.gpucheck import pod
     from draplugin.gpucheck.mig import MigInspector
     from draplugin.prepare.drivertools import DriverTools
 
