@@ -90,6 +90,9 @@ class _NodeView:
     first_failing: dict[tuple[str, ...], list[list[int | None]]] = field(default_factory=dict)
     plain: bool | None = None
     untainted: bool | None = None  # no device with taints or binding conditions
+    # Per matched attributes (Screen's matchAttribute counting), each candidate's values of
+    # them (`_match_values`), pool by pool: the devices do not change while the view lives.
+    match_values: dict[tuple[str, ...], list[list[tuple[object, ...] | None]]] = field(default_factory=dict)
 
 
 class Allocator:
@@ -462,15 +465,22 @@ class Screen:
         enough = False  # `count` free passing devices (that share the matched attributes' values)
         groups: dict[tuple[object, ...], int] = {}
         failing_steps = allocator._first_failing(view, option)
-        for candidates, failing in zip(view.candidates, failing_steps, strict=True):
-            for candidate, failed in zip(candidates, failing, strict=True):
+        match_values: list[list[tuple[object, ...] | None]] = []
+        if match:
+            known = view.match_values.get(match)
+            if known is None:
+                known = [[_match_values(c, match) for c in pool] for pool in view.candidates]
+                view.match_values[match] = known
+            match_values = known
+        for pool_index, (candidates, failing) in enumerate(zip(view.candidates, failing_steps, strict=True)):
+            for offset, (candidate, failed) in enumerate(zip(candidates, failing, strict=True)):
                 if failed is None:
                     if candidate.device_id not in in_use and candidate.device_id not in shared:
                         passing += 1
                         if not match:
                             enough = passing >= count
                         else:
-                            values = _match_values(candidate, match)
+                            values = match_values[pool_index][offset]
                             if values is not None:
                                 groups[values] = members = groups.get(values, 0) + 1
                                 enough = members >= count
