@@ -278,13 +278,17 @@ def _explain_request(allocator: Allocator, search: Search, asked: _Asked) -> Req
             pool_report.removed[reason] = count
             pool_report.note = pool.invalid_reason
             continue
+        removed = pool_report.removed
         for candidate, failed in zip(search.candidates[pool_index], failing[pool_index], strict=True):
             pool_report.devices += 1
+            if failed is not None and failed != SELECTOR_ERRS:  # most devices: a selector said no
+                removed["class-selector" if failed < class_steps else "request-selector"] += 1
+                continue
             verdict = _device_verdict(search, key, plan, candidate, pool_report, steps, class_steps, failed)
             if verdict is None:
                 pool_report.usable += 1
             else:
-                pool_report.removed[verdict] += 1
+                removed[verdict] += 1
     return report
 
 
