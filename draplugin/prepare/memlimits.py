@@ -24,10 +24,10 @@ scheduler never allocates that, so only a hand-written allocation can.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import PurePosixPath
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, Protocol
 
 from draplugin.cdi import spec as cdi
 from draplugin.devices.model import Device
@@ -38,7 +38,39 @@ from draplugin.prepare.shares import whole_memory
 
 if TYPE_CHECKING:
     from draplugin.checkpoint import ClaimRecord
-    from draplugin.prepare.plan import ClaimPlan, PlannedDevice
+
+
+class PlannedShare(Protocol):
+    """What this module reads of a planned device (`draplugin.prepare.plan.PlannedDevice`, which
+    imports this module)."""
+
+    @property
+    def device(self) -> Device: ...
+    @property
+    def config(self) -> GpuConfig: ...
+    @property
+    def share_id(self) -> str | None: ...
+    @property
+    def admin_access(self) -> bool: ...
+
+
+class ClaimOf(Protocol):
+    @property
+    def uid(self) -> str: ...
+    @property
+    def namespace(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+
+
+class PlanOf(Protocol):
+    """What this module reads of a claim's plan (`draplugin.prepare.plan.ClaimPlan`)."""
+
+    @property
+    def claim(self) -> ClaimOf: ...
+    @property
+    def devices(self) -> Sequence[PlannedShare]: ...
+
 
 # What NVIDIA's hook reads from the container's environment, in MiB.
 LIMIT_ENV: Final = "NVIDIA_GPU_MEMORY_LIMIT"
@@ -74,7 +106,7 @@ def limited(device: Device) -> bool:
     return device.attributes.get(MEMORY_LIMIT_ATTRIBUTE) == MEMORY_LIMIT_NVML
 
 
-def share_limit(planned: PlannedDevice) -> int | None:
+def share_limit(planned: PlannedShare) -> int | None:
     """Bytes of the device's memory the claim's share holds; None when it is no partial share."""
     if planned.share_id is None:
         return None
@@ -89,7 +121,7 @@ def _limit_of(config: GpuConfig, device_name: str) -> int | None:
 
 
 def device_edits(
-    planned: PlannedDevice, hook: MemoryLimitHook | None
+    planned: PlannedShare, hook: MemoryLimitHook | None
 ) -> tuple[tuple[str, ...], tuple[cdi.Hook, ...]]:
     """The memory-limit env and hook of one planned device's CDI device; empty when it has none."""
     limit = share_limit(planned)
@@ -98,7 +130,7 @@ def device_edits(
     return hook.edits(planned.device, limit)
 
 
-def check_memory_fits(plan: ClaimPlan, holders: Iterable[ClaimRecord]) -> None:
+def check_memory_fits(plan: PlanOf, holders: Iterable[ClaimRecord]) -> None:
     """PlanError when the plan's shares and the prepared claims' shares of a GPU exceed its memory."""
     mine: dict[str, int] = {}
     devices: dict[str, Device] = {}
@@ -135,7 +167,7 @@ def check_memory_fits(plan: ClaimPlan, holders: Iterable[ClaimRecord]) -> None:
             )
 
 
-def _held_amount(config: Mapping[str, object] | None, device_name: str, plan: ClaimPlan) -> int | None:
+def _held_amount(config: Mapping[str, object] | None, device_name: str, plan: PlanOf) -> int | None:
     """A prepared share's memory from its checkpointed config; None: it held the whole GPU."""
     if config is None:
         return None
