@@ -175,6 +175,8 @@ class CheckpointStore:
         # in memory only, such as a new claim's PrepareStarted or one still running after the
         # kubelet's deadline.
         self._unwritten: dict[str, tuple[int, ClaimRecord | None]] = {}
+        # Each record's JSON as the last render made it (`_render`).
+        self._encoded: dict[str, tuple[ClaimRecord, str]] = {}
 
     # --- queries and mutations --------------------------------------------------------------------
 
@@ -261,14 +263,22 @@ class CheckpointStore:
         return remove_stale_temp_files(self.path.parent, before, names=(self.path.name,))
 
     def _render(self) -> bytes:
-        doc = {
-            "version": CURRENT_VERSION,
-            "bootId": self.boot_id,
-            "claims": [record.to_json() for record in sorted(self._claims.values(), key=lambda r: r.uid)],
-        }
-        # Compact, not indented: json's C encoder serves only indent=None, and this runs on the event
-        # loop at every commit over every prepared claim (indent=1 made it ~10 ms at 64 claims).
-        return (json.dumps(doc) + "\n").encode()
+        """The file's content: what `json.dumps` makes of {version, bootId, claims sorted by UID},
+        compact (json's C encoder serves only indent=None; indent=1 made it ~10 ms at 64 claims).
+        Each record's JSON is kept from the write before, as long as the record is the same
+        object: a commit runs this on the event loop over every prepared claim, and re-encoding
+        64 unchanged records cost ~0.45 ms a write."""
+        encoded: dict[str, tuple[ClaimRecord, str]] = {}
+        parts = []
+        for uid in sorted(self._claims):
+            record = self._claims[uid]
+            known = self._encoded.get(uid)
+            text = known[1] if known is not None and known[0] is record else json.dumps(record.to_json())
+            encoded[uid] = (record, text)
+            parts.append(text)
+        self._encoded = encoded
+        head = json.dumps({"version": CURRENT_VERSION, "bootId": self.boot_id})[:-1]
+        return f'{head}, "claims": [{", ".join(parts)}]}}\n'.encode()
 
     def load(self) -> LoadResult:
         """Read the file. A missing file is an empty checkpoint; a corrupt one (any content, or

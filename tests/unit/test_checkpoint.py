@@ -218,3 +218,28 @@ def test_written_changes_follow_the_file_on_reload(tmp_path: Path) -> None:
     other.save()
     ours.load()
     assert ours.get("u1") is None
+
+
+def test_each_write_holds_every_records_current_json_in_uid_order(tmp_path: Path) -> None:
+    """Records' JSON is kept between writes (`_render`): the file must still be exactly what
+    json.dumps makes of the whole document, after records were added, replaced and forgotten."""
+    path = tmp_path / "cp.json"
+    store = CheckpointStore(path, boot_id="boot-1")
+    for i in (3, 1, 2):
+        store.put(ClaimRecord(f"u{i}", "ns", f"claim-{i}", ClaimState.PREPARE_STARTED, (DEVICE,)))
+    store.save()
+    store.put(ClaimRecord("u2", "ns", "claim-2", ClaimState.PREPARE_COMPLETED, (DEVICE,)))  # replaced
+    store.forget("u3")
+    store.put(ClaimRecord("u0", "ns", "claim-0", ClaimState.PREPARE_COMPLETED))
+    store.save()
+    expected = {
+        "version": cp.CURRENT_VERSION,
+        "bootId": "boot-1",
+        "claims": [r.to_json() for r in sorted(store.records(), key=lambda r: r.uid)],
+    }
+    assert path.read_text() == json.dumps(expected) + "\n"
+    assert [c["state"] for c in json.loads(path.read_text())["claims"]] == [
+        "PrepareCompleted",
+        "PrepareStarted",
+        "PrepareCompleted",
+    ]
