@@ -410,7 +410,7 @@ class Screen:
             if len(requests) == 1 and len(requests[0]) == 1:
                 request = requests[0][0][0]
                 simple = not request.admin_access and not request.tolerations
-                match = _matched_attributes(claims[0], request.name)
+                match = _matched_attributes(claims[0], request)
                 if simple and request.capacity_requests is None and match is not None:
                     self._counted, self._match = requests[0][0], match
         self._count = self._counted[0].count if self._counted is not None else 0
@@ -548,17 +548,18 @@ class Screen:
         return positions
 
 
-def _matched_attributes(claim: JSON, request: str) -> tuple[str, ...] | None:
+def _matched_attributes(claim: JSON, request: Request) -> tuple[str, ...] | None:
     """The attributes of the claim's matchAttribute constraints that cover `request` (its only
-    request), or None when it has a constraint of another kind (which the counting of
-    `Screen.classify` does not model)."""
+    request, or the one subrequest of its firstAvailable list), or None when it has a
+    constraint of another kind (which the counting of `Screen.classify` does not model)."""
     attributes: list[str] = []
     for constraint in ((claim.get("spec") or {}).get("devices") or {}).get("constraints") or []:
         names = constraint.get("requests") or []
         attribute = constraint.get("matchAttribute")
         if not attribute or constraint.get("distinctAttribute"):
             return None
-        if not names or request in names:
+        # As the constraint's own check: the request's name, or "request/subrequest".
+        if not names or request.base_name in names or (request.parent and request.result_name in names):
             attributes.append(str(attribute))
     return tuple(attributes)
 

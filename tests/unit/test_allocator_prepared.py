@@ -15,7 +15,14 @@ from typing import Any
 import pytest
 
 from controller.allocation import search as search_module
-from controller.allocation.builders import claim, device, device_class, exactly, resource_slice
+from controller.allocation.builders import (
+    claim,
+    device,
+    device_class,
+    exactly,
+    first_available,
+    resource_slice,
+)
 from controller.scheduler.allocator import FITS, Allocator, Node
 from controller.scheduler.nodefilter import filter_nodes, first_fit
 from controller.scheduler.prepared import StaleAllocation
@@ -53,6 +60,17 @@ def numa_claims() -> list[dict[str, Any]]:
         claim("two-both", [exactly("gpu", count=2)], constraints=[numa, {"matchAttribute": f"{D}/model"}]),
         claim("elsewhere", [exactly("gpu", count=2)], constraints=[{**numa, "requests": ["other"]}]),
         claim("distinct", [exactly("gpu", count=2)], constraints=[{"distinctAttribute": f"{D}/numa"}]),
+        # One subrequest: the constraint names the request, or the subrequest by its full name.
+        claim(
+            "sub",
+            [first_available("gpu", exactly("pair", count=2))],
+            constraints=[{**numa, "requests": ["gpu"]}],
+        ),
+        claim(
+            "sub-full",
+            [first_available("gpu", exactly("pair", count=2))],
+            constraints=[{**numa, "requests": ["gpu/pair"]}],
+        ),
     ]
 
 
