@@ -91,8 +91,11 @@ demo: venv kube
 	DRA_KUBE_BIN_DIR="$$($(KUBE_BUILD))" $(PY) -m devcluster.demo
 
 # A local control plane (and kubelet) for humans; stays up until Ctrl-C.
+# `make cluster NODES=3`: three kubelet nodes, each with its own containerd, directories, address and
+# fake GPU inventory, and one plugin pod of the chart on each (devcluster/nodeset.py).
+NODES ?= 1
 cluster: venv kube
-	DRA_KUBE_BIN_DIR="$$($(KUBE_BUILD))" $(PY) -m devcluster.localcluster
+	DRA_KUBE_BIN_DIR="$$($(KUBE_BUILD))" $(PY) -m devcluster.localcluster --nodes $(NODES)
 
 # What stopped `make cluster`/`make demo` runs left in the temp directory, their kept logs
 # included (each start already prunes what a killed run left, down to its logs).

@@ -146,14 +146,19 @@ def live_values(
 
 def import_our_image(node: KubeletNode) -> images.LocalImage:
     """Our image built (a no-op when current) and present in the node's containerd."""
+    image = images.our_image()
+    import_image_into(node, image)
+    return image
+
+
+def import_image_into(node: KubeletNode, image: images.LocalImage) -> None:
+    """`image` present in the node's containerd (imported unless it is there already)."""
     if node.containerd is None:
         raise ChartError(
             f"the chart runs real containers: node {node.name} runs the fake CRI, not containerd"
         )
-    image = images.our_image()
     if image.name not in images.image_names(node.containerd.ctr, node.containerd.socket):
         images.import_image(node.containerd.ctr, node.containerd.socket, image.archive)
-    return image
 
 
 def pods(api: KubeApi, namespace: str, selector: str) -> list[dict[str, Any]]:
@@ -218,6 +223,8 @@ class ChartRelease:
     create_namespace: bool = False
     # The source folder, or the chart packaged by tools/release.sh (a .tgz).
     chart: Path = CHART
+    # The plugin pods install() waits for: one per node the DaemonSet selects.
+    plugin_pod_count: int = 1
 
     @property
     def selector(self) -> str:
@@ -237,7 +244,7 @@ class ChartRelease:
         extra = ["--create-namespace"] if self.create_namespace else []
         self.helm("install", self.name, str(self.chart), "--namespace", self.namespace, *extra,
                   "--values", str(self._values_file(self.values)))  # fmt: skip
-        self.wait_plugin_pods(1)
+        self.wait_plugin_pods(self.plugin_pod_count)
         self.wait_controller_ready()
 
     def upgrade(self, values: Mapping[str, Any]) -> None:

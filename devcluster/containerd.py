@@ -27,6 +27,7 @@ import os
 import re
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -106,6 +107,8 @@ class Containerd:
         self.component: Component | None = None
         self.version = ""
         self._not_ready_since = 0.0
+        # The argv prefix containerd runs under (a node's mount namespace: devcluster.nodens).
+        self.enter: Callable[[], list[str]] = list
 
     @property
     def endpoint(self) -> str:
@@ -127,7 +130,14 @@ class Containerd:
         self.config_path.write_text(self._config())
         self.component = self.processes.start(
             f"containerd-{self.name}",
-            [str(self.bin_dir / "containerd"), "--config", str(self.config_path), "--log-level", "info"],
+            [
+                *self.enter(),
+                str(self.bin_dir / "containerd"),
+                "--config",
+                str(self.config_path),
+                "--log-level",
+                "info",
+            ],
             # containerd finds containerd-shim-runc-v2 on its PATH.
             env={"PATH": f"{self.bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}"},
         )

@@ -6,7 +6,9 @@ kubelet nodes. To keep fake nodes schedulable forever, the apiserver runs
 without the TaintNodesByCondition admission plugin and the controller manager
 without the node-lifecycle controller. The price: nodes never become NotReady
 or get tainted when their kubelet stops, so tests must not rely on node-failure
-handling (taint-based eviction).
+handling (taint-based eviction). A control plane of its own with
+`node_lifecycle=True` runs those controllers (node-lifecycle and
+taint-eviction), as a real cluster does, for clusters with real kubelets only.
 """
 
 from __future__ import annotations
@@ -55,6 +57,9 @@ CONTROLLERS = (
     "job-controller",
     "pod-garbage-collector-controller",
 )
+# What a real cluster adds: NotReady and unreachable taints on a silent node, and eviction after the
+# pods' tolerations.
+NODE_FAILURE_CONTROLLERS = ("node-lifecycle-controller", "taint-eviction-controller")
 
 
 @dataclass(frozen=True)
@@ -134,8 +139,15 @@ class ControlPlane:
     with the failing component's log tail); `stop()` stops them all.
     """
 
-    def __init__(self, state_dir: Path, binaries: Path | None = None, startup_timeout: float = 180.0) -> None:
+    def __init__(
+        self,
+        state_dir: Path,
+        binaries: Path | None = None,
+        startup_timeout: float = 180.0,
+        node_lifecycle: bool = False,
+    ) -> None:
         self.state_dir = state_dir
+        self.controllers = CONTROLLERS + (NODE_FAILURE_CONTROLLERS if node_lifecycle else ())
         self.bin_dir = binaries or bin_dir()
         self.logs = state_dir / "logs"
         self.pki_dir = state_dir / "pki"
@@ -342,7 +354,7 @@ class ControlPlane:
             # Controllers act with the admin identity: fewer tokens to mint at
             # start-up; their RBAC is upstream's business, not ours.
             "--use-service-account-credentials=false",
-            f"--controllers={','.join(CONTROLLERS)}",
+            f"--controllers={','.join(self.controllers)}",
             *common,
         ])  # fmt: skip
         self.processes.wait_until(

@@ -31,7 +31,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
+import signal
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -43,6 +45,7 @@ from devcluster import images, leftovers, pki
 from devcluster.binaries import NODE_BINARIES, require_binaries
 from devcluster.containerd import Containerd
 from devcluster.controlplane import ControlPlane, free_port, write_kubeconfig
+from devcluster.nodens import NodeNamespace
 from devcluster.procs import ComponentError, ProcessGroup
 from dracommon.kubeapi import ApiError, KubeApi
 
@@ -90,6 +93,9 @@ class KubeletNode:
         remove_state_on_stop: bool = True,
         runtime: str = "containerd",
         private_device_plugin_dir: bool = False,
+        node_ip: str = "127.0.0.1",
+        labels: Mapping[str, str] | None = None,
+        own_mount_namespace: bool = False,
     ) -> None:
         if runtime not in RUNTIMES:
             raise ValueError(f"unknown container runtime {runtime!r}; choose one of: {', '.join(RUNTIMES)}")
@@ -104,9 +110,19 @@ class KubeletNode:
         self.remove_state_on_stop = remove_state_on_stop
         self.processes = ProcessGroup(cluster.logs)
         self.startup_seconds = 0.0
+        # Each node of a several-node cluster has an address of its own on loopback (127.0.0.0/8):
+        # the kubelet serves there, and host-network pods (the chart's plugin) bind their ports there.
+        self.node_ip = node_ip
+        self.labels = dict(labels or {})
         self.containerd = (
             Containerd(self.processes, state_dir, self.cdi_root, name) if runtime == "containerd" else None
         )
+        # Kubelet and runtime in a mount namespace of the node's own (devcluster.nodens), so the chart's
+        # hostPaths, the same for every plugin pod, name this node's directories.
+        self.namespace = NodeNamespace(self.processes, state_dir, name) if own_mount_namespace else None
+        if self.namespace is not None and self.containerd is not None:
+            self.containerd.enter = self.namespace.enter
+        self._kubelet_argv: list[str] = []
         self._fakecri_socket = state_dir / "cri.sock"
         # The kubelet's device plugin directory is a constant, /var/lib/kubelet/device-plugins,
         # whatever --root-dir says, so every kubelet on the machine would share it (the last one
@@ -117,7 +133,7 @@ class KubeletNode:
         # by the runtime, which runs outside that namespace, so pods on such a node should not need
         # them (`automountServiceAccountToken: false`).
         self.device_plugin_dir: Path | None = (
-            state_dir / "device-plugins" if private_device_plugin_dir else None
+            state_dir / "device-plugins" if private_device_plugin_dir or own_mount_namespace else None
         )
 
     @property
@@ -168,6 +184,8 @@ class KubeletNode:
         for directory in (self.root_dir, self.cdi_root, self.state_dir / "pod-logs", self.state_dir / "pki"):
             directory.mkdir(parents=True, exist_ok=True)
         try:
+            if self.namespace is not None:
+                self.namespace.start()
             self._start_runtime()
             self._start_kubelet()
         except BaseException:
@@ -225,13 +243,13 @@ class KubeletNode:
             self.state_dir / "pki",
             "kubelet-serving",
             self.name,
-            ("127.0.0.1",),
+            (self.node_ip,),
             (self.name,),
         )
         config: dict[str, Any] = {
             "apiVersion": "kubelet.config.k8s.io/v1beta1",
             "kind": "KubeletConfiguration",
-            "address": "127.0.0.1",
+            "address": self.node_ip,
             "port": free_port(),
             "readOnlyPort": 0,
             "healthzBindAddress": "127.0.0.1",
@@ -273,6 +291,8 @@ class KubeletNode:
 
     def _private_mounts(self) -> list[str]:
         """The command prefix that gives the kubelet its own device plugin directory, if it has one."""
+        if self.namespace is not None:
+            return self.namespace.enter()  # the node's namespace binds its device plugin directory
         if self.device_plugin_dir is None:
             return []
         self.device_plugin_dir.mkdir(parents=True, exist_ok=True)
@@ -284,7 +304,8 @@ class KubeletNode:
         ]  # fmt: skip
 
     def _start_kubelet(self) -> None:
-        kubelet = self.processes.start(f"kubelet-{self.name}", [
+        labels = ",".join(f"{key}={value}" for key, value in sorted(self.labels.items()))
+        self._kubelet_argv = [
             *self._private_mounts(),
             str(self.cluster.bin_dir / "kubelet"),
             f"--config={self._config()}",
@@ -295,8 +316,27 @@ class KubeletNode:
             # The kubelet rejects a loopback --node-ip; as with an external
             # cloud provider, it keeps the addresses set for it (module docstring).
             "--cloud-provider=external",
+            *([f"--node-labels={labels}"] if labels else []),
             "--v=2",
-        ])  # fmt: skip
+        ]  # fmt: skip
+        self._run_kubelet(initialize=True)
+
+    def kill_kubelet(self) -> None:
+        """SIGKILL the kubelet, as a machine or kubelet crash would stop it: no clean-up of any kind."""
+        for component in [c for c in self.processes.components if c.name == f"kubelet-{self.name}"]:
+            os.kill(component.process.pid, signal.SIGKILL)
+            component.process.wait()
+            component.log_file.close()
+            self.processes.components.remove(component)
+
+    def restart_kubelet(self) -> None:
+        """The kubelet again, with the same configuration and state, once killed; waits for Ready."""
+        if any(c.name == f"kubelet-{self.name}" for c in self.processes.components):
+            raise RuntimeError(f"the kubelet of node {self.name} is running")
+        self._run_kubelet(initialize=False)
+
+    def _run_kubelet(self, initialize: bool) -> None:
+        kubelet = self.processes.start(f"kubelet-{self.name}", self._kubelet_argv)
         with self.cluster.api_client() as api:
             rest = KubeApi(api)
 
@@ -314,7 +354,8 @@ class KubeletNode:
                 self.startup_timeout,
                 blame=kubelet,
             )
-            self._initialize_node(rest, get_node() or {})
+            if initialize:
+                self._initialize_node(rest, get_node() or {})
             self.processes.wait_until(
                 f"Node {self.name} Ready",
                 lambda: node_is_ready(get_node() or {}),
@@ -326,7 +367,7 @@ class KubeletNode:
         """The external cloud controller's part: a loopback address, then the taint off."""
         path = f"/api/v1/nodes/{self.name}"
         addresses = [
-            {"type": "InternalIP", "address": "127.0.0.1"},
+            {"type": "InternalIP", "address": self.node_ip},
             {"type": "Hostname", "address": self.name},
         ]
         taints = [t for t in node.get("spec", {}).get("taints") or [] if t.get("key") != UNINITIALIZED_TAINT]
