@@ -31,10 +31,18 @@
   cel-expr-python only; a duplicate key in transformMapEntry fails as upstream's does.
 * Engines: cel-expr-python (default) and cel-python (fallback; DRA_CEL_ENGINE=cel-python,
   or automatic when cel_expr_python cannot be imported).
-* Speed: compiled selectors are cached (LRU); results are memoized per selector on
-  exactly the device values the expression can read, so identical devices that differ
-  only in name/UUID/index are evaluated once, and the `device` value handed to the engine
-  holds only those values (controller.cel.device.ViewPlan).
+* Speed: selectors within controller.cel.fastgen's coverage (attribute and capacity
+  reads, comparisons, the libraries, cel.bind, most comprehensions; not uint, bytes,
+  optionals, ext.Lists, sortBy, transformList/Map) are
+  compiled once per driver into a Python function over the device JSON
+  (controller.cel.fastpath), with cel-expr-python behind it for every device that function
+  does not decide (a CEL runtime error, whose message is the engine's, or an unusual
+  device); $DRA_CEL_FASTPATH=off turns it off. tests/unit/test_cel_fastpath_differential.py
+  runs both on the evaluation corpus. Compiled selectors are cached (LRU). Where the
+  engine runs, results are memoized per selector on exactly the device values the
+  expression can read, so identical devices that differ only in name/UUID/index are
+  evaluated once, and the `device` value handed to the engine holds only those values
+  (controller.cel.device.ViewPlan).
 """
 
 from controller.cel.errors import CompileError, EvaluationError
