@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from devcluster import chart, images
+from devcluster.binaries import MissingBinariesError
 from devcluster.controlplane import ControlPlane
 from devcluster.kubelet import KubeletNode
 from devcluster.manifests import EXAMPLES, collection_path, load_manifests
+from devcluster.nodeset import NodeSet, node_set_release
+from devcluster.nodeset import wait_published as wait_set_published
+from devcluster.objects import create_namespace, delete_namespace
 from devcluster.plugin import PluginProcess
+from devcluster.procs import ComponentError
 from dracommon.kubeapi import ApiError, KubeApi
 from tests import nvidia_roots
 from tests.driverroot_layout import debian_layout
@@ -20,6 +28,8 @@ from tests.e2e.plugin import running_plugin
 
 POD_TIMEOUT = 120.0
 DOUBLE_GPUS = nvml_double.DOUBLE_GPUS
+# The nodes of the several-node tests: enough for "elsewhere" after one node is lost or drained.
+NODE_SET_SIZE = 3
 EXTENDED_RESOURCE_CLASS = EXAMPLES / "device-plugin" / "extended-resource" / "deviceclass.yaml"
 
 
@@ -115,3 +125,39 @@ def nvml_plugin(
         expected_devices=[f"gpu-{i}" for i in range(DOUBLE_GPUS)],
     ) as process:
         yield process
+
+
+@pytest.fixture(scope="module")
+def node_set(kube_cluster: ControlPlane) -> Iterator[NodeSet]:
+    """NODE_SET_SIZE kubelet nodes (devcluster.nodeset: each its own containerd, directories, address,
+    name and fake GPU inventory) for the module; stopped, and their Node objects deleted, after it."""
+    nodes = NodeSet(kube_cluster, NODE_SET_SIZE)
+    try:
+        nodes.start()
+    except (MissingBinariesError, ComponentError) as err:
+        pytest.fail(f"cannot start {NODE_SET_SIZE} kubelet nodes: {err}", pytrace=False)
+    try:
+        yield nodes
+    finally:
+        nodes.close()
+
+
+@pytest.fixture(scope="module")
+def node_set_chart(
+    kube_cluster: ControlPlane, node_set: NodeSet, api: KubeApi
+) -> Iterator[chart.ChartRelease]:
+    """The chart installed over `node_set` in a namespace of its own: one plugin pod per node, each
+    node's inventory published by its own plugin; uninstalled after the module."""
+    image = images.our_image()
+    node_set.import_image(image)
+    namespace = create_namespace(api.api_client, prefix="dra-set-")
+    home = Path(tempfile.mkdtemp(prefix="dra-helm-"))
+    release = node_set_release(kube_cluster, node_set, api, image, home=home, namespace=namespace)
+    release.create_namespace = False
+    try:
+        with chart.installed(release):
+            wait_set_published(release, node_set)
+            yield release
+    finally:
+        delete_namespace(api.api_client, namespace)
+        shutil.rmtree(home, ignore_errors=True)
