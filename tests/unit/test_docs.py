@@ -96,6 +96,9 @@ EXPECTED_EXIT: dict[str, int] = {
     " examples/resourceslices/": 1,
 }
 
+_DRAIN_RUNBOOK = (
+    "needs a cluster of several nodes; tests/e2e/test_multinode.py runs it on three local kubelet nodes"
+)
 _KUBECTL_EXAMPLES = (
     "kubectl against a real cluster (there is no kubectl here); tests/e2e/test_examples.py applies the "
     "same manifests on a local cluster with a real kubelet and checks the stated outcome"
@@ -159,6 +162,22 @@ NOT_RUN: dict[str, str] = {
     "helm upgrade --install draplugin deploy/helm/draplugin --namespace draplugin-system --create-namespace"
     " -f deploy/helm/values-fake-gpus.yaml": _HELM_INSTALL,
     "helm uninstall draplugin --namespace draplugin-system": "removes a release from a real cluster",
+    # docs/operations.md's drain runbook: against a three-node cluster, in page order, by
+    # tests/e2e/test_multinode.py (the DeviceTaintRule file of the cluster's release only).
+    **{
+        command: _DRAIN_RUNBOOK
+        for command in (
+            'kubectl drain "$NODE" --ignore-daemonsets --delete-emptydir-data --timeout=300s',
+            "kubectl get resourceclaims --all-namespaces -o custom-columns='NAMESPACE:.metadata.namespace,"
+            "NAME:.metadata.name,NODE:.status.allocation.nodeSelector.nodeSelectorTerms[0].matchFields[0]"
+            ".values[0]'",
+            'sed "s/NODE_NAME/$NODE/g" docs/operations/maintenance-taint.yaml | kubectl apply -f -',
+            'sed "s/NODE_NAME/$NODE/g" docs/operations/maintenance-taint-v1alpha3.yaml | kubectl apply -f -',
+            'kubectl get resourceslices --field-selector spec.driver=gpu.draplugin.dev,spec.nodeName="$NODE"',
+            'kubectl delete devicetaintrule "maintenance-$NODE"',
+            'kubectl uncordon "$NODE"',
+        )
+    },
     # docs/operations.md, docs/troubleshooting.md
     "helm upgrade draplugin deploy/helm/draplugin --namespace draplugin-system --reuse-values": (
         "upgrades a release in a real cluster; tests/integration/test_chart.py renders the same chart with "
