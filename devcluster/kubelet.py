@@ -45,7 +45,7 @@ from devcluster import images, leftovers, pki
 from devcluster.binaries import NODE_BINARIES, require_binaries
 from devcluster.containerd import Containerd
 from devcluster.controlplane import ControlPlane, free_port, write_kubeconfig
-from devcluster.nodens import NodeNamespace
+from devcluster.nodens import NODE_VIEW, NodeNamespace
 from devcluster.procs import ComponentError, ProcessGroup
 from dracommon.kubeapi import ApiError, KubeApi
 
@@ -146,6 +146,12 @@ class KubeletNode:
         if self.containerd is not None and self.containerd.workload is not None:
             return self.containerd.workload.name
         return images.workload_image().name
+
+    @property
+    def kubelet_root_dir(self) -> Path:
+        """The root dir as the kubelet is told it: in a node's own namespace its short view there
+        (the plugins' registration sockets below it must fit a unix socket path, 107 bytes)."""
+        return NODE_VIEW / "root" if self.namespace is not None else self.root_dir
 
     @property
     def plugins_registry(self) -> Path:
@@ -310,7 +316,7 @@ class KubeletNode:
             str(self.cluster.bin_dir / "kubelet"),
             f"--config={self._config()}",
             f"--kubeconfig={self._kubeconfig()}",
-            f"--root-dir={self.root_dir}",
+            f"--root-dir={self.kubelet_root_dir}",
             f"--cert-dir={self.state_dir / 'pki'}",
             f"--hostname-override={self.name}",
             # The kubelet rejects a loopback --node-ip; as with an external
