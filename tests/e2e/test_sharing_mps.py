@@ -105,7 +105,11 @@ def test_kill_after_mps_start_then_restart_leaves_one_daemon_that_unprepare_stop
     pods.wait_running(api, namespace, "shared", POD_TIMEOUT, kubelet_node.cdi_root)
     # The orphan of the killed process was stopped at start; the retry started the claim's daemon.
     (pid,) = running_daemons(plugin)
-    assert [(e["kind"], e["state"], e["pid"]) for e in ledger(plugin)] == [("mps", "running", pid)]
+    # Its GPU in EXCLUSIVE_PROCESS compute mode for the daemon, recorded with the mode to restore.
+    assert [(e["kind"], e["state"], e.get("pid")) for e in ledger(plugin)] == [
+        ("computemode", "set", None),
+        ("mps", "running", pid),
+    ]
     # Both containers' /dev/shm is the claim's shm directory, where MPS keeps its shared segments.
     (shm,) = plugin.state_dir.glob("mps/*/shm")
     (shm / "segment-from-host").write_text("shared")
