@@ -165,6 +165,7 @@ async def serve_service(settings: Settings, service: Service, stop: asyncio.Even
     import asyncio
     import signal
 
+    from draplugin.kubelet.metrics import kubelet_metrics
     from draplugin.kubelet.server import PluginServerError
     from draplugin.kubelet.sockets import SocketPathError
     from draplugin.nodestart import NodeUnavailable
@@ -177,13 +178,16 @@ async def serve_service(settings: Settings, service: Service, stop: asyncio.Even
             loop.add_signal_handler(signum, stop.set)
             handled.append(signum)
     try:
-        with _metrics_endpoint(settings.metrics_address, settings.metrics_port):
-            await service.start()
-            try:
+        await service.start()
+        try:
+            # After the sockets (prometheus_client and its HTTP server are imports the kubelet's
+            # first calls do not need); the protocol layer's series exist before the first scrape.
+            kubelet_metrics()
+            with _metrics_endpoint(settings.metrics_address, settings.metrics_port):
                 await stop.wait()
                 log.info("shutting down")
-            finally:
-                await service.stop()
+        finally:
+            await service.stop()
     except (PluginServerError, SocketPathError) as exc:
         log.error("cannot serve the kubelet plugin", extra={"error": str(exc)})
         return EXIT_FAILURE

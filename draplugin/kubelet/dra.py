@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
 import grpc
-from prometheus_client import Counter, Histogram
 
 from dracommon.kubenames import dns_label_problem, dns_subdomain_problem, uid_problem
 from draplugin.kubelet._proto.dra.v1 import api_pb2 as v1
@@ -36,6 +35,7 @@ from draplugin.kubelet._proto.dra.v1beta1 import api_pb2 as v1beta1
 from draplugin.kubelet._proto.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
 from draplugin.kubelet.deadline import CALL_DEADLINE, CALL_STARTED, deadline_from_remaining
 from draplugin.kubelet.interface import ClaimError, ClaimRef, Driver, PreparedDevice
+from draplugin.kubelet.metrics import kubelet_metrics
 from draplugin.kubelet.nodestate import NodeStateLock
 from draplugin.kubelet.pending import PendingDriver
 from draplugin.kubelet.serialize import CallSerializer
@@ -56,19 +56,6 @@ MAX_CLAIMS_PER_CALL: Final = 128
 TOO_MANY_CLAIMS: Final = f"not run: over {MAX_CLAIMS_PER_CALL} claims in one call"
 
 log = logging.getLogger(__name__)
-
-# Per-claim answers as the kubelet sees them (including requests rejected before
-# reaching the driver); the driver's own operation metrics live in draplugin.metrics.
-KUBELET_CLAIM_RESULTS = Counter(
-    "draplugin_kubelet_claim_results",
-    "Per-claim prepare/unprepare answers sent to the kubelet, by result.",
-    ["operation", "result"],
-)
-REQUEST_SECONDS = Histogram(
-    "draplugin_kubelet_request_seconds",
-    "Duration of NodePrepareResources/NodeUnprepareResources calls.",
-    ["operation", "api_version"],
-)
 
 
 class ClaimMessage(Protocol):
@@ -352,8 +339,9 @@ class ClaimRunner:
             raise
         outcomes.update(results)
         failed = sum(1 for outcome in outcomes.values() if outcome.error)
-        KUBELET_CLAIM_RESULTS.labels(operation=operation, result="error").inc(failed)
-        KUBELET_CLAIM_RESULTS.labels(operation=operation, result="ok").inc(len(outcomes) - failed)
+        answers = kubelet_metrics().claim_results
+        answers.labels(operation=operation, result="error").inc(failed)
+        answers.labels(operation=operation, result="ok").inc(len(outcomes) - failed)
         return outcomes
 
     async def aclose(self, grace: float) -> None:
@@ -374,7 +362,7 @@ class ClaimRunner:
 def _summarize(operation: str, version: str, outcomes: dict[str, ClaimOutcome], started: float) -> None:
     failed = sum(1 for o in outcomes.values() if o.error)
     elapsed = time.monotonic() - started
-    REQUEST_SECONDS.labels(operation=operation, api_version=version).observe(elapsed)
+    kubelet_metrics().request_seconds.labels(operation=operation, api_version=version).observe(elapsed)
     # Debug, as the driver's per-claim lines: the kubelet sends one call per pod, so this is per claim
     # too; failures are logged where they happen, and the request histogram counts every call.
     log.debug(

@@ -20,13 +20,13 @@ from typing import Any, Final
 import grpc
 from grpc_health.v1 import health as grpc_health
 from grpc_health.v1 import health_pb2
-from prometheus_client import Counter
 
 from draplugin.kubelet._proto.dra_health.v1 import api_pb2 as health_v1
 from draplugin.kubelet._proto.dra_health.v1 import api_pb2_grpc as health_v1_grpc
 from draplugin.kubelet._proto.dra_health.v1alpha1 import api_pb2 as health_v1alpha1
 from draplugin.kubelet._proto.dra_health.v1alpha1 import api_pb2_grpc as health_v1alpha1_grpc
 from draplugin.kubelet.interface import DeviceHealth, HealthSource
+from draplugin.kubelet.metrics import kubelet_metrics
 from draplugin.kubelet.registration import RegistrationStatus
 
 # The kubelet cuts messages longer than this; cutting here keeps our log and its view identical.
@@ -35,12 +35,6 @@ MAX_HEALTH_MESSAGE: Final = 1024
 OVERALL_SERVICE: Final = ""
 
 log = logging.getLogger(__name__)
-
-HEALTH_STREAMS = Counter(
-    "draplugin_kubelet_health_streams",
-    "Device health streams the kubelet opened, by DRAResourceHealth service version.",
-    ["version"],
-)
 
 
 def _truncate(message: str) -> str:
@@ -92,7 +86,7 @@ class DeviceHealthStream:
     ) -> AsyncIterator[health_v1.NodeWatchResourcesResponse]:
         # Which version the kubelet chose is worth a log line: 1.37+ should pick v1.
         log.info("kubelet opened the device health stream", extra={"health_version": version})
-        HEALTH_STREAMS.labels(version=version).inc()
+        kubelet_metrics().health_streams.labels(version=version).inc()
         snapshots = aiter(self._source.watch_health())
         closing = asyncio.ensure_future(self._closing.wait())
         upcoming: asyncio.Future[Sequence[DeviceHealth]] | None = None

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from typing import Final
 
 import grpc
-from prometheus_client import Counter
 
 from draplugin.kubelet._proto.pluginregistration.v1 import api_pb2 as reg_pb2
 from draplugin.kubelet._proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+from draplugin.kubelet.metrics import kubelet_metrics
 
 # PluginInfo.type for DRA drivers.
 PLUGIN_TYPE_DRA: Final = "DRAPlugin"
@@ -31,12 +31,6 @@ HEALTH_V1_SERVICE: Final = "v1.DRAResourceHealth"
 HEALTH_V1ALPHA1_SERVICE: Final = "v1alpha1.DRAResourceHealth"
 
 log = logging.getLogger(__name__)
-
-REGISTRATION_NOTIFICATIONS = Counter(
-    "draplugin_kubelet_registration_notifications",
-    "NotifyRegistrationStatus calls from the kubelet, by outcome.",
-    ["registered"],
-)
 
 
 def supported_versions(*, serve_v1beta1: bool = True, serve_health: bool) -> list[str]:
@@ -131,7 +125,7 @@ class RegistrationServicer(reg_grpc.RegistrationServicer):
         context: grpc.aio.ServicerContext[reg_pb2.RegistrationStatus, reg_pb2.RegistrationStatusResponse],
     ) -> reg_pb2.RegistrationStatusResponse:
         registered = request.plugin_registered
-        REGISTRATION_NOTIFICATIONS.labels(registered=str(registered).lower()).inc()
+        kubelet_metrics().registration_notifications.labels(registered=str(registered).lower()).inc()
         await self._state.record(registered, request.error)
         if not registered:
             log.error(

@@ -6,8 +6,10 @@ The figures (start to sockets ready against the dra-example-driver plugin) come 
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -16,6 +18,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 # none needed to answer the kubelet's first calls (GetInfo, registration, liveness).
 NOT_BEFORE_THE_SOCKETS = (
     "kubernetes",
+    "prometheus_client",
     "urllib3",
     "pydantic",
     "yaml",
@@ -73,3 +76,45 @@ def test_run_help_is_the_run_parser_of_the_whole_command_line() -> None:
         "import sys; from draplugin.cli import COMMAND_LINE; sys.exit(COMMAND_LINE.main(['run', '--help']))"
     )
     assert alone == whole and "--kubelet-root-dir" in alone
+
+
+def test_the_kubelet_layers_series_are_scraped_before_any_kubelet_call(tmp_path: Path) -> None:
+    """Its metrics are made after the sockets open, not at import, and still before the endpoint
+    serves: a scrape before the kubelet has called shows each of them."""
+    import os
+    import socket
+    import time
+    import urllib.error
+    import urllib.request
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {**os.environ, "DRAPLUGIN_DRIVER_FACTORY": "tests.kubelet_client:static_driver_factory"}
+    root = Path(tempfile.mkdtemp(prefix="ps-", dir="/tmp"))  # short: socket paths have a 107-byte limit
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "draplugin.cli", "run", "--node-name", "node-1", "--kubelet-root-dir",
+         str(root), "--metrics-port", str(port)],
+        cwd=REPO_ROOT, env=env, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            try:
+                text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+                break
+            except (urllib.error.URLError, ConnectionError):
+                assert time.monotonic() < deadline, "the metrics endpoint never answered"
+                time.sleep(0.05)
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=30)
+        shutil.rmtree(root, ignore_errors=True)
+    for name in (
+        "draplugin_kubelet_claim_results",
+        "draplugin_kubelet_request_seconds",
+        "draplugin_kubelet_registration_notifications",
+        "draplugin_kubelet_health_streams",
+    ):
+        assert f"# HELP {name}" in text, name
