@@ -14,8 +14,8 @@ calls are seen; it is bound to the allocator's slices and classes, as the schedu
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
 from controller.allocation.nodes import Node, NodeSelectorError
 from controller.allocation.result import NodeSelectorConflict, node_selector
@@ -32,8 +32,35 @@ from controller.scheduler.outcome import (
 )
 from dracommon.quantity import QuantityError
 
-if TYPE_CHECKING:
-    from controller.scheduler.allocator import JSON, Allocator, Screen
+JSON = Mapping[str, Any]
+
+
+# What a Prepared uses of the allocator that made it, as protocols: the allocator module
+# imports this one, and the import graph stays free of circles (tests/unit/test_import_graph.py).
+class Screen(Protocol):
+    def classify(self, node: Node | None) -> int: ...
+
+    def cannot_fit(self, node: Node | None) -> bool: ...
+
+    def risky_positions(self, nodes: Sequence[Node | None]) -> list[int]: ...
+
+
+class Allocator(Protocol):
+    commits: int
+
+    def _missing_class(self, claims: Sequence[JSON]) -> str: ...
+
+    def screen(self, claims: Sequence[JSON]) -> Screen: ...
+
+    def search(self, claims: Sequence[JSON], node: Node | None) -> Search: ...
+
+    def _unsupported(self, claims: Sequence[JSON], view: Any) -> Any: ...
+
+    def _view(self, node: Node | None) -> Any: ...
+
+    def _allocation(
+        self, claim_index: int, search: Search, selector: dict[str, Any] | None
+    ) -> dict[str, Any]: ...
 
 
 class StaleAllocation(RuntimeError):
