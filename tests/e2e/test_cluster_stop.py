@@ -96,7 +96,7 @@ def run_a_pod(kubeconfig: str, image: str) -> None:
             START_TIMEOUT,
         )
     finally:
-        api_client.close()  # type: ignore[no-untyped-call]
+        api_client.close()
 
 
 def test_ctrl_c_then_ctrl_c_then_sigkill_leaves_no_process_mount_or_data(tmp: Path) -> None:
