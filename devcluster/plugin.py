@@ -20,8 +20,12 @@ from typing import Any
 from devcluster.binaries import REPO_ROOT
 from devcluster.wait import past_deadline
 from dracommon.drivername import DEFAULT_DRIVER_NAME
+from draplugin.devices.naming import NVIDIA_DRIVER_NAME
 from draplugin.kubelet.sockets import socket_paths
 from draplugin.prepare.wiring import BOOT_ID_FILE_ENV, FAKE_CONFIG_ENV
+
+# What draplugin.nodestart logs once the prepare driver has recovered and serves claims.
+RECOVERY_DONE_LINE = b"start-up recovery done"
 
 FAKE_GPUS = REPO_ROOT / "examples" / "fake-gpus.yaml"
 RESOURCE_SLICES = "/apis/resource.k8s.io/v1/resourceslices"
@@ -99,6 +103,7 @@ class PluginProcess:
         ]  # fmt: skip
         before = self._socket_identity()
         started = time.monotonic()
+        log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         with self.log_path.open("ab") as log:
             log.write(f"--- start {self.starts + 1} crash_at={crash_at or '-'}\n".encode())
             log.flush()
@@ -114,6 +119,22 @@ class PluginProcess:
             if over:
                 raise RuntimeError(f"plugin sockets did not appear within {how_long}:\n{self.log_tail()}")
             time.sleep(0.05)
+        # The sockets open before start-up recovery (draplugin.nodestart): callers that look at the
+        # checkpoint, CDI specs or slices right after a start need recovery done, as before.
+        while not self._recovered_since(log_offset):
+            if self.process.poll() is not None:
+                raise RuntimeError(f"plugin exited with {self.process.returncode}:\n{self.log_tail()}")
+            over, how_long = past_deadline(started, timeout_s)
+            if over:
+                raise RuntimeError(f"plugin start-up recovery not done within {how_long}:\n{self.log_tail()}")
+            time.sleep(0.05)
+
+    def _recovered_since(self, offset: int) -> bool:
+        if self.driver_name == NVIDIA_DRIVER_NAME:
+            return True  # built before its sockets: recovered once they exist
+        with self.log_path.open("rb") as log:
+            log.seek(offset)
+            return RECOVERY_DONE_LINE in log.read()
 
     def _socket_identity(self) -> tuple[int, int] | None:
         try:
