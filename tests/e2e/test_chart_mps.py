@@ -166,7 +166,9 @@ def test_the_mps_daemon_pod_outlives_the_plugin_pod_and_unprepare_deletes_it(
         ]
         assert controller["kind"] == "DaemonSet"
         assert ask_from_host(driver_root, pipe) == ["30.0", "2048M"]
-        (entry,) = ledger_entries(state_dir)
+        # The daemon's entry, and its GPU's EXCLUSIVE_PROCESS compute mode recorded beside it.
+        assert sorted(e.kind for e in ledger_entries(state_dir)) == ["computemode", "mps"]
+        (entry,) = [e for e in ledger_entries(state_dir) if e.kind == "mps"]
         assert (entry.state, entry.data["podUid"]) == ("running", daemon["metadata"]["uid"])
         # A daemon that is started again makes its control pipe anew: the inode tells them apart.
         control_pipe = (pipe / "control").stat().st_ino
@@ -194,7 +196,7 @@ def test_the_mps_daemon_pod_outlives_the_plugin_pod_and_unprepare_deletes_it(
         # The claim's container still reaches the same daemon through its CDI mount.
         code, out, err = pods.exec_in(api, namespace, "shared", "app", ["sh", "-c", ASK])
         assert (code, out.split()) == (0, ["30.0", "2048M"]), (code, out, err)
-        (entry,) = ledger_entries(state_dir)
+        (entry,) = [e for e in ledger_entries(state_dir) if e.kind == "mps"]
         assert (entry.state, entry.data["podUid"]) == ("running", daemon["metadata"]["uid"])
         # The new plugin's start-up logged the claim as restored, not its daemon as an orphan.
         assert api.get(f"/api/v1/namespaces/{namespace}/pods/shared")["status"]["phase"] == "Running"
