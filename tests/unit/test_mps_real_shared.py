@@ -55,6 +55,16 @@ def real_node(tmp_path: Path) -> Iterator[tuple[ToolNode, str]]:
         what="listing the double's GPU",
         timeout_s=30,
     ).strip()
+    # The double's built-in state is shared by every test that runs it without a configuration of
+    # its own; start from the default compute mode so the set and the restore are both seen here.
+    sharing.mps._tools.run(
+        "nvidia-smi",
+        ["-i", uuid, "-c", "DEFAULT"],
+        error=PlanError,
+        reason="x",
+        what="resetting the double's compute mode",
+        timeout_s=30,
+    )
     yield node, uuid
     for uid in list(sharing.claim_uids()):  # a failing test must not leave a real daemon running
         sharing.release(uid)
