@@ -42,7 +42,7 @@ from devcluster.kubelet import KubeletNode
 from devcluster.plugin import PluginProcess
 from devcluster.wait import wait_for
 from dracommon.kubeapi import KubeApi
-from tests import nvidia_roots, nvmldouble
+from tests import cgroupv2, nvidia_roots, nvmldouble
 from tests.e2e import nvml_double
 from tests.e2e.cleanup import release_namespace
 from tests.e2e.workloads import claim_pod
@@ -54,25 +54,11 @@ RESOURCE = "/apis/resource.k8s.io/v1"
 DRIVER = "gpu.draplugin.dev"
 MiB = 1 << 20
 POD_TIMEOUT = 180.0
-BIND_V2 = 'mount --bind /sys/fs/cgroup/unified /sys/fs/cgroup && exec "$@"'
-
-
-def _fstype(path: str) -> str | None:
-    found = None
-    for line in Path("/proc/self/mounts").read_text().splitlines():
-        fields = line.split()
-        if len(fields) >= 3 and fields[1] == path:
-            found = fields[2]
-    return found
 
 
 def _v2_view() -> tuple[str, ...]:
     """The argv prefix that runs a command where /sys/fs/cgroup is cgroup v2 (none on a v2 host)."""
-    if _fstype("/sys/fs/cgroup") == "cgroup2":
-        return ()
-    if _fstype("/sys/fs/cgroup/unified") == "cgroup2":
-        return ("unshare", "--mount", "--propagation", "private", "sh", "-c", BIND_V2, "sh")
-    pytest.fail("no cgroup v2 hierarchy at /sys/fs/cgroup or /sys/fs/cgroup/unified", pytrace=False)
+    return cgroupv2.v2_view()[1]
 
 
 @pytest.fixture(scope="module")

@@ -33,22 +33,12 @@ from draplugin.devices.shared import SharedGpus, UnlimitedShares, with_memory_li
 from draplugin.kubelet.interface import ClaimRef
 from draplugin.prepare.memlimits import MemoryLimitHook
 from draplugin.prepare.plan import plan_claim, render_spec
-from tests import nvidia_roots, nvmldouble
+from tests import cgroupv2, nvidia_roots, nvmldouble
 from tests.nvmldouble import Gpu, MemoryLimitCall, NvmlDouble
 from tests.unit.test_prepare_plan import DRIVER, NODE, claim_doc, result
 
 MiB = 1 << 20
 NOT_SUPPORTED = 3  # NVML_ERROR_NOT_SUPPORTED
-BIND_V2 = 'mount --make-rprivate / && mount --bind /sys/fs/cgroup/unified /sys/fs/cgroup && exec "$@"'
-
-
-def _fstype(path: str) -> str | None:
-    found = None
-    for line in Path("/proc/self/mounts").read_text().splitlines():
-        fields = line.split()
-        if len(fields) >= 3 and fields[1] == path:
-            found = fields[2]
-    return found
 
 
 @pytest.fixture(scope="module")
@@ -57,11 +47,8 @@ def v2_view() -> tuple[Path, list[str]]:
     a command where /sys/fs/cgroup is cgroup v2 (empty on a cgroup v2 host)."""
     if os.geteuid() != 0:
         pytest.fail("this test makes cgroups and mount namespaces: it needs root")
-    if _fstype("/sys/fs/cgroup") == "cgroup2":
-        return Path("/sys/fs/cgroup"), []
-    if _fstype("/sys/fs/cgroup/unified") == "cgroup2":
-        return Path("/sys/fs/cgroup/unified"), ["unshare", "--mount", "sh", "-c", BIND_V2, "sh"]
-    pytest.fail("no cgroup v2 hierarchy at /sys/fs/cgroup or /sys/fs/cgroup/unified")
+    root, prefix = cgroupv2.v2_view()
+    return root, list(prefix)
 
 
 @pytest.fixture
