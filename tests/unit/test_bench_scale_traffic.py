@@ -1,0 +1,54 @@
+"""bench.scale.traffic: kube-apiserver's request counters and the controller's pass histogram,
+read from Prometheus text as the servers print it."""
+
+from __future__ import annotations
+
+from bench.scale.traffic import (
+    RequestCounts,
+    pass_stats,
+    process_rss_mib,
+    request_counts,
+)
+
+APISERVER = """\
+# HELP apiserver_request_total [STABLE] Counter of apiserver requests
+# TYPE apiserver_request_total counter
+apiserver_request_total{code="200",component="apiserver",dry_run="",group="",resource="",scope="",subresource="/metrics",verb="GET",version=""} 7
+apiserver_request_total{code="200",component="apiserver",dry_run="",group="coordination.k8s.io",resource="leases",scope="resource",subresource="",verb="PUT",version="v1"} 12
+apiserver_request_total{code="409",component="apiserver",dry_run="",group="coordination.k8s.io",resource="leases",scope="resource",subresource="",verb="PUT",version="v1"} 3
+apiserver_request_total{code="200",component="apiserver",dry_run="",group="resource.k8s.io",resource="resourceslices",scope="cluster",subresource="",verb="WATCH",version="v1"} 2
+apiserver_request_total_other{verb="GET",resource="pods"} 99
+"""
+
+
+def test_request_counts_sum_codes_by_verb_and_resource_and_leave_out_non_resource_paths() -> None:
+    counts = request_counts(APISERVER)
+    assert counts == {("PUT", "leases"): 15, ("WATCH", "resourceslices"): 2}
+
+
+def test_the_window_is_what_grew_less_what_the_server_did_alone() -> None:
+    before = RequestCounts({("PUT", "leases"): 15, ("WATCH", "pods"): 1})
+    after = RequestCounts({("PUT", "leases"): 21, ("WATCH", "pods"): 1, ("GET", "nodes"): 4})
+    grown = after - before
+    assert grown == {("PUT", "leases"): 6, ("GET", "nodes"): 4}
+    alone = RequestCounts({("PUT", "leases"): 2})
+    assert (grown - alone) == {("PUT", "leases"): 4, ("GET", "nodes"): 4}
+    assert (grown - alone).total == 8
+
+
+CONTROLLER = """\
+dra_controller_reconcile_duration_seconds_bucket{le="0.1"} 3.0
+dra_controller_reconcile_duration_seconds_count 4.0
+dra_controller_reconcile_duration_seconds_sum 1.25
+dra_controller_reconciles_total{result="success"} 4.0
+"""
+
+
+def test_pass_stats_read_the_histogram_count_and_sum() -> None:
+    assert pass_stats(CONTROLLER) == (4, 1.25)
+    assert pass_stats("dra_controller_reconciles_total 0\n") == (0, 0.0)
+
+
+def test_rss_from_proc_status() -> None:
+    status = "Name:\tpython\nVmPeak:\t  900000 kB\nVmRSS:\t  204800 kB\nThreads:\t9\n"
+    assert process_rss_mib(status) == 200.0
