@@ -10,6 +10,11 @@ Parts (--parts, comma-separated):
 - scheduler: kube-scheduler on the same objects at each of --scheduler-nodes (a control plane
   of its own: run it alone on a small machine); with offline at the same size, the rows of
   claims/s beside pods/s.
+- live: at each of --live-nodes, a control plane of its own with the fleet and its pending pods:
+  `dra-controller run`'s sync, RSS, CPU and time per reconcile pass, the API requests/s it and
+  one draplugin make at idle (--idle-window seconds, counted by kube-apiserver), and explain and
+  simulate of one pending pod against the API server (beside the offline commands where offline
+  ran at that size).
 
 Run by `python -m bench`, its rows go to the parent's summary; run on its own (`make scale`),
 it prints the table and merges its rows into bench/results.json.
@@ -25,6 +30,7 @@ import tempfile
 from pathlib import Path
 
 from bench.scale.fixtures import FleetPair
+from bench.scale.live import LiveRun
 from bench.scale.offline import Case, measure_explain, measure_simulate
 from bench.scale.phases import SchedulingRun
 from bench.scale.rows import (
@@ -39,7 +45,7 @@ from bench.scale.rows import (
 from bench.scale.runs import Measured
 from bench.summary import ROWS_ENV, Row, merge_results, record, record_failure, table
 
-PARTS = ("offline", "per-claim", "scheduler")
+PARTS = ("offline", "per-claim", "scheduler", "live")
 RESULTS = Path(__file__).resolve().parent.parent / "results.json"
 
 
@@ -78,6 +84,23 @@ def _print_run(run: SchedulingRun, version: str, setup: dict[str, float]) -> Non
     )
 
 
+def _print_live(live: LiveRun) -> None:
+    c = live.controller
+    print(
+        f"live, {shape(live.nodes, live.gpus)}, {live.claims:,} pending pods, Kubernetes {live.version}: "
+        f"dra-controller run synced in {c.sync_s:.1f} s ({c.sync_cpu_s:.1f} s CPU), RSS {c.rss_mib:.0f} MiB; "
+        f"{c.passes} idle passes, {c.pass_ms:.0f} ms each; idle CPU {c.idle_cpu_s:.2f} s over "
+        f"{c.idle.window_s:.0f} s; API requests/s at idle: controller {c.idle.per_s:.2f} "
+        f"({c.idle.busiest()}), "
+        f"draplugin {live.plugin.per_s:.2f} ({live.plugin.busiest()}), the server alone "
+        f"{live.server_alone.per_s:.2f} ({live.server_alone.busiest()}); "
+        f"live explain {live.explain.wall_s:.2f} s "
+        f"({live.explain.cpu_s:.2f} s CPU, {live.explain.peak_mib:.0f} MiB), live simulate of one pod "
+        f"{live.simulate.wall_s:.2f} s ({live.simulate.cpu_s:.2f} s CPU, {live.simulate.peak_mib:.0f} MiB)",
+        flush=True,
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.scale", description=__doc__)
     parser.add_argument("--parts", default="offline", help=f"comma-separated, of {', '.join(PARTS)}")
@@ -86,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--claims", type=int, default=2000, help="pending claims (one pod each)")
     parser.add_argument("--per-claim-nodes", type=sizes, default=[100, 1000, 5000])
     parser.add_argument("--scheduler-nodes", type=sizes, default=None, help="default: --nodes")
+    parser.add_argument("--live-nodes", type=sizes, default=[100, 1000])
+    parser.add_argument("--idle-window", type=float, default=30.0, help="seconds of each idle window (live)")
     parser.add_argument("--keep", action="store_true", help="keep the scheduler runs' clusters (logs, data)")
     args = parser.parse_args(argv)
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
@@ -106,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         failed.append(part)
 
     simulated: dict[int, tuple[Case, Measured]] = {}
+    explained: dict[int, Measured] = {}
     offline_sizes = [args.nodes] if "offline" in parts else []
     if "per-claim" in parts:
         offline_sizes += [n for n in args.per_claim_nodes if n not in offline_sizes]
@@ -123,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
                     )
                     _print_case("explain of one unfit claim, JSON files", cases.json)
                     keep(explain_rows(cases))
+                    explained[nodes] = cases.yaml.ours
                 except Exception as err:
                     fail("explain", "ours", err)
             try:
@@ -145,6 +172,19 @@ def main(argv: list[str] | None = None) -> int:
                 _print_run(runs[nodes], version, setup)
             except Exception as err:
                 fail(f"kube-scheduler at {nodes} nodes", "kube-scheduler", err)
+    if "live" in parts:
+        from bench.scale.live import measure_live  # the control plane's imports only when it runs
+        from bench.scale.liverows import live_rows
+
+        for nodes in args.live_nodes:
+            try:
+                claims = claims_at(nodes, args.gpus, args.claims)
+                live = measure_live(nodes, args.gpus, claims, args.idle_window, keep=args.keep)
+                _print_live(live)
+                one = simulated[nodes][1] if nodes in simulated else None
+                keep(live_rows(live, explained.get(nodes), one))
+            except Exception as err:
+                fail(f"live cluster at {nodes} nodes", "ours", err)
     if args.nodes in simulated and args.nodes in runs:
         keep(versus_scheduler_rows(*simulated[args.nodes], runs[args.nodes], version))
     if "per-claim" in parts:

@@ -16,10 +16,6 @@ class RequestCounts(Counter[tuple[str, str]]):
     def __sub__(self, other: Counter[tuple[str, str]]) -> RequestCounts:
         return RequestCounts(super().__sub__(other))
 
-    @property
-    def total(self) -> int:
-        return sum(self.values())
-
 
 def _label(labels: str, name: str) -> str:
     marker = f'{name}="'

@@ -10,15 +10,24 @@ from bench.scale.traffic import (
     request_counts,
 )
 
-APISERVER = """\
-# HELP apiserver_request_total [STABLE] Counter of apiserver requests
-# TYPE apiserver_request_total counter
-apiserver_request_total{code="200",component="apiserver",dry_run="",group="",resource="",scope="",subresource="/metrics",verb="GET",version=""} 7
-apiserver_request_total{code="200",component="apiserver",dry_run="",group="coordination.k8s.io",resource="leases",scope="resource",subresource="",verb="PUT",version="v1"} 12
-apiserver_request_total{code="409",component="apiserver",dry_run="",group="coordination.k8s.io",resource="leases",scope="resource",subresource="",verb="PUT",version="v1"} 3
-apiserver_request_total{code="200",component="apiserver",dry_run="",group="resource.k8s.io",resource="resourceslices",scope="cluster",subresource="",verb="WATCH",version="v1"} 2
-apiserver_request_total_other{verb="GET",resource="pods"} 99
-"""
+
+def _request(code: str, group: str, resource: str, subresource: str, verb: str, value: int) -> str:
+    labels = (
+        f'code="{code}",component="apiserver",dry_run="",group="{group}",resource="{resource}",'
+        f'scope="resource",subresource="{subresource}",verb="{verb}",version="v1"'
+    )
+    return f"apiserver_request_total{{{labels}}} {value}"
+
+
+APISERVER = "\n".join([
+    "# HELP apiserver_request_total [STABLE] Counter of apiserver requests",
+    "# TYPE apiserver_request_total counter",
+    _request("200", "", "", "/metrics", "GET", 7),
+    _request("200", "coordination.k8s.io", "leases", "", "PUT", 12),
+    _request("409", "coordination.k8s.io", "leases", "", "PUT", 3),
+    _request("200", "resource.k8s.io", "resourceslices", "", "WATCH", 2),
+    'apiserver_request_total_other{verb="GET",resource="pods"} 99',
+])  # fmt: skip
 
 
 def test_request_counts_sum_codes_by_verb_and_resource_and_leave_out_non_resource_paths() -> None:
@@ -33,7 +42,7 @@ def test_the_window_is_what_grew_less_what_the_server_did_alone() -> None:
     assert grown == {("PUT", "leases"): 6, ("GET", "nodes"): 4}
     alone = RequestCounts({("PUT", "leases"): 2})
     assert (grown - alone) == {("PUT", "leases"): 4, ("GET", "nodes"): 4}
-    assert (grown - alone).total == 8
+    assert (grown - alone).total() == 8
 
 
 CONTROLLER = """\
