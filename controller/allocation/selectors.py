@@ -89,6 +89,17 @@ class SelectorCache:
             self._programs[expression] = cached
         return cached
 
+    def fast_function(self, expression: str, driver: str) -> Callable[[Mapping[str, Any]], bool] | None:
+        """The program's own function over `driver`'s devices where it offers one
+        (`controller.cel.Selector.fast_function`), else None. Where it raises, `matches` tells
+        what the device's verdict or error is."""
+        program = self.program(expression)
+        offered = getattr(program, "fast_function", None)
+        if offered is None or isinstance(program, Exception):
+            return None
+        function: Callable[[Mapping[str, Any]], bool] | None = offered(driver)
+        return function
+
     def matches(self, expression: str, driver: str, device: Mapping[str, Any], where: str) -> bool:
         """Evaluate one selector; `where` names the class/claim selector for error messages."""
         program = self.program(expression)

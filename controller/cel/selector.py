@@ -154,6 +154,15 @@ class Selector:
         except EvalFailure as err:
             raise EvaluationError(device_name(device), str(err)) from None
 
+    def fast_function(self, driver: str) -> Callable[[Mapping[str, Any]], bool] | None:
+        """The compiled-Python form for `driver`'s devices, or None where there is none. It
+        decides most devices as `matches` does and raises for the rest (a CEL error, an unusual
+        device), which `matches` then answers: a caller that runs it over many devices itself
+        saves `matches`'s dispatch on each."""
+        if self._fast is None:
+            return None
+        return self._fast_functions.get(driver) or self._fast_function(driver)
+
     def _fast_function(self, driver: str) -> Callable[[Mapping[str, Any]], bool]:
         assert self._fast is not None
         function = self._fast(driver)

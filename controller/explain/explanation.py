@@ -18,7 +18,7 @@ from controller.allocation.pools import DeviceID, pool_generation, pool_key
 from controller.allocation.requests import ALL, alternatives, blocking_taint, claim_ref, claim_requests
 from controller.allocation.search import Candidate, RequestPlan, Search
 from controller.allocation.selectors import SelectorError, SelectorStep, request_steps
-from controller.scheduler.allocator import SELECTOR_ERRS, Allocator
+from controller.scheduler.allocator import SELECTOR_ERRS, Allocator, Prepared
 from controller.scheduler.nodefilter import scheduling_error_message
 
 JSON = Mapping[str, Any]
@@ -345,10 +345,15 @@ def _counters_fit(search: Search, candidate: Candidate) -> bool:
 
 
 def explain_on_node(
-    allocator: Allocator, claim: JSON, node: Node | None, asked: list[_Asked | RequestReport] | None = None
+    allocator: Allocator,
+    claim: JSON,
+    node: Node | None,
+    asked: list[_Asked | RequestReport] | None = None,
+    prepared: Prepared | None = None,
 ) -> NodeReport:
-    """The claim on one node; `asked` is `_asked(allocator, claim)` where the caller kept it."""
-    outcome = allocator.allocate([claim], node)
+    """The claim on one node; `asked` is `_asked(allocator, claim)` and `prepared`
+    `allocator.prefilter([claim])` where the caller kept them (one per claim, for every node)."""
+    outcome = (prepared or allocator.prefilter([claim])).allocate(node)
     node_name = node.name if node is not None else None
     if outcome.ok:
         verdict = "allocatable"
@@ -397,6 +402,7 @@ def explain_claim(allocator: Allocator, claim: JSON, nodes: Sequence[Node] | Non
         names = allocator.node_names()
         candidates = [Node(n) for n in names] if names else [None]
     asked = _asked(allocator, claim)
+    prepared = allocator.prefilter([claim])
     for node in candidates:
-        explanation.nodes.append(explain_on_node(allocator, claim, node, asked))
+        explanation.nodes.append(explain_on_node(allocator, claim, node, asked, prepared))
     return explanation
