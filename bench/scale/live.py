@@ -29,16 +29,17 @@ import ssl
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from bench.controlplane import start_control_plane
 from bench.fleet import unfittable_claim, whole_gpu_claims
 from bench.scale.fixtures import pending_workload, pod_for
-from bench.scale.offline import CLI, UNFIT_CLAIM
+from bench.scale.offline import CLI, UNFIT_CLAIM, allocation_problems, compile_bytecode
 from bench.scale.runs import Measured, RunError, run_timed
 from bench.scale.scheduler import CLAIMS, PODS, RESOURCE_API, _create_fleet, _in_parallel, process_cpu_seconds
-from bench.scale.traffic import RequestCounts, pass_stats, process_rss_mib, request_counts
+from bench.scale.traffic import RequestCounts, open_watches, pass_stats, process_rss_mib, request_counts
 from devcluster.controlplane import ControlPlane, free_port
 from devcluster.objects import create_fake_node
 from devcluster.plugin import PluginProcess, node_slices
@@ -64,6 +65,10 @@ class Idle:
 
     window_s: float
     requests: RequestCounts
+    # Watches open at the window's end beyond the server's own: each is counted in the requests
+    # only when it ends (the controller's after 300 to 450 s), so a window shows their reopening
+    # only by chance.
+    watches: int = 0
 
     @property
     def per_s(self) -> float:
@@ -112,14 +117,16 @@ def _get(url: str, token: str, ca_file: Path | None) -> str:
         return str(r.read().decode())
 
 
-def _server_counts(cluster: ControlPlane) -> RequestCounts:
-    return request_counts(_get(f"{cluster.server}/metrics", cluster.token, cluster.ca_file))
+def _server_metrics(cluster: ControlPlane) -> str:
+    return _get(f"{cluster.server}/metrics", cluster.token, cluster.ca_file)
 
 
-def _window(cluster: ControlPlane, window_s: float) -> RequestCounts:
-    before = _server_counts(cluster)
+def _window(cluster: ControlPlane, window_s: float) -> tuple[RequestCounts, int]:
+    """The requests the server counted over `window_s`, and the watches open at its end."""
+    before = request_counts(_server_metrics(cluster))
     time.sleep(window_s)
-    return _server_counts(cluster) - before
+    after = _server_metrics(cluster)
+    return request_counts(after) - before, open_watches(after).total()
 
 
 def _namespace_with_pod(api: KubeApi, namespace: str, claim: dict[str, object]) -> None:
@@ -133,17 +140,31 @@ def _namespace_with_pod(api: KubeApi, namespace: str, claim: dict[str, object]) 
     api.create(f"/api/v1/namespaces/{namespace}/pods", pod_for(claim))
 
 
-def _fastest(command: list[str], ok: tuple[int, ...]) -> Measured:
+def _fastest(command: list[str], ok: int, check: Callable[[str], list[str]]) -> Measured:
+    """The fastest of TRIES runs, each exiting `ok` with an answer `check` finds nothing wrong in."""
     runs = []
     for _ in range(TRIES):
         run = run_timed(command, COMMAND_TIMEOUT_S)
-        if run.returncode not in ok:
-            raise RunError(f"{' '.join(command[:3])} exited {run.returncode}: {run.stderr.strip()[-1500:]}")
+        problems = check(run.stdout) if run.returncode == ok else [f"exit {run.returncode}, expected {ok}"]
+        if problems:
+            raise RunError(f"{' '.join(command[:3])}: {problems[:3]}: {(run.stderr or run.stdout)[-1500:]}")
         runs.append(run)
     return min(runs, key=lambda r: r.wall_s)
 
 
-def _controller(cluster: ControlPlane, window_s: float, alone: RequestCounts) -> ControllerRun:
+def _explained(nodes: int) -> Callable[[str], list[str]]:
+    def check(output: str) -> list[str]:
+        # Not allocatable, and the text output counts every node it looked at.
+        return (
+            []
+            if UNFIT_CLAIM in output and f"on {nodes} node(s)" in output
+            else [f"no account of {nodes} nodes"]
+        )
+
+    return check
+
+
+def _controller(cluster: ControlPlane, window_s: float, alone: Idle) -> ControllerRun:
     port = free_port()
     started = time.monotonic()
     component = cluster.processes.start("dra-controller", [
@@ -166,9 +187,7 @@ def _controller(cluster: ControlPlane, window_s: float, alone: RequestCounts) ->
         sync_s = time.monotonic() - started
         sync_cpu = process_cpu_seconds(stat.read_text())
         passes_before = pass_stats(metrics())
-        before = _server_counts(cluster)
-        time.sleep(window_s)
-        grown = _server_counts(cluster) - before
+        grown, watches = _window(cluster, window_s)
         passes_after = pass_stats(metrics())
         cpu = process_cpu_seconds(stat.read_text()) - sync_cpu
         rss = process_rss_mib(Path(f"/proc/{component.process.pid}/status").read_text())
@@ -178,11 +197,11 @@ def _controller(cluster: ControlPlane, window_s: float, alone: RequestCounts) ->
         cluster.processes.stop(component)
     return ControllerRun(
         sync_s, sync_cpu, cpu, passes_after[0] - passes_before[0], passes_after[1] - passes_before[1],
-        rss, Idle(window_s, grown - alone),
+        rss, Idle(window_s, grown - alone.requests, watches - alone.watches),
     )  # fmt: skip
 
 
-def _plugin(cluster: ControlPlane, root: Path, window_s: float, alone: RequestCounts) -> Idle:
+def _plugin(cluster: ControlPlane, root: Path, window_s: float, alone: Idle) -> Idle:
     create_fake_node(cluster.api_client(), PLUGIN_NODE)
     plugin = PluginProcess(
         kubeconfig=cluster.kubeconfig, node_name=PLUGIN_NODE, kubelet_root_dir=root / "kubelet",
@@ -196,12 +215,12 @@ def _plugin(cluster: ControlPlane, root: Path, window_s: float, alone: RequestCo
             timeout=120,
         )  # fmt: skip
         time.sleep(2)  # its publishing writes settle before the window opens
-        grown = _window(cluster, window_s)
+        grown, watches = _window(cluster, window_s)
         if not plugin.running:
             raise LiveRunError(f"draplugin exited: {plugin.log_tail()}")
     finally:
         plugin.stop()
-    return Idle(window_s, grown - alone)
+    return Idle(window_s, grown - alone.requests, watches - alone.watches)
 
 
 def measure_live(nodes: int, gpus: int, claims_n: int, window_s: float, *, keep: bool = False) -> LiveRun:
@@ -222,15 +241,19 @@ def measure_live(nodes: int, gpus: int, claims_n: int, window_s: float, *, keep:
             _namespace_with_pod(api, SIMULATE_NS, whole_gpu_claims(1, namespace=SIMULATE_NS)[0])
             if len(api.list(CLAIMS)[0]) != claims_n:
                 raise LiveRunError("not every claim was created")
-        alone = _window(cluster, window_s)
+        alone = Idle(window_s, *_window(cluster, window_s))
         controller = _controller(cluster, window_s, alone)
         kubeconfig = str(cluster.kubeconfig)
+        compile_bytecode()  # as the offline part does: an installed copy has its bytecode
         explain = _fastest(
             [CLI, "explain", f"pod/pod-{UNFIT_CLAIM}", "-n", EXPLAIN_NS, "--kubeconfig", kubeconfig],
-            (EXIT_FAILURE,),  # not allocatable: the expected answer
+            EXIT_FAILURE,  # not allocatable: the expected answer
+            _explained(nodes),
         )
         simulate = _fastest(
-            [CLI, "simulate", "-n", SIMULATE_NS, "-o", "json", "--kubeconfig", kubeconfig], (EXIT_OK,)
+            [CLI, "simulate", "-n", SIMULATE_NS, "-o", "json", "--kubeconfig", kubeconfig],
+            EXIT_OK,
+            lambda output: allocation_problems(output, 1),
         )
         plugin = _plugin(cluster, root, window_s, alone)
     except BaseException:
@@ -241,5 +264,5 @@ def measure_live(nodes: int, gpus: int, claims_n: int, window_s: float, *, keep:
     shutil.rmtree(root, ignore_errors=True)
     if not keep:
         shutil.rmtree(cluster.state_dir, ignore_errors=True)
-    return LiveRun(nodes, gpus, claims_n, cluster.kubernetes_version, Idle(window_s, alone), controller,
+    return LiveRun(nodes, gpus, claims_n, cluster.kubernetes_version, alone, controller,
                    plugin, explain, simulate)  # fmt: skip

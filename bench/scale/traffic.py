@@ -56,3 +56,14 @@ def process_rss_mib(status: str) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return 0.0
+
+
+def open_watches(metrics: str) -> Counter[str]:
+    """kube-apiserver's /metrics -> the watches open now, by resource (`apiserver_longrunning_requests`):
+    a watch is counted in apiserver_request_total only when it ends, minutes after it opened."""
+    watches: Counter[str] = Counter()
+    for line in metrics.splitlines():
+        if line.startswith("apiserver_longrunning_requests{") and 'verb="WATCH"' in line:
+            labels, value = line.rsplit(" ", 1)
+            watches[_label(labels, "resource")] += int(float(value))
+    return watches

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from bench.scale.traffic import (
     RequestCounts,
+    open_watches,
     pass_stats,
     process_rss_mib,
     request_counts,
@@ -61,3 +62,15 @@ def test_pass_stats_read_the_histogram_count_and_sum() -> None:
 def test_rss_from_proc_status() -> None:
     status = "Name:\tpython\nVmPeak:\t  900000 kB\nVmRSS:\t  204800 kB\nThreads:\t9\n"
     assert process_rss_mib(status) == 200.0
+
+
+def test_open_watches_count_the_long_running_watch_requests_by_resource() -> None:
+    metrics = "\n".join([
+        'apiserver_longrunning_requests{component="apiserver",group="",resource="pods",scope="cluster",'
+        'subresource="",verb="WATCH",version="v1"} 2',
+        'apiserver_longrunning_requests{component="apiserver",group="",resource="pods",scope="namespace",'
+        'subresource="",verb="WATCH",version="v1"} 1',
+        'apiserver_longrunning_requests{component="apiserver",group="",resource="pods",scope="namespace",'
+        'subresource="log",verb="CONNECT",version="v1"} 4',
+    ])  # fmt: skip
+    assert open_watches(metrics) == {"pods": 3}
