@@ -28,9 +28,9 @@ import platform
 import sys
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bench.scale.fixtures import FleetPair
-from bench.scale.live import LiveRun
 from bench.scale.offline import Case, measure_explain, measure_simulate
 from bench.scale.phases import SchedulingRun
 from bench.scale.rows import (
@@ -44,6 +44,9 @@ from bench.scale.rows import (
 )
 from bench.scale.runs import Measured
 from bench.summary import ROWS_ENV, Row, merge_results, record, record_failure, table
+
+if TYPE_CHECKING:  # the live part's imports (the control plane's) only when it runs
+    from bench.scale.live import LiveRun
 
 PARTS = ("offline", "per-claim", "scheduler", "live")
 RESULTS = Path(__file__).resolve().parent.parent / "results.json"
