@@ -34,6 +34,7 @@ from draplugin.devices.health import (
 )
 from draplugin.devices.naming import NVIDIA_DRIVER_NAME, DeviceNaming
 from draplugin.devices.shared import SharedGpus, UnlimitedShares
+from draplugin.nodeidentity import node_name_problem
 
 DEFAULT_KUBELET_ROOT_DIR: Final = "/var/lib/kubelet"
 DEFAULT_STATE_DIR: Final = "/var/lib/draplugin"
@@ -504,6 +505,13 @@ def _dns_subdomain(dest: str, raw: str, max_len: int) -> str:
     return raw
 
 
+def _node_name(raw: str) -> str:
+    problem = node_name_problem(raw)  # the one check of a node name (draplugin.nodeidentity)
+    if problem is not None:
+        raise ConfigError(f"{_name_of('node_name')}: {problem}")
+    return raw
+
+
 def _driver_name(raw: str) -> str:
     try:
         return check_driver_name(raw)
@@ -761,7 +769,7 @@ def validate(values: Mapping[str, str | None]) -> Settings:
     return Settings(
         driver_name=driver_name,
         device_naming=device_naming_setting(values, driver_name),
-        node_name=_dns_subdomain("node_name", required("node_name"), NODE_NAME_MAX),
+        node_name=_node_name(required("node_name")),
         kubelet_root_dir=_absolute_dir("kubelet_root_dir", required("kubelet_root_dir")),
         state_dir=_absolute_dir("state_dir", required("state_dir")),
         cdi_root=_absolute_dir("cdi_root", required("cdi_root")),
