@@ -109,9 +109,10 @@ bench: venv kube
 
 # Fleet-scale figures (docs/scale.md), not part of `make test`: explain and simulate at 1,000 nodes
 # x 8 GPUs beside the JSON-parse floor, simulate per claim at 100, 1,000 and 5,000 nodes, and the
-# real kube-scheduler's pods/s on the same objects (a control plane of its own; run nothing else
-# heavy beside it). Rows are merged into bench/results.json. SCALE_ARGS narrows or widens it.
-SCALE_ARGS ?= --parts offline,per-claim,scheduler --per-claim-nodes 100,1000,5000 --scheduler-nodes 100,1000
+# real kube-scheduler's pods/s on the same objects, and `dra-controller run` and one draplugin at
+# idle (each size a control plane of its own; run nothing else heavy beside it). Rows are merged
+# into bench/results.json. SCALE_ARGS narrows or widens it.
+SCALE_ARGS ?= --parts offline,per-claim,scheduler,live --per-claim-nodes 100,1000,5000 --scheduler-nodes 100,1000 --live-nodes 100,1000
 scale: venv kube
 	DRA_KUBE_BIN_DIR="$$($(KUBE_BUILD))" $(PY) -m bench.scale $(SCALE_ARGS)
 

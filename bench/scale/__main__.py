@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--per-claim-nodes", type=sizes, default=[100, 1000, 5000])
     parser.add_argument("--scheduler-nodes", type=sizes, default=None, help="default: --nodes")
     parser.add_argument("--live-nodes", type=sizes, default=[100, 1000])
-    parser.add_argument("--idle-window", type=float, default=30.0, help="seconds of each idle window (live)")
+    parser.add_argument("--idle-window", type=float, default=60.0, help="seconds of each idle window (live)")
     parser.add_argument("--keep", action="store_true", help="keep the scheduler runs' clusters (logs, data)")
     args = parser.parse_args(argv)
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
