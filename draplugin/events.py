@@ -28,6 +28,9 @@ from draplugin.kubelet.interface import ClaimRef
 log = logging.getLogger(__name__)
 
 REPEAT_WINDOW_S = 300.0
+# Reasons of Events on the Node posted by more than one part of the plugin, or tested by name.
+# Two machines (or two plugins with their own state directories) publish under one node name.
+DUPLICATE_NODE_NAME: Final = "DuplicateNodeName"
 # Event names are `<object name>.<16 hex>` like the kubelet's; the object part is cut to fit the
 # DNS subdomain limit (a claim name may use all 253 characters).
 _NAME_SUFFIX_HEX: Final = 16
@@ -72,7 +75,7 @@ class NullEvents:
     ) -> None:
         log.info("event not posted (no API server)", extra={"pod": pod.name, "reason": reason})
 
-    def node_event(self, reason: str, note: str, *, warning: bool = True) -> None:
+    def node_event(self, reason: str, note: str, *, warning: bool = True, action: str = "Startup") -> None:
         log.info("event not posted (no API server)", extra={"object": "node", "reason": reason})
 
 
@@ -126,10 +129,10 @@ class KubeEvents:
         }
         self._submit(pod.namespace, pod.name, regarding, reason, note, action, warning)
 
-    def node_event(self, reason: str, note: str, *, warning: bool = True) -> None:
+    def node_event(self, reason: str, note: str, *, warning: bool = True, action: str = "Startup") -> None:
         # Nodes are cluster-scoped; their events live in "default", as the kubelet's do.
         regarding = {"apiVersion": "v1", "kind": "Node", "name": self._node, "uid": self._node}
-        self._submit("default", self._node, regarding, reason, note, "Startup", warning)
+        self._submit("default", self._node, regarding, reason, note, action, warning)
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)

@@ -40,6 +40,7 @@ from draplugin.devices.naming import NVIDIA_DRIVER_NAME
 from draplugin.devices.watch import DeviceChange, DeviceWatcher
 from draplugin.kubelet.interface import Driver
 from draplugin.kubelet.server import KubeletPluginServer
+from draplugin.nodeidentity import writer_id
 from draplugin.nodestart import NodeUnavailable as NodeUnavailable  # raised here, defined light
 from draplugin.nodestart import plugin_server_options
 from draplugin.slices.api import KubeSliceApi, SliceApi
@@ -123,6 +124,12 @@ def health_monitor(
 
         return watch_events
     return None
+
+
+def _node_event(slice_api: SliceApi, settings: Settings) -> Callable[[str, str], None] | None:
+    """Events on the Node for the publisher (a duplicate node name), with the slice API's credentials."""
+    make = getattr(slice_api, "node_event", None)
+    return make(settings.driver_name, settings.node_name) if callable(make) else None
 
 
 def device_plugin_guard(settings: Settings) -> DevicePluginGuard:
@@ -236,6 +243,8 @@ class NodeDaemon:
             expect_taints=self._monitor is not None,
             layout=layout_for(settings.kubernetes_version) if settings.kubernetes_version else None,
             metrics=slice_metrics,
+            writer=writer_id(settings.state_dir),  # this machine's mark on its slices (nodeidentity)
+            node_event=_node_event(slice_api, settings),
         )
         # A health change republishes the slice holding the device (an in-place update).
         self.tracker.add_listener(self.publisher.trigger)

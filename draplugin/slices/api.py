@@ -12,7 +12,7 @@ kilobytes, not every device.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 from dracommon.kubeapi import ApiError, KubeApi
@@ -57,6 +57,29 @@ class KubeSliceApi:
         self._api = api
         # name -> the newest full slice seen; only ever compared by uid and resourceVersion.
         self._seen: dict[str, dict[str, Any]] = {}
+
+    @property
+    def address(self) -> str:
+        """The API server's URL, for log lines about reaching it."""
+        client = self._api.api_client
+        server = getattr(client, "server", None) or getattr(
+            getattr(client, "configuration", None), "host", ""
+        )
+        return str(server or "")
+
+    def node_event(self, driver: str, node: str) -> Callable[[str, str], None]:
+        """Posts Warning Events on this node's Node object (`draplugin.events`) with our credentials."""
+        from draplugin.events import KubeEvents  # only needed once something goes wrong
+
+        events: KubeEvents | None = None
+
+        def post(reason: str, note: str) -> None:
+            nonlocal events
+            if events is None:
+                events = KubeEvents(self._api, driver, node)
+            events.node_event(reason, note, action="PublishResourceSlices")
+
+        return post
 
     def server_version(self) -> KubernetesVersion:
         try:

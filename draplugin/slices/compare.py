@@ -65,7 +65,11 @@ def only_taint_times_differ(desired: dict[str, Any], stored: dict[str, Any]) -> 
 
 
 def merged_metadata(old: dict[str, Any], ours: dict[str, Any]) -> dict[str, Any]:
-    """Keep what others put in metadata (labels, annotations, managedFields); set our owner and name."""
+    """Keep what others put in metadata (labels, annotations, managedFields); set our owner, name and
+    our annotations beside theirs."""
     merged = {k: v for k, v in old.items() if k not in ("managedFields",)}
+    annotations = {**(old.get("annotations") or {}), **(ours.get("annotations") or {})}
     merged.update(ours)
+    if annotations:
+        merged["annotations"] = annotations
     return merged

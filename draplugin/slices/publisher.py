@@ -26,7 +26,15 @@ Rules, following the upstream ResourceSlice controller:
 - Stale slices (a higher index no longer needed, or from an old layout) are
   deleted first, with UID and resourceVersion preconditions.
 - Conflicts (409), vanished objects (404) and API errors are retried with
-  exponential backoff after a fresh list.
+  exponential backoff after a fresh list. An API server that does not answer
+  (refused, TLS, timeout) gets a log line naming its address and the error's
+  class (`slices.reach`), and `state` says why nothing is published: the
+  readiness the plugin's gRPC health service reports (`slices.readiness`).
+- Every slice carries this machine's writer id (`slices.writer`). Once the pool
+  has been ours, a slice marked by another writer means a second live
+  publisher under our node name: we log it, post a `DuplicateNodeName` Warning
+  Event on the Node and stop writing for good (no write loop, no takeover
+  back), until the plugin is restarted.
 
 Size: sync, resync, watch and backoff are one loop around one record of what was last verified.
 """
@@ -36,6 +44,7 @@ from __future__ import annotations
 import collections
 import logging
 import random
+import secrets
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -44,6 +53,7 @@ from typing import Any
 from dracommon.kubeapi import ApiError, Gone
 from dracommon.kubeversion import format_version
 from draplugin.devices.model import CounterSet, Device, DeviceBackend
+from draplugin.events import DUPLICATE_NODE_NAME
 from draplugin.slices.api import SliceApi
 from draplugin.slices.compare import (
     canonical,
@@ -54,7 +64,9 @@ from draplugin.slices.compare import (
 )
 from draplugin.slices.metrics import SliceMetrics, default_metrics
 from draplugin.slices.plan import PlanMemo, PlannedSlice, SliceLayout, layout_for
+from draplugin.slices.reach import error_class, unreachable
 from draplugin.slices.render import NodeRef, render_slice, slice_name
+from draplugin.slices.writer import DuplicateWriter, other_writers, writer_of
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +137,20 @@ class Backoff:
 
 
 DevicesSource = Callable[[], tuple[Sequence[Device], Sequence[CounterSet]]]
+# Posts an Event on this node's Node: (reason, note).
+NodeEvent = Callable[[str, str], None]
+
+
+@dataclass(frozen=True, slots=True)
+class PublishState:
+    """Whether the pool is published as the devices are (`ready`), else why not."""
+
+    ready: bool
+    reason: str
+
+
+NOT_YET_PUBLISHED = PublishState(False, "not published yet")
+PUBLISHED = PublishState(True, "published")
 
 
 def backend_source(
@@ -155,8 +181,21 @@ class SlicePublisher:
         settle_s: float = 0.2,
         resync_s: float = 600.0,
         watch_timeout_s: int = 300,
+        writer: str | None = None,
+        node_event: NodeEvent | None = None,
     ) -> None:
         self._api = api
+        # None: an id of this publisher alone (tests, dry runs); `draplugin run` passes the machine's.
+        self._writer = writer if writer is not None else secrets.token_hex(8)
+        self._node_event = node_event
+        self._address = str(getattr(api, "address", "") or "the API server")
+        # Every slice of the pool was ours at least once (a sync completed): from then on another
+        # writer's mark is a live second publisher, not a predecessor (`slices.writer`).
+        self._claimed = False
+        self.duplicate: DuplicateWriter | None = None
+        self.state = NOT_YET_PUBLISHED
+        self._state_listeners: list[Callable[[PublishState], None]] = []
+        self._last_failure_unreachable = False
         self._node_name = node_name
         self._driver = driver
         self._source = source
@@ -188,9 +227,28 @@ class SlicePublisher:
     def field_selector(self) -> str:
         return self._selector
 
+    @property
+    def writer(self) -> str:
+        return self._writer
+
     def trigger(self) -> None:
         """Ask for a sync soon (devices or their health changed)."""
         self._dirty.set()
+
+    def add_state_listener(self, listener: Callable[[PublishState], None]) -> None:
+        """Call `listener` with the current state and on every change (on the publisher's threads)."""
+        self._state_listeners.append(listener)
+        listener(self.state)
+
+    def _set_state(self, state: PublishState) -> None:
+        if state == self.state:
+            return
+        self.state = state
+        for listener in self._state_listeners:
+            try:
+                listener(state)
+            except Exception:  # a listener must not stop publishing
+                log.exception("resourceslice state listener failed")
 
     # --- one reconcile pass -------------------------------------------------------------------------
 
@@ -204,6 +262,8 @@ class SlicePublisher:
             node = self._node_ref()
             existing_list, list_version = self._api.list_slices(self._selector)
             self._list_version = list_version
+            if self.duplicate is not None or self._another_writer(existing_list):
+                return self._halted()
             existing = {obj["metadata"]["name"]: obj for obj in existing_list}
             names = [slice_name(self._node_name, self._driver, i) for i in range(len(planned))]
             current_gen = max((generation_of(obj) for obj in existing.values()), default=0)
@@ -221,6 +281,7 @@ class SlicePublisher:
             result = SyncResult(generation=current_gen, slices=count)
             if not (bump or changed):
                 self._record(result, "unchanged")
+                self._claimed = True
                 return result
 
             generation = current_gen + 1 if bump else current_gen
@@ -261,11 +322,56 @@ class SlicePublisher:
                 },
             )
             self._record(result, "written")
+            self._claimed = True
             return result
+
+    def _another_writer(self, existing: list[dict[str, Any]]) -> bool:
+        """Whether another live writer publishes our pool: then `duplicate` is set, logged and posted."""
+        others = other_writers(existing, self._writer)
+        if not others:
+            return False
+        if not self._claimed:  # a predecessor's slices (or a live writer's: then it stops, see above)
+            log.info(
+                "taking over resourceslices last written by another writer",
+                extra={"node": self._node_name, "writer": self._writer, "slices": dict(others)},
+            )
+            return False
+        name, other = others[0]
+        self.duplicate = DuplicateWriter(self._node_name, name, other, self._writer)
+        note = self.duplicate.note()
+        log.error(
+            "duplicate node name: another plugin writes this node's resourceslices; stopped writing them",
+            extra={
+                "node": self._node_name,
+                "slice": name,
+                "other_writer": other,
+                "writer": self._writer,
+                "reason": DUPLICATE_NODE_NAME,
+            },
+        )
+        if self._node_event is not None:
+            self._node_event(DUPLICATE_NODE_NAME, note)
+        return True
+
+    def _halted(self) -> SyncResult:
+        """A sync after a duplicate writer was found: nothing is written."""
+        assert self.duplicate is not None
+        result = SyncResult(generation=0, slices=0)
+        self.last_result = result
+        self.last_error = self.duplicate.note()
+        self._metrics.syncs.labels("duplicate").inc()
+        self._set_state(PublishState(False, f"{DUPLICATE_NODE_NAME}: {self.duplicate.note()}"))
+        return result
 
     def delete_all(self) -> int:
         """Delete every slice of ours on this node (shutdown with cleanup); returns how many."""
         with self._lock:
+            if self.duplicate is not None:  # the slices are the other writer's now: leave them
+                log.warning(
+                    "resourceslices not deleted: another plugin publishes this node's pool",
+                    extra={"node": self._node_name, "other_writer": self.duplicate.other},
+                )
+                return 0
             existing, _ = self._api.list_slices(self._selector)
             for obj in existing:
                 meta = obj["metadata"]
@@ -297,7 +403,13 @@ class SlicePublisher:
         self, planned: PlannedSlice, node: NodeRef, index: int, generation: int, count: int
     ) -> dict[str, Any]:
         return render_slice(
-            planned, node=node, driver=self._driver, index=index, generation=generation, count=count
+            planned,
+            node=node,
+            driver=self._driver,
+            index=index,
+            generation=generation,
+            count=count,
+            writer=self._writer,
         )
 
     def _up_to_date(
@@ -325,6 +437,8 @@ class SlicePublisher:
 
     def _matches(self, obj: dict[str, Any], body: dict[str, Any]) -> bool:
         """The full comparison of a stored slice with the one we would write."""
+        if writer_of(obj) != writer_of(body):  # another writer's, or unmarked: ours to mark
+            return False
         owner = body["metadata"].get("ownerReferences", [])
         if owner and not any(
             ref.get("uid") == owner[0]["uid"] for ref in obj["metadata"].get("ownerReferences", [])
@@ -424,19 +538,40 @@ class SlicePublisher:
                 self.sync()
                 backoff.reset()
                 wait = self._resync_s
+                if self.duplicate is not None:
+                    return  # nothing more to write until a restart; stop() still joins us
+                if self._last_failure_unreachable:
+                    log.info("api server reachable again", extra={"address": self._address})
+                    self._last_failure_unreachable = False
+                self._set_state(PUBLISHED)
             except ApiError as err:
                 wait = backoff.next()
                 self.last_error = str(err)
                 self._metrics.syncs.labels("error").inc()
-                log.warning(
-                    "resourceslice sync failed, retrying",
-                    extra={"retry_in_s": round(wait, 1), "error": str(err)},
-                )
+                kind = error_class(err)
+                self._last_failure_unreachable = unreachable(err)
+                if self._last_failure_unreachable:
+                    log.warning(
+                        "api server unreachable, retrying",
+                        extra={
+                            "address": self._address,
+                            "error_class": kind,
+                            "retry_in_s": round(wait, 1),
+                            "error": str(err),
+                        },
+                    )
+                else:
+                    log.warning(
+                        "resourceslice sync failed, retrying",
+                        extra={"error_class": kind, "retry_in_s": round(wait, 1), "error": str(err)},
+                    )
+                self._set_state(PublishState(False, f"{kind}: {err}"))
             except ValueError as err:  # invalid devices: nothing is written until they change
                 wait = self._resync_s
                 self.last_error = str(err)
                 self._metrics.syncs.labels("invalid").inc()
                 log.error("devices cannot be published", extra={"error": str(err)})
+                self._set_state(PublishState(False, f"devices cannot be published: {err}"))
             if self._dirty.wait(wait):
                 self._stop.wait(self._settle_s)  # let a burst of events settle into one sync
                 self._dirty.clear()
@@ -444,6 +579,8 @@ class SlicePublisher:
     def _watch_forever(self) -> None:
         backoff = Backoff()
         while not self._stop.is_set():
+            if self.duplicate is not None:
+                return
             version = self._list_version
             if not version:
                 self._stop.wait(0.1)
@@ -472,7 +609,13 @@ class SlicePublisher:
                     return
                 wait = backoff.next()
                 log.warning(
-                    "resourceslice watch failed", extra={"retry_in_s": round(wait, 1), "error": str(err)}
+                    "resourceslice watch failed",
+                    extra={
+                        "address": self._address,
+                        "error_class": error_class(err),
+                        "retry_in_s": round(wait, 1),
+                        "error": str(err),
+                    },
                 )
                 self._dirty.set()
                 self._stop.wait(wait)

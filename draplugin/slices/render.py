@@ -16,6 +16,7 @@ from typing import Any
 
 from draplugin.devices.model import CounterSet, Device
 from draplugin.slices.plan import PlannedSlice, SliceLayout, plan_slices
+from draplugin.slices.writer import WRITER_ANNOTATION
 
 API_VERSION = "resource.k8s.io/v1"
 MAX_NAME_LENGTH = 253
@@ -45,12 +46,21 @@ class NodeRef:
 
 
 def render_slice(
-    planned: PlannedSlice, *, node: NodeRef, driver: str, index: int, generation: int, count: int
+    planned: PlannedSlice,
+    *,
+    node: NodeRef,
+    driver: str,
+    index: int,
+    generation: int,
+    count: int,
+    writer: str | None = None,
 ) -> dict[str, Any]:
-    """A complete ResourceSlice object as JSON-ready dict."""
+    """A complete ResourceSlice object as JSON-ready dict; `writer` marks it (`slices.writer`)."""
     metadata: dict[str, Any] = {"name": slice_name(node.name, driver, index)}
     if node.uid is not None:
         metadata["ownerReferences"] = [_owner(node)]
+    if writer is not None:
+        metadata["annotations"] = {WRITER_ANNOTATION: writer}
     spec: dict[str, Any] = {
         "driver": driver,
         "nodeName": node.name,

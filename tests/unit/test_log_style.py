@@ -153,7 +153,7 @@ def test_a_plugin_run_against_a_refusing_api_server_logs_only_structured_json(tm
         assert proc.stderr is not None
         deadline = time.monotonic() + WAIT
         # Two failed syncs: the publisher's retry line, and urllib3's retries of each call, are out.
-        while sum("resourceslice sync failed" in line for line in lines) < 2:
+        while sum("api server unreachable, retrying" in line for line in lines) < 2:
             assert time.monotonic() < deadline, "".join(lines)
             line = proc.stderr.readline()
             assert line, "".join(lines)
@@ -170,5 +170,5 @@ def test_a_plugin_run_against_a_refusing_api_server_logs_only_structured_json(tm
     assert [r["logger"] for r in records if r["logger"].startswith("urllib3")] == []
     embedded = [r["msg"] for r in records if KEY_VALUE.search(r["msg"])]
     assert embedded == []
-    retries = [r for r in records if r["msg"].startswith("resourceslice sync failed")]
+    retries = [r for r in records if r["msg"].startswith("api server unreachable")]
     assert retries and all(isinstance(r["retry_in_s"], float) and "refused" in r["error"] for r in retries)
