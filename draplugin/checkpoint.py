@@ -151,8 +151,9 @@ class CheckpointStore:
     device with no await in between); `commit()` persists them, by group commit:
     one write is in flight at a time, and every change made while it is in flight
     goes into the next one, so 64 claims completing together cost a few writes
-    (two fsyncs each) instead of 64, and no caller returns before a write that
-    holds its change has been fsynced.
+    instead of 64, and no caller returns before a write that holds its change has
+    been fsynced: the file, and the directory too for a write that forgets a claim
+    (`_forgets_unwritten` says why the others need one sync only).
     """
 
     def __init__(self, path: Path, boot_id: str, *, fsync: Callable[[int], None] | None = None) -> None:
@@ -218,7 +219,7 @@ class CheckpointStore:
 
         A caller whose change came after the write in flight began waits for that write and then
         for the next, which it starts if no one has: that next write holds every change made
-        meanwhile, so the callers waiting on it share its two fsyncs. Cancelling a caller never
+        meanwhile, so the callers waiting on it share its fsyncs. Cancelling a caller never
         cancels a write that others wait on."""
         target = self._version
         while self._written < target:
@@ -235,14 +236,34 @@ class CheckpointStore:
 
     def _start_write(self) -> asyncio.Future[None]:
         version = self._version
-        task = asyncio.get_running_loop().create_task(self._write(version, self._render()))
+        task = asyncio.get_running_loop().create_task(
+            self._write(version, self._render(), sync_dir=self._forgets_unwritten())
+        )
         self._flight, self._flight_version = task, version
         return task
 
-    async def _write(self, version: int, content: bytes) -> None:
+    def _forgets_unwritten(self) -> bool:
+        """Whether a write of the unwritten changes must make its rename durable too (the directory's
+        fsync after the file's): only when it forgets a claim.
+
+        What a power loss may undo without the directory's sync is the rename: the file then holds
+        the write before, whole (every write syncs its file before its rename). A power loss is a
+        reboot, and after a reboot every completed record is demoted and redone by the kubelet's
+        next prepare (nothing a prepare made outlives a reboot but CDI specs in a CDI root on disk
+        and sharing state, and start-up removes both for a claim without a record). So a record
+        added or changed by the lost write costs nothing: the kubelet prepares its claim again after
+        the reboot, afresh or as a redo, and an unprepare of it finds nothing to undo, which is
+        true. A lost forget is not harmless: the claim would come back, demoted, holding its
+        devices, and the kubelet never unprepares a claim it was told is unprepared. Such a write
+        takes both syncs, as every write did before."""
+        return any(change is None for _, change in self._unwritten.values())
+
+    async def _write(self, version: int, content: bytes, *, sync_dir: bool) -> None:
         if self._writer is None:
             self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
-        write = functools.partial(atomic_write, self.path, content, 0o600, **self._write_options)
+        write = functools.partial(
+            atomic_write, self.path, content, 0o600, sync_dir=sync_dir, **self._write_options
+        )
         try:
             await asyncio.get_running_loop().run_in_executor(self._writer, write)
         finally:
@@ -254,7 +275,8 @@ class CheckpointStore:
         self._mark_written(version)
 
     def save(self) -> None:
-        """Synchronous commit, for start-up before the event loop serves requests."""
+        """Synchronous commit, for start-up before the event loop serves requests. Both syncs: it
+        may hold what start-up recovery forgot or rebuilt."""
         atomic_write(self.path, self._render(), 0o600, **self._write_options)
         self._mark_written(self._version)
 

@@ -80,10 +80,17 @@ def atomic_write(
     mode: int = 0o644,
     *,
     durable: bool = True,
+    sync_dir: bool = True,
     fsync: Callable[[int], None] | None = None,
 ) -> None:
     """Replace `path` with `content` all at once: temp file, rename. `durable`: also fsync the file
-    before the rename and the directory after it, so the new content survives a power loss too.
+    before the rename and (with `sync_dir`) the directory after it, so the new content survives a
+    power loss too.
+
+    `durable` without `sync_dir` syncs the file alone: after a power loss the name holds either
+    the old content or the new one, each whole (both were synced before their rename), but the
+    rename itself may be lost with the power. For a caller whose newest content may go back to the
+    one before it after a reboot (`draplugin.checkpoint` says when), that is one sync less.
 
     Without `durable` the write is still atomic for every reader and survives the writer being
     killed (-9 included: the page cache outlives the process); only a kernel crash or power loss,
@@ -106,7 +113,7 @@ def atomic_write(
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp_name)
         raise
-    if durable:
+    if durable and sync_dir:
         fsync_dir(path.parent, sync)
 
 

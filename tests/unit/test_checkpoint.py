@@ -154,9 +154,9 @@ async def test_concurrent_commits_are_grouped(tmp_path: Path, monkeypatch: pytes
     writes: list[int] = []
     real = cdi.atomic_write
 
-    def counting(path: Path, content: bytes, mode: int = 0o644) -> None:
+    def counting(path: Path, content: bytes, mode: int = 0o644, *, sync_dir: bool = True) -> None:
         writes.append(len(json.loads(content)["claims"]))
-        real(path, content, mode)
+        real(path, content, mode, sync_dir=sync_dir)
 
     monkeypatch.setattr(cp, "atomic_write", counting)
     store = CheckpointStore(tmp_path / "cp.json", boot_id="b")

@@ -38,11 +38,13 @@ class FailingDisk:
         self.full = False
         self.failed = 0
 
-        def write(path: Path, content: bytes, mode: int = 0o644, *, durable: bool = True) -> None:
+        def write(
+            path: Path, content: bytes, mode: int = 0o644, *, durable: bool = True, sync_dir: bool = True
+        ) -> None:
             if self.full:
                 self.failed += 1
                 raise OSError(errno.ENOSPC, "No space left on device", str(path))
-            atomic_write(path, content, mode, durable=durable)
+            atomic_write(path, content, mode, durable=durable, sync_dir=sync_dir)
 
         monkeypatch.setattr(checkpoint_module, "atomic_write", write)
 

@@ -440,7 +440,8 @@ async def test_metrics_track_in_flight_and_durations(node: Node) -> None:
 async def test_fresh_prepare_writes_the_checkpoint_once_and_fsyncs_only_it(
     node: Node, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """One durable checkpoint write per fresh prepare (file and directory fsync), the spec unsynced;
+    """One durable checkpoint write per fresh prepare (the file's fsync: it only adds a record), the
+    spec unsynced;
     a redo of a known claim still records `PrepareStarted` in the file before changing anything."""
     driver = node.driver()
     ref = node.claims.add(two_gpu_claim())
@@ -449,9 +450,11 @@ async def test_fresh_prepare_writes_the_checkpoint_once_and_fsyncs_only_it(
     fsyncs: list[int] = []
     real_fsync = os.fsync
 
-    def counting(path: Path, content: bytes, mode: int = 0o644, *, durable: bool = True) -> None:
+    def counting(
+        path: Path, content: bytes, mode: int = 0o644, *, durable: bool = True, sync_dir: bool = True
+    ) -> None:
         writes.append(durable)
-        real(path, content, mode, durable=durable)
+        real(path, content, mode, durable=durable, sync_dir=sync_dir)
 
     def counting_fsync(fd: int) -> None:
         fsyncs.append(fd)
@@ -460,7 +463,7 @@ async def test_fresh_prepare_writes_the_checkpoint_once_and_fsyncs_only_it(
     monkeypatch.setattr(checkpoint_module, "atomic_write", counting)
     monkeypatch.setattr(os, "fsync", counting_fsync)
     await driver.prepare_claim(ref)
-    assert writes == [True] and len(fsyncs) == 2
+    assert writes == [True] and len(fsyncs) == 1
     record = CheckpointStore(node.checkpoint_path, node.boot_id)
     record.load()
     loaded = record.get("uid-1")

@@ -248,3 +248,17 @@ def test_a_good_file_is_read_and_left_in_place(tmp_path: Path) -> None:
 def test_decode_json_names_what_was_wrong() -> None:
     with pytest.raises(StateFormatError, match="not JSON: RecursionError"):
         statefile.decode_json(DEEP)
+
+
+@pytest.mark.parametrize(("sync_dir", "synced"), [(True, ["file", "dir"]), (False, ["file"])])
+def test_a_durable_write_syncs_its_directory_unless_told_not_to(
+    tmp_path: Path, sync_dir: bool, synced: list[str]
+) -> None:
+    kinds: list[str] = []
+
+    def fsync(fd: int) -> None:
+        kinds.append("dir" if os.path.isdir(f"/proc/self/fd/{fd}") else "file")
+        os.fsync(fd)
+
+    statefile.atomic_write(tmp_path / "state.json", b"{}", sync_dir=sync_dir, fsync=fsync)
+    assert kinds == synced and (tmp_path / "state.json").read_bytes() == b"{}"
