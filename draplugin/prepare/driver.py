@@ -544,7 +544,7 @@ class GpuDriver:
             # Not written: nothing changed yet, so memory goes back to the old record (the file's).
             await self._commit(claim, rollback=record)
         # A new claim's `PrepareStarted` is only held in memory (it takes the devices at once) and
-        # reaches the file with the next commit of any claim: one checkpoint write (two fsyncs) per
+        # reaches the file with the next commit of any claim: one checkpoint write (one fsync) per
         # prepare instead of two. Crash-safe because nothing on disk needs it: until the record
         # below is durable the kubelet has no answer and retries; start-up removes a spec that has
         # no record (leaked, never handed out) and releases sharing state (MIG, MPS, time-slices,
