@@ -165,6 +165,11 @@ class OurPlugin(Plugin):
             # Like for like: the peer (dra-example-driver v0.4.0) does not turn on its helper's
             # device metadata files, so ours writes none either (docs/device-metadata.md).
             "--device-metadata", "off",
+            # Nor does it write status.devices by default (its --gpu-device-status is off). Ours
+            # would write them in the background after the answers, and the unprepare right after
+            # each batch asks for 64 more SSA writes that run while the next batch, often the
+            # peer's, is being timed: work on the same two cores that only one side does.
+            "--device-status", "off",
         ]  # fmt: skip
         env = {k: v for k, v in os.environ.items() if not k.startswith("DRAPLUGIN_")}
         env[BOOT_ID_FILE_ENV] = str(self._boot_id())
