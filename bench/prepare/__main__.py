@@ -26,7 +26,7 @@ from bench.controlplane import start_control_plane
 from bench.prepare.claimdelay import ClaimDelayProxy
 from bench.prepare.claims import allocated_claim, claim_batches, create_node
 from bench.prepare.drive import DraClient, PrepareFailed, percentile, run_batch
-from bench.prepare.plugins import PEER_BINARY, PEER_NAME, OurPlugin, PeerPlugin, Plugin
+from bench.prepare.plugins import FLOOR_NAME, PEER_BINARY, PEER_NAME, OurPlugin, PeerPlugin, Plugin, floor_run
 from bench.summary import Row, record, record_failure
 from devcluster.binaries import REPO_ROOT
 from devcluster.controlplane import ControlPlane
@@ -58,6 +58,13 @@ def row(figure: str, unit: str, ours: float, peer: float, *, higher_is_better: b
     ratio = f"{ours / peer:.2f}x" if peer else "n/a"
     print(f"  {figure}: ours {ours:.4g} {unit}, {PEER_NAME} {peer:.4g} {unit}, ours/peer {ratio}")
     record(Row("prepare", figure, unit, ours, peer, PEER_NAME, higher_is_better))
+
+
+def floor_row(figure: str, unit: str, ours: float, floor: float) -> None:
+    """Ours beside the bare grpc.aio script (bench/plugin_floor.py): what Python + asyncio + grpc
+    cost on their own, so ours/floor is the part of the figure that is the plugin's own."""
+    print(f"  {figure}: ours {ours:.4g} {unit}, floor {floor:.4g} {unit}, ours/floor {ours / floor:.2f}x")
+    record(Row("prepare", figure, unit, ours, floor, FLOOR_NAME))
 
 
 def ms(seconds: float) -> float:
@@ -200,6 +207,9 @@ def rss_by_size(rest: KubeApi, root: Path, kubeconfig: Path, binary: Path) -> No
         row(f"RSS at {size} devices, published", "MiB", rss["ours"], rss["peer"])
         row(f"start to sockets ready, {size} devices", "s", ours_s.sockets_s, peer_s.sockets_s)
         row(f"start to slices published, {size} devices", "s", ours_s.published_s, peer_s.published_s)
+        floor_s, floor_rss = floor_run(root / f"floor-{size}")
+        floor_row(f"start to sockets ready, {size} devices, vs the floor", "s", ours_s.sockets_s, floor_s)
+        floor_row(f"RSS at {size} devices, published, vs the floor", "MiB", rss["ours"], floor_rss)
 
 
 PARTS = ("latency", "exclusive", "blocked", "rss")

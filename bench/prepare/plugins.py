@@ -212,3 +212,34 @@ class PeerPlugin(Plugin):
         # slice, which the example driver's single-slice pool asks for) and retries it forever.
         lines = [line for line in self.log_tail(50).splitlines() if 'err="create resource slice' in line]
         return lines[-1][:300] if lines else ""
+
+
+FLOOR_NAME = "bare grpc.aio floor (bench/plugin_floor.py)"
+
+
+def floor_run(root: Path, *, timeout_s: float = 60.0) -> tuple[float, float]:
+    """Start bench/plugin_floor.py, timed as the plugins are (spawn to both sockets), and return
+    (seconds to sockets ready, RSS in MiB once they are)."""
+    root.mkdir(parents=True, exist_ok=True)
+    registration, dra = root / "reg.sock", root / "dra.sock"
+    for sock in (registration, dra):
+        sock.unlink(missing_ok=True)
+    command = [sys.executable, "-m", "bench.plugin_floor", str(registration), str(dra)]
+    started = time.perf_counter()
+    process = subprocess.Popen(command, cwd=REPO_ROOT)
+    try:
+        while not (registration.exists() and dra.exists()):
+            if process.poll() is not None:
+                raise RuntimeError(f"the floor script exited with {process.returncode}")
+            if time.perf_counter() - started > timeout_s:
+                raise RuntimeError("the floor script's sockets did not appear")
+            time.sleep(POLL_S)
+        sockets_s = time.perf_counter() - started
+        time.sleep(0.5)  # settle, as the plugins do before their RSS is read
+        for line in Path(f"/proc/{process.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return sockets_s, int(line.split()[1]) / 1024
+        raise RuntimeError("the floor script has no VmRSS")
+    finally:
+        process.terminate()
+        process.wait(timeout=15)

@@ -1,0 +1,52 @@
+"""The interpreter's floor for the kubelet plugin's start-up: a bare script that only serves the
+kubelet's two sockets (plugin registration and DRA v1) with the same generated stubs the plugin
+uses, and nothing else (no config models, no API client, no metrics, no devices).
+
+`bench.prepare --part rss` starts it beside ours and the Go peer and times it the same way, spawn to
+both sockets existing, so ours/floor shows how much of our start and RSS is the plugin's own work and
+how much is Python + asyncio + grpc.
+
+    python -m bench.plugin_floor REGISTRATION_SOCKET DRA_SOCKET
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+
+import grpc
+
+from draplugin.kubelet._proto.dra.v1 import api_pb2_grpc as dra_grpc
+from draplugin.kubelet._proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+
+
+async def serve(registration: str, dra: str) -> None:
+    # The generated base servicers answer UNIMPLEMENTED: the floor measures serving, not answers.
+    registration_server = grpc.aio.server()
+    reg_grpc.add_RegistrationServicer_to_server(reg_grpc.RegistrationServicer()  # type: ignore[abstract], registration_server)
+    dra_server = grpc.aio.server()
+    dra_grpc.add_DRAPluginServicer_to_server(dra_grpc.DRAPluginServicer()  # type: ignore[abstract], dra_server)
+    servers = (registration_server, dra_server)
+    for server, path in zip(servers, (registration, dra), strict=True):
+        server.add_insecure_port(f"unix://{path}")
+        await server.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    for server in servers:
+        await server.stop(None)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print(__doc__, file=sys.stderr)
+        return 2
+    asyncio.run(serve(argv[0], argv[1]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
