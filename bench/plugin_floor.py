@@ -21,14 +21,16 @@ from draplugin.kubelet._proto.dra.v1 import api_pb2_grpc as dra_grpc
 from draplugin.kubelet._proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 
 
-async def serve(registration: str, dra: str) -> None:
+async def serve(registration_path: str, dra_path: str) -> None:
     # The generated base servicers answer UNIMPLEMENTED: the floor measures serving, not answers.
     registration_server = grpc.aio.server()
-    reg_grpc.add_RegistrationServicer_to_server(reg_grpc.RegistrationServicer()  # type: ignore[abstract], registration_server)
+    registration = reg_grpc.RegistrationServicer()  # type: ignore[abstract]
+    reg_grpc.add_RegistrationServicer_to_server(registration, registration_server)
     dra_server = grpc.aio.server()
-    dra_grpc.add_DRAPluginServicer_to_server(dra_grpc.DRAPluginServicer()  # type: ignore[abstract], dra_server)
+    plugin = dra_grpc.DRAPluginServicer()  # type: ignore[abstract]
+    dra_grpc.add_DRAPluginServicer_to_server(plugin, dra_server)
     servers = (registration_server, dra_server)
-    for server, path in zip(servers, (registration, dra), strict=True):
+    for server, path in zip(servers, (registration_path, dra_path), strict=True):
         server.add_insecure_port(f"unix://{path}")
         await server.start()
     stop = asyncio.Event()
