@@ -149,8 +149,10 @@ NOT_RUN: dict[str, str] = {
     "suite by design like make bench; tests/unit/test_bench_scale_*.py test its pure parts",
     'make scale SCALE_ARGS="--parts offline"': "a one-minute measurement at 1,000 nodes, kept out of the "
     "test suite by design; tests/unit/test_bench_scale_*.py test its pure parts",
-    'make scale SCALE_ARGS="--parts offline,live --idle-window 60"': "a ten-minute measurement on two control "
-    "planes of its own, kept out of the test suite by design; tests/unit/test_bench_scale_*.py test its pure parts",
+    'make scale SCALE_ARGS="--parts offline,live --idle-window 60"': (
+        "a ten-minute measurement on two control planes of its own, kept out of the test suite by design; "
+        "tests/unit/test_bench_scale_*.py test its pure parts"
+    ),
     "make test-compat": "the integration and e2e suites on a second Kubernetes build (1.34); run by .ci/run",
     "make differential": "4,000 scenarios on two Kubernetes builds (~15 min); `make test` plays 300 of them",
     "K8S_VERSION=v1.34.4 tests/cluster/regen.sh": "re-pins the Go build and downloads modules (network)",
