@@ -165,11 +165,16 @@ def put_as(cluster: ControlPlane, token: str, obj: dict[str, Any]) -> tuple[int,
     return response.status, str(body.get("message", ""))
 
 
-def gpu_template(api: KubeApi, namespace: str, name: str, selector: str | None = None) -> None:
-    """A ResourceClaimTemplate for one whole GPU of the chart's class, with a CEL selector if given."""
+def gpu_template(
+    api: KubeApi, namespace: str, name: str, selector: str | None = None, tolerate: str | None = None
+) -> None:
+    """A ResourceClaimTemplate for one whole GPU of the chart's class, with a CEL selector if given
+    and a toleration of device taint key `tolerate` (any value, NoSchedule) if given."""
     exactly: dict[str, Any] = {"deviceClassName": DRIVER}
     if selector:
         exactly["selectors"] = [{"cel": {"expression": selector}}]
+    if tolerate:
+        exactly["tolerations"] = [{"key": tolerate, "operator": "Exists", "effect": "NoSchedule"}]
     api.create(f"{RESOURCE}/namespaces/{namespace}/resourceclaimtemplates", {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaimTemplate",
@@ -284,6 +289,62 @@ def test_explain_says_per_node_why_a_pod_fits_nowhere(
         (request,) = report["requests"]
         assert request["usable"] == 0, request
         assert report["verdict"], report
+
+
+def removed_for(report: Any, reason: str) -> int:
+    """How many devices `explain`'s per-node report sets aside for `reason`, over all its pools."""
+    if isinstance(report, dict):
+        own = report.get("removed")
+        count = int(own.get(reason, 0)) if isinstance(own, dict) else 0
+        return count + sum(removed_for(v, reason) for k, v in report.items() if k != "removed")
+    if isinstance(report, list):
+        return sum(removed_for(v, reason) for v in report)
+    return 0
+
+
+def test_a_noschedule_device_taint_keeps_new_claims_off_the_node_unless_they_tolerate_it(
+    kube_cluster: ControlPlane, node_set: NodeSet, node_set_chart: ChartRelease, api: KubeApi, namespace: str
+) -> None:
+    """A DeviceTaintRule on node A's pool: kube-scheduler's allocator skips tainted devices a claim
+    does not tolerate (the claim's pod stays pending, and `explain` says why), allocates them to a
+    claim that tolerates the taint, and once the rule is gone the pending pod schedules."""
+    node = node_set.nodes[0]
+    (model, *_) = sorted(product_names(slices_of(api, node.name)))
+    only_a = f'device.attributes["{DRIVER}"].productName == "{model}"'
+    version = "v1" if minor(kube_cluster) >= 37 else "v1alpha3"
+    rule_name = f"test-taint-{namespace}"
+    rules = f"/apis/resource.k8s.io/{version}/devicetaintrules"
+    key = "draplugin.dev/test-maintenance"
+    api.create(rules, {
+        "apiVersion": f"resource.k8s.io/{version}",
+        "kind": "DeviceTaintRule",
+        "metadata": {"name": rule_name},
+        "spec": {
+            "deviceSelector": {"driver": DRIVER, "pool": node.name},
+            "taint": {"key": key, "value": "test", "effect": "NoSchedule"},
+        },
+    })  # fmt: skip
+    try:
+        gpu_template(api, namespace, "untolerating", only_a)
+        gpu_template(api, namespace, "tolerating", only_a, tolerate=key)
+        set_pod(node_set, namespace, "blocked", {"resourceClaimTemplateName": "untolerating"}, api)
+        scheduling.wait_unschedulable(api, namespace, "blocked", POD_TIMEOUT)
+        explained = scheduling.explain(kube_cluster, namespace, "pod/blocked")
+        (claim,) = explained["claims"]
+        report = {n["node"]: n for n in claim["nodes"]}[node.name]
+        assert report["allocatable"] is False, report
+        # The one device the selector picks on node A is set aside for its taint.
+        assert removed_for(report, "taint") == 1, report
+
+        set_pod(node_set, namespace, "tolerant", {"resourceClaimTemplateName": "tolerating"}, api)
+        assert running_on(api, namespace, "tolerant") == node.name
+        assert allocated_pool(api, namespace, "tolerant") == node.name
+        # The selector matches one device on node A: the tolerant pod gives it back for the next step.
+        api.delete(f"/api/v1/namespaces/{namespace}/pods/tolerant")
+    finally:
+        api.delete(f"{rules}/{rule_name}")
+    assert running_on(api, namespace, "blocked") == node.name
+    assert allocated_pool(api, namespace, "blocked") == node.name
 
 
 # --- drain, node loss -----------------------------------------------------------------------------
