@@ -61,9 +61,8 @@ DEVICE_STATUS_MODES: Final = (DEVICE_STATUS_AUTO, "on", "off")
 # gate of its own for them); off writes none (and still removes what an earlier run wrote).
 DEVICE_METADATA_MODES: Final = ("auto", "on", "off")
 
-# Kubernetes limits: a node name is a DNS-1123 subdomain (at most 253). The driver
-# name's rule (a subdomain of at most 63) is dracommon.drivername's.
-NODE_NAME_MAX: Final = 253
+# Kubernetes limits: the node name's rule is draplugin.nodeidentity's, the driver
+# name's (a subdomain of at most 63) dracommon.drivername's.
 _DNS1123_SUBDOMAIN: Final = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 # Pod UIDs are UUIDs in practice; accept anything that is a safe file-name part.
 _POD_UID: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")

@@ -28,8 +28,8 @@ Rules, following the upstream ResourceSlice controller:
 - Conflicts (409), vanished objects (404) and API errors are retried with
   exponential backoff after a fresh list. An API server that does not answer
   (refused, TLS, timeout) gets a log line naming its address and the error's
-  class (`slices.reach`), and `state` says why nothing is published: the
-  readiness the plugin's gRPC health service reports (`slices.readiness`).
+  class (`slices.reach`), and `state` says why nothing is published (not yet
+  reported by the plugin's health service: docs/troubleshooting.md).
 - Every slice carries this machine's writer id (`slices.writer`). Once the pool
   has been ours, a slice marked by another writer means a second live
   publisher under our node name: we log it, post a `DuplicateNodeName` Warning
