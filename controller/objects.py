@@ -24,8 +24,15 @@ if TYPE_CHECKING:  # the API client is imported where objects are listed: offlin
 JSON = dict[str, Any]
 
 RESOURCE_API = "/apis/resource.k8s.io/v1"
-# DeviceTaintRules: served from 1.37 (or with the gate on); a 404 before that.
-TAINT_RULES = f"{RESOURCE_API}/devicetaintrules"
+# DeviceTaintRules, newest version first: resource.k8s.io/v1 from 1.37, v1beta2 from 1.36 and
+# v1alpha3 from 1.33 (to 1.38), each only where the API server serves it (1.34: behind the
+# DRADeviceTaints gate and runtime-config); a 404 where it does not. The allocator reads the
+# fields of all three (v1alpha3 of 1.34 also selects by class and CEL: allocation.taintrules).
+TAINT_RULE_VERSIONS = ("v1", "v1beta2", "v1alpha3")
+TAINT_RULE_PATHS = tuple(
+    f"/apis/resource.k8s.io/{version}/devicetaintrules" for version in TAINT_RULE_VERSIONS
+)
+TAINT_RULES = TAINT_RULE_PATHS[0]
 MANIFEST_SUFFIXES = (".yaml", ".yml", ".json")
 # Workload kinds whose pod template lint judges as a pod (`controller.lint.workloads`).
 WORKLOAD_KINDS = ("Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job", "CronJob")
@@ -209,8 +216,11 @@ def _list_into(
             items, _ = api.list(path, kind=kind)
             objects.workloads.extend(items)
     if include_taint_rules:
-        try:
-            objects.taint_rules, _ = api.list(TAINT_RULES, kind="DeviceTaintRule")
-        except ApiError as err:
-            if err.status != 404:  # DeviceTaintRule is not served before 1.37 (or with the gate off)
-                raise
+        for path in TAINT_RULE_PATHS:
+            try:
+                objects.taint_rules, _ = api.list(path, kind="DeviceTaintRule")
+            except ApiError as err:
+                if err.status != 404:  # this version is not served: the next older one may be
+                    raise
+                continue
+            break

@@ -7,15 +7,18 @@ scheduler builds it: admin-access results never block a device, results with a
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from controller.allocation.pools import DeviceID
+from controller.allocation.taintrules import apply_taint_rules
 from dracommon.quantity import Quantity, QuantityError
 
 JSON = Mapping[str, Any]
+
+# DeviceTaintRules are applied where the allocator's view is built; kept importable from here.
+__all__ = ["AllocatedState", "allocated_state", "apply_taint_rules"]
 
 
 @dataclass
@@ -70,43 +73,3 @@ def allocated_state(claims: Iterable[JSON]) -> AllocatedState:
     for claim in claims:
         state.add_claim(claim)
     return state
-
-
-def apply_taint_rules(slices: Iterable[JSON], rules: Iterable[JSON]) -> list[JSON]:
-    """Slices with DeviceTaintRule taints added to the devices they select.
-
-    The scheduler treats rule taints as if the driver had published them; slices
-    without a matching rule are returned as they are (no copy).
-    """
-    active = [r for r in rules if (r.get("spec") or {}).get("taint")]
-    if not active:
-        return list(slices)
-    result: list[JSON] = []
-    for slice_obj in slices:
-        spec = slice_obj.get("spec") or {}
-        driver = spec.get("driver", "")
-        pool = (spec.get("pool") or {}).get("name", "")
-        patched: dict[str, Any] | None = None
-        for index, device in enumerate(spec.get("devices") or []):
-            extra = [
-                (r.get("spec") or {})["taint"]
-                for r in active
-                if _rule_selects(r, driver, pool, str(device.get("name", "")))
-            ]
-            if not extra:
-                continue
-            if patched is None:
-                patched = copy.deepcopy(dict(slice_obj))
-            patched_device = patched["spec"]["devices"][index]
-            patched_device["taints"] = [*(patched_device.get("taints") or []), *extra]
-        result.append(patched if patched is not None else slice_obj)
-    return result
-
-
-def _rule_selects(rule: JSON, driver: str, pool: str, device: str) -> bool:
-    selector = (rule.get("spec") or {}).get("deviceSelector") or {}
-    return (
-        selector.get("driver") in (None, "", driver)
-        and selector.get("pool") in (None, "", pool)
-        and selector.get("device") in (None, "", device)
-    )

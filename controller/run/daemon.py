@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry
 
-from controller.objects import RESOURCE_API, TAINT_RULES
+from controller.objects import RESOURCE_API, TAINT_RULE_PATHS
 from controller.run.api import KubeClaimApi
 from controller.run.leader import KubeLeaseApi, LeaderConfig, LeaderElector
 from controller.run.metrics import ControllerMetrics, MetricsServer
@@ -55,20 +55,24 @@ class DaemonSettings:
     plugin_namespace: str | None = None
 
 
-def _served(api: KubeApi, path: str) -> bool:
-    """Whether the API server serves this collection to us: DeviceTaintRule is not served before
-    1.37 or with its gate off (404), and a chart older than this controller may not grant it (403)."""
-    try:
-        api.get(path, {"limit": "1"})
-    except ApiError as err:
-        if err.status not in (403, 404):
-            raise
-        if err.status == 403:
+def _served_taint_rules(api: KubeApi) -> str | None:
+    """The newest DeviceTaintRule collection the API server serves to us, None for none: a version
+    is not served before its release or with its gate off (404: the next older one is tried), and
+    a chart older than this controller may not grant them (403)."""
+    for path in TAINT_RULE_PATHS:
+        try:
+            api.get(path, {"limit": "1"})
+        except ApiError as err:
+            if err.status == 404:
+                continue
+            if err.status != 403:
+                raise
             log.warning(
                 "DeviceTaintRules are not readable; pre-allocation ignores them", extra={"error": str(err)}
             )
-        return False
-    return True
+            return None
+        return path
+    return None
 
 
 class ControllerDaemon:
@@ -93,9 +97,10 @@ class ControllerDaemon:
             "pods": self._cache("pods", KubeListWatch(
                 api, f"/api/v1{scope}/pods", "Pod", field_selector="status.phase=Pending")),
         }  # fmt: skip
-        if _served(api, TAINT_RULES):
+        taint_rules = _served_taint_rules(api)
+        if taint_rules is not None:
             self.caches["devicetaintrules"] = self._cache("devicetaintrules", KubeListWatch(
-                api, TAINT_RULES, "DeviceTaintRule"))  # fmt: skip
+                api, taint_rules, "DeviceTaintRule"))  # fmt: skip
         self.elector = LeaderElector(
             KubeLeaseApi(api, settings.lease_namespace, settings.lease_name),
             namespace=settings.lease_namespace,

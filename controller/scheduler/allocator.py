@@ -118,9 +118,12 @@ class Allocator:
             str((c.get("metadata") or {}).get("name", "")): c for c in device_classes
         }
         rules = list(taint_rules) if self.features.device_taints else []
-        self.slices: list[JSON] = apply_taint_rules(slices, rules)
-        self.state: AllocatedState = allocated_state(allocated_claims)
         self.selectors = SelectorCache(compiler)
+        # 1.34's v1alpha3 rules may select by class and CEL: the same classes and programs.
+        self.slices: list[JSON] = apply_taint_rules(
+            slices, rules, classes=self.classes, selectors=self.selectors
+        )
+        self.state: AllocatedState = allocated_state(allocated_claims)
         self.new_share_id = new_share_id or (lambda: str(uuid.uuid4()))
         self.commits = 0  # `commit` calls: a pending feasible node's allocation checks it (Prepared)
         self._slices_by_node: dict[str, list[JSON]] = {}
