@@ -18,7 +18,7 @@ from controller.allocation.pools import DeviceID, pool_generation, pool_key
 from controller.allocation.requests import ALL, alternatives, blocking_taint, claim_ref, claim_requests
 from controller.allocation.search import Candidate, RequestPlan, Search
 from controller.allocation.selectors import SelectorError, SelectorStep, request_steps
-from controller.scheduler.allocator import SELECTOR_ERRS, Allocator, Prepared
+from controller.scheduler.allocator import SELECTOR_ERRS, Allocator, Prepared, RequestOption
 from controller.scheduler.nodefilter import scheduling_error_message
 
 JSON = Mapping[str, Any]
@@ -223,6 +223,7 @@ class _Asked:
     steps: list[SelectorStep]
     class_steps: int
     needed: str
+    option: RequestOption | None = None  # Allocator.request_option of the plan's request
 
 
 def _asked(allocator: Allocator, claim: JSON) -> list[_Asked | RequestReport]:
@@ -250,6 +251,7 @@ def _asked(allocator: Allocator, claim: JSON) -> list[_Asked | RequestReport]:
                     steps=request_steps(device_class, option, ref),
                     class_steps=len((device_class.get("spec") or {}).get("selectors") or []),
                     needed="all" if option.allocation_mode == ALL else str(option.count),
+                    option=allocator.request_option(option),
                 )
             )
     return asked
@@ -264,7 +266,7 @@ def _explain_request(allocator: Allocator, search: Search, asked: _Asked) -> Req
     )
     # Each device's first failing selector, kept by the allocator per node and selector
     # expressions: CEL runs once per device for every claim and node that asks.
-    failing = allocator.first_failing(search.node, request)
+    failing = allocator.first_failing(search.node, request, asked.option)
     for pool_index, pool in enumerate(search.pools):
         pool_report = PoolReport(pool=pool.id)
         report.pools.append(pool_report)
@@ -279,7 +281,14 @@ def _explain_request(allocator: Allocator, search: Search, asked: _Asked) -> Req
             pool_report.note = pool.invalid_reason
             continue
         removed = pool_report.removed
-        for candidate, failed in zip(search.candidates[pool_index], failing[pool_index], strict=True):
+        pool_failing = failing[pool_index]
+        first = pool_failing[0] if pool_failing else None
+        if first is not None and first != SELECTOR_ERRS and pool_failing.count(first) == len(pool_failing):
+            # One selector step refuses every device (most pools at fleet size): counted in C.
+            pool_report.devices = len(pool_failing)
+            removed["class-selector" if first < class_steps else "request-selector"] = len(pool_failing)
+            continue
+        for candidate, failed in zip(search.candidates[pool_index], pool_failing, strict=True):
             pool_report.devices += 1
             if failed is not None and failed != SELECTOR_ERRS:  # most devices: a selector said no
                 removed["class-selector" if failed < class_steps else "request-selector"] += 1

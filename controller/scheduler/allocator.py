@@ -66,6 +66,7 @@ SELECTOR_ERRS = _ERRS = -1
 # each with its DeviceClass and selector expressions: what screening (`cannot_fit`, `cannot_err`)
 # looks at.
 _Option = tuple[Request, JSON, tuple[str, ...]]
+RequestOption = _Option
 _Shape = tuple[tuple[_Option, ...], ...]
 _SHAPE_CACHE_SIZE = 4096
 _RISKY_CACHE_SIZE = 256
@@ -236,11 +237,18 @@ class Allocator:
 
     # ----- screening: Filter outcomes known without a search (see Screen) --------------------------
 
-    def first_failing(self, node: Node | None, request: Request) -> list[list[int | None]]:
+    def first_failing(
+        self, node: Node | None, request: Request, option: RequestOption | None = None
+    ) -> list[list[int | None]]:
         """For each of `pools(node)`'s candidates (`search(...).candidates`, pool by pool), the first
         selector step of `request` (its class's, then its own) the device fails: None when all
-        match, SELECTOR_ERRS when one errs (evaluate again for the message). Kept per node view."""
-        return self._first_failing(self._view(node), self._option(request))
+        match, SELECTOR_ERRS when one errs (evaluate again for the message). Kept per node view.
+        `option`: `request_option(request)`, where the caller asks for many nodes."""
+        return self._first_failing(self._view(node), option or self._option(request))
+
+    def request_option(self, request: Request) -> RequestOption:
+        """The request with its class and selector expressions, as `first_failing` keys it."""
+        return self._option(request)
 
     def screen(self, claims: Sequence[JSON]) -> Screen:
         """Screening of `claims` (together) node by node; see `Screen`."""
@@ -471,6 +479,8 @@ class Screen:
             admin = option[0].admin_access
             failing_steps = allocator._first_failing(view, option)
             for candidates, failing in zip(view.candidates, failing_steps, strict=True):
+                if None not in failing and _ERRS not in failing:
+                    continue  # a selector refuses every device of the pool (two scans in C)
                 for candidate, failed in zip(candidates, failing, strict=True):
                     if failed is not None and failed != _ERRS:
                         continue
