@@ -104,6 +104,10 @@ class Features:
     # device is skipped as in use by every later (sub)request of the pod on that node. Found by
     # the differential.
     capacity_rejection_keeps_device: bool = False
+    # A DeviceTaintRule without `spec.deviceSelector`: 1.34.4's ResourceSlice tracker applies it
+    # to every device (kubernetes#141620); 1.37.2's to none, as the API documents (kubernetes#141648).
+    # 1.35 and 1.36 not checked; taken as 1.34 (the fix came after them).
+    taint_rule_without_selector_matches_all: bool = False
 
     @classmethod
     def for_release(cls, minor: int) -> Features:
@@ -115,6 +119,7 @@ class Features:
                 distinct_rule=DistinctRule.LATEST_PER_REQUEST,
                 rejected_device_keeps_counters=True,
                 capacity_rejection_keeps_device=True,
+                taint_rule_without_selector_matches_all=True,
             )
         # 1.34/1.35: taints, partitionable devices, consumable capacity and
         # binding conditions were alpha (off by default).
@@ -133,6 +138,7 @@ class Features:
             search_restarts_per_device=minor <= 34,
             capacity_check_at_result_index=minor <= 34,
             capacity_rejection_keeps_device=True,
+            taint_rule_without_selector_matches_all=True,
         )
 
     def with_gates(self, gates: Mapping[str, bool]) -> Features:

@@ -13,8 +13,9 @@ taints. A rule's `spec.deviceSelector` narrows the devices:
   whole slice: the tracker keeps no patched copy of a slice it could not patch, so a new slice
   never reaches the allocator (`SliceLeftOut`). The CEL `device` is the tracker's
   `cel.Device{Driver, Attributes, Capacity}`: `allowMultipleAllocations` reads false.
-* no `deviceSelector` at all: 1.34's tracker matches every device (the API's doc says no device;
-  kubernetes#141620, fixed in the tracker by kubernetes#141648); `nil_selector_matches_all`.
+* no `deviceSelector` at all: 1.34.4's tracker matches every device; 1.37.2's none, as the API
+  documents (kubernetes#141620, fixed by kubernetes#141648): `nil_selector_matches_all`
+  (`Features.taint_rule_without_selector_matches_all`).
 """
 
 from __future__ import annotations
@@ -110,7 +111,7 @@ def apply_taint_rules(
     *,
     classes: Mapping[str, JSON] | None = None,
     selectors: SelectorCache | None = None,
-    nil_selector_matches_all: bool = True,
+    nil_selector_matches_all: bool = False,
 ) -> list[JSON]:
     """Slices with DeviceTaintRule taints added to the devices they select; `classes` by name (for
     v1alpha3's deviceClassName), `selectors` the allocator's compiled CEL. Slices that no rule

@@ -122,7 +122,11 @@ class Allocator:
         self.selectors = SelectorCache(compiler)
         # 1.34's v1alpha3 rules may select by class and CEL: the same classes and programs.
         self.slices: list[JSON] = apply_taint_rules(
-            slices, rules, classes=self.classes, selectors=self.selectors
+            slices,
+            rules,
+            classes=self.classes,
+            selectors=self.selectors,
+            nil_selector_matches_all=self.features.taint_rule_without_selector_matches_all,
         )
         self.state: AllocatedState = allocated_state(allocated_claims)
         self.new_share_id = new_share_id or (lambda: str(uuid.uuid4()))

@@ -114,9 +114,14 @@ def test_the_tracker_shows_cel_no_allow_multiple_allocations() -> None:
     assert tainted(apply_taint_rules(shared, [negated])) == ["gpu-0"]
 
 
-def test_no_device_selector_matches_every_device_on_1_34() -> None:
+def test_no_device_selector_matches_every_device_on_1_34_and_none_on_1_37() -> None:
     assert tainted(view([rule(None)])) == ["gpu-0", "gpu-1", "gpu-2"]
-    assert tainted(apply_taint_rules(gpus(), [rule(None)], nil_selector_matches_all=False)) == []
+    newest = Allocator(device_classes=[device_class("gpu")], slices=gpus(), taint_rules=[rule(None)])
+    assert tainted(newest.slices) == []
+    # An empty selector is another thing: every device, on every release.
+    assert tainted(Allocator(device_classes=[], slices=gpus(), taint_rules=[rule({})]).slices) == [
+        "gpu-0", "gpu-1", "gpu-2",
+    ]  # fmt: skip
 
 
 def test_a_claim_avoids_the_devices_a_class_selected_rule_taints() -> None:
