@@ -14,9 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-import yaml
-
 from dracommon.yamlload import load_all as load_yaml_documents
+from dracommon.yamlload import yaml_error
 
 if TYPE_CHECKING:  # the API client is imported where objects are listed: offline tools skip it
     from dracommon.kubeapi import KubeApi
@@ -97,7 +96,7 @@ def _documents(path: Path) -> Iterator[Any]:
     try:
         # PyYAML's safe_load_all results and errors, parsed fast (dracommon.yamlload).
         yield from load_yaml_documents(text)
-    except yaml.YAMLError as err:
+    except yaml_error() as err:  # PyYAML's error class, imported only once something is raised
         raise ManifestError(f"{path}: invalid YAML: {err}") from err
 
 

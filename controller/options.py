@@ -13,8 +13,6 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-import yaml
-
 from controller.allocation.features import Features, parse_feature_gates
 from controller.allocation.nodes import Node
 from controller.allocation.selectors import Compiler
@@ -278,6 +276,8 @@ def emit(args: argparse.Namespace, data: Any, text: Callable[[], str]) -> None:
         json.dump(data, sys.stdout, indent=2, sort_keys=False)
         sys.stdout.write("\n")
     elif args.output == "yaml":
+        import yaml  # here: offline commands read YAML without PyYAML (dracommon.yamlload)
+
         yaml.safe_dump(data, sys.stdout, sort_keys=False)
     else:
         sys.stdout.write(text() + "\n")

@@ -8,14 +8,20 @@ resolved and constructed one by one in Python. So there are three paths, fastest
    yaml` and most tools print): block mappings and sequences, single-line plain and quoted
    scalars, `[]`/`{}`, full-line comments, `---`. A line is tokenized once per distinct text
    (lines repeat across devices and files); plain scalars get their tag from PyYAML's own
-   resolver and their value from its SafeConstructor, so `0012`, `1:20`, `yes`, `~` or dates
-   come out exactly as PyYAML makes them. Anything outside the subset (anchors, tags, block
-   scalars, flow collections, multi-line scalars, escapes, odd indentation, ...) makes the
-   whole text take path 2, never a guess. The documents are written as JSON text, each line
-   adding what one lookup (by the line and the state of the blocks open before it) says, and
-   the json module's C parser builds the dicts and lists: building them in Python took most of
-   this path's time. A text with a key or value JSON cannot carry (a date, a key that is not a
-   string) is built as a tree of Python objects instead, from the same tokens.
+   resolver's patterns (copied below, `_IMPLICIT_PATTERNS`) and their value from its
+   SafeConstructor, so `0012`, `1:20`, `yes`, `~` or dates come out exactly as PyYAML makes
+   them. Strings, null, booleans and plain decimal integers are made here; PyYAML (about 9 ms
+   to import, a tenth of explain's start-up) is imported only for the other tags and for paths
+   2 and 3. A plain scalar continued on more indented lines (`yaml.safe_dump` wraps long ones
+   at its width, CEL selectors say) is folded onto one line first, quoted, where PyYAML's
+   folding is one space per line break (`_fold_plain`). Anything else outside the subset
+   (anchors, tags, block scalars, flow collections, other multi-line scalars, escapes, odd
+   indentation, ...) makes the whole text take path 2, never a guess. The documents are
+   written as JSON text, each line adding what one lookup (by the line and the state of the
+   blocks open before it) says, and the json module's C parser builds the dicts and lists:
+   building them in Python took most of this path's time. A text with a key or value JSON
+   cannot carry (a date, a key that is not a string) is built as a tree of Python objects
+   instead, from the same tokens.
 2. `CSafeLoader` where the PyYAML wheel has libyaml (`yaml.__with_libyaml__`), else the pure
    `SafeLoader`. libyaml accepts a tab as separation where the pure scanner refuses it
    (`a:<TAB>1`), so a text with a tab goes to the pure loader: results never depend on the
@@ -35,12 +41,29 @@ from functools import cache
 from json.encoder import encode_basestring as _json_string
 from typing import Any
 
-import yaml
-from yaml.nodes import ScalarNode
+__all__ = ["c_loader", "load_all", "yaml_error"]
 
-__all__ = ["C_LOADER", "load_all"]
 
-C_LOADER: Any = getattr(yaml, "CSafeLoader", None) if yaml.__with_libyaml__ else None
+@cache
+def _yaml() -> Any:
+    """PyYAML, imported on first need: most manifests need none of it (see path 1)."""
+    import yaml
+
+    return yaml
+
+
+def c_loader() -> Any:
+    """libyaml's `CSafeLoader` where the PyYAML wheel has it, else None."""
+    yaml = _yaml()
+    return getattr(yaml, "CSafeLoader", None) if yaml.__with_libyaml__ else None
+
+
+def yaml_error() -> type[Exception]:
+    """`yaml.YAMLError`, what `load_all` raises, for an `except` clause (evaluated only when
+    something is raised, so a load that succeeds imports no PyYAML)."""
+    error: type[Exception] = _yaml().YAMLError
+    return error
+
 
 # What PyYAML's Reader refuses (its NON_PRINTABLE), plus what path 1 leaves alone: tabs and
 # carriage returns (line breaks and separation PyYAML treats specially), NEL and the Unicode
@@ -82,10 +105,110 @@ _EMPTY_LIST = object()
 _SIMPLE_KEY_LIMIT = 1000
 _EMPTY_DICT = object()
 
-_resolver = yaml.resolver.Resolver()
 _STR_TAG = "tag:yaml.org,2002:str"
 _UNKNOWN = object()
-_constructor = yaml.constructor.SafeConstructor()
+# PyYAML's implicit resolvers (yaml/resolver.py, `Resolver.add_implicit_resolver`, unchanged
+# since PyYAML 5.1), in the order it registers them, by the first character they apply to:
+# `Resolver.resolve` tries those of the scalar's first character in that order and takes the
+# first match; a scalar none matches is a str. tests/unit/test_objects_loading.py checks the
+# tags and values against PyYAML's resolver and constructor on generated scalars.
+_IMPLICIT_PATTERNS: tuple[tuple[str, str, str], ...] = (
+    (
+        "bool",
+        r"""^(?:yes|Yes|YES|no|No|NO
+                    |true|True|TRUE|false|False|FALSE
+                    |on|On|ON|off|Off|OFF)$""",
+        "yYnNtTfFoO",
+    ),
+    (
+        "float",
+        r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+][0-9]+)?
+                    |\.[0-9][0-9_]*(?:[eE][-+][0-9]+)?
+                    |[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+\.[0-9_]*
+                    |[-+]?\.(?:inf|Inf|INF)
+                    |\.(?:nan|NaN|NAN))$""",
+        "-+0123456789.",
+    ),
+    (
+        "int",
+        r"""^(?:[-+]?0b[0-1_]+
+                    |[-+]?0[0-7_]+
+                    |[-+]?(?:0|[1-9][0-9_]*)
+                    |[-+]?0x[0-9a-fA-F_]+
+                    |[-+]?[1-9][0-9_]*(?::[0-5]?[0-9])+)$""",
+        "-+0123456789",
+    ),
+    ("merge", r"^(?:<<)$", "<"),
+    (
+        "null",
+        r"""^(?: ~
+                    |null|Null|NULL
+                    | )$""",
+        "~nN",
+    ),
+    (
+        "timestamp",
+        r"""^(?:[0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9]
+                    |[0-9][0-9][0-9][0-9] -[0-9][0-9]? -[0-9][0-9]?
+                     (?:[Tt]|[ \t]+)[0-9][0-9]?
+                     :[0-9][0-9] :[0-9][0-9] (?:\.[0-9]*)?
+                     (?:[ \t]*(?:Z|[-+][0-9][0-9]?(?::[0-9][0-9])?))?)$""",
+        "0123456789",
+    ),
+    ("value", r"^(?:=)$", "="),
+    ("yaml", r"^(?:!|&|\*)$", "!&*"),
+)
+_BOOL_VALUES = {"yes": True, "no": False, "true": True, "false": False, "on": True, "off": False}
+# An int as SafeConstructor.construct_yaml_int reads it without its special forms (no "_",
+# base prefix, leading zero or sexagesimal part): then `int(text)` is its value.
+_PLAIN_DECIMAL = re.compile(r"[-+]?(?:0|[1-9][0-9]*)")
+
+
+@cache
+def _implicit() -> dict[str, tuple[tuple[str, re.Pattern[str]], ...]]:
+    """First character -> (tag, pattern) in resolution order; compiled on first use."""
+    # Those PyYAML spells over several lines are compiled verbose (re.X), as it compiles them.
+    compiled = [(f"tag:yaml.org,2002:{name}", re.compile(pattern, re.X if "\n" in pattern else 0), firsts)
+                for name, pattern, firsts in _IMPLICIT_PATTERNS]  # fmt: skip
+    table: dict[str, list[tuple[str, re.Pattern[str]]]] = {}
+    for tag, pattern, firsts in compiled:
+        for first in firsts:
+            table.setdefault(first, []).append((tag, pattern))
+    return {first: tuple(entries) for first, entries in table.items()}
+
+
+_IMPLICIT_FIRSTS = frozenset("".join(firsts for _, _, firsts in _IMPLICIT_PATTERNS))
+
+
+def _resolve(text: str) -> str:
+    """The tag PyYAML's `Resolver.resolve(ScalarNode, text, (True, False))` gives a non-empty
+    plain scalar."""
+    for tag, pattern in _implicit().get(text[0], ()):
+        if pattern.match(text):
+            return tag
+    return _STR_TAG
+
+
+@cache
+def _constructor() -> Any:
+    return _yaml().constructor.SafeConstructor()
+
+
+def _construct(tag: str, text: str) -> Any:
+    """SafeConstructor's value of the plain scalar `text` resolved to `tag` (not str)."""
+    if tag == "tag:yaml.org,2002:null":
+        return None
+    if tag == "tag:yaml.org,2002:bool":
+        return _BOOL_VALUES[text.lower()]
+    if tag == "tag:yaml.org,2002:int" and _PLAIN_DECIMAL.fullmatch(text):
+        return int(text)
+    yaml = _yaml()
+    try:
+        return _constructor().construct_object(yaml.nodes.ScalarNode(tag, text))
+    except yaml.YAMLError as err:  # e.g. "=" (the value tag has no safe constructor)
+        raise _NotSubset(text) from err
+
+
 _plain_values: dict[str, Any] = {}
 _line_tokens: dict[str, tuple[tuple[int, int, Any, Any], ...]] = {}
 # Both caches only ever hold immutable values; bounded so a stream of unique lines cannot grow them.
@@ -104,14 +227,11 @@ def _plain(text: str) -> Any:
         raise _NotSubset(text)
     if ": " in text or " #" in text or text[-1] == ":":
         raise _NotSubset(text)
-    tag = _resolver.resolve(ScalarNode, text, (True, False))  # type: ignore[no-untyped-call]
+    tag = _resolve(text) if first in _IMPLICIT_FIRSTS else _STR_TAG
     if tag == _STR_TAG:
         value: Any = text  # what SafeConstructor.construct_yaml_str returns, without its machinery
     else:
-        try:
-            value = _constructor.construct_object(ScalarNode(tag, text))
-        except yaml.YAMLError as err:  # e.g. "=" (the value tag has no safe constructor)
-            raise _NotSubset(text) from err
+        value = _construct(tag, text)
         if isinstance(value, list | dict | bytes | bytearray | set):
             raise _NotSubset(text)  # not from an implicit plain tag; keep the cache immutable
     if len(_plain_values) < _CACHE_LIMIT:
@@ -560,6 +680,84 @@ def _load_as_json(text: str) -> list[Any]:
     return documents
 
 
+# ----- multi-line plain scalars: `yaml.safe_dump` wraps a long one (a CEL selector) at its width.
+
+
+def _plain_start(line: str, token: tuple[int, int, Any, Any]) -> int:
+    """Where the line's last token, an entry's or an item's value, begins as a plain scalar
+    (not quoted, `[]`, `{}`); 0 where it is not one or is not found so simply."""
+    if token[1] == _ENTRY:
+        stripped = line.lstrip(" -")
+        if stripped[:1] in ("'", '"'):
+            return 0  # a quoted key: leave it to PyYAML
+        start = _value_start(line)
+    elif token[1] == _ITEM_SCALAR:
+        start = line.find("-") + 1
+        while start < len(line) and line[start] == " ":
+            start += 1
+    else:
+        return 0
+    if not start or start >= len(line) or line[start] in "'\"" or line[start:] in ("[]", "{}"):
+        return 0
+    return start
+
+
+def _fold_plain(text: str) -> str | None:
+    """`text` with each plain scalar continued on more indented lines written on one line,
+    single- or double-quoted, as PyYAML folds it (a line break between two lines is one space;
+    trailing and leading spaces go); None where there is none, or one this does not fold exactly
+    (a blank line inside, a comment, `: ` or ` #` on a continuation line, a value PyYAML would
+    resolve to another type once folded): those stay with PyYAML."""
+    lines = text.split("\n")
+    out: list[str] = []
+    folded = False
+    i = 0
+    while i < len(lines):
+        line = lines[i].rstrip(" ")
+        i += 1
+        out.append(line)
+        if i >= len(lines) or not line or line.lstrip(" ")[0] == "#":
+            continue
+        following = lines[i].rstrip(" ")
+        column = len(following) - len(following.lstrip(" "))
+        if not following or column == 0 or following.lstrip(" ")[0] == "#":
+            continue
+        try:
+            token = _tokens(line)[-1]
+        except _NotSubset:
+            return None
+        if column <= token[0]:
+            continue  # the next line is no continuation: a sibling's, or a parent's
+        start = _plain_start(line, token)
+        if not start:
+            continue  # a block opens (more indentation is its content), or not a plain value
+        parts = [line[start:]]
+        while i < len(lines):
+            more = lines[i].rstrip(" ")
+            stripped = more.lstrip(" ")
+            if not stripped or len(more) - len(stripped) <= token[0]:
+                break
+            if stripped[0] == "#" or ": " in stripped or " #" in stripped or stripped[-1] == ":":
+                return None
+            parts.append(stripped)
+            i += 1
+        if i < len(lines) and not lines[i].strip(" ") and i + 1 < len(lines):
+            after = lines[i + 1].rstrip(" ")
+            if len(after) - len(after.lstrip(" ")) > token[0] and after.strip(" "):
+                return None  # a blank line inside the scalar: a line break, not a space
+        value = " ".join(parts)
+        if value[0] in _BAD_FIRST or ": " in value or " #" in value:
+            return None
+        if value[0] in _IMPLICIT_FIRSTS and _resolve(value) != _STR_TAG:
+            return None
+        if '"' in value or "\\" in value:
+            out[-1] = line[:start] + "'" + value.replace("'", "''") + "'"
+        else:
+            out[-1] = line[:start] + '"' + value + '"'
+        folded = True
+    return "\n".join(out) if folded else None
+
+
 def load_all(text: str) -> list[Any]:
     """Every document of `text`, as `list(yaml.safe_load_all(text))` gives them; raises the
     `yaml.YAMLError` that call raises."""
@@ -571,10 +769,22 @@ def load_all(text: str) -> list[Any]:
         except _NotSubset:
             pass
     except _NotSubset:
-        pass
-    if C_LOADER is not None and "\t" not in text:
+        folded = _fold_plain(text) if not _outside_subset(text) else None
+        if folded is not None:
+            try:
+                return _load_as_json(folded)
+            except _NotJson:
+                try:
+                    return _load_subset(folded)
+                except _NotSubset:
+                    pass
+            except _NotSubset:
+                pass
+    yaml = _yaml()
+    loader = c_loader()
+    if loader is not None and "\t" not in text:
         try:
-            return list(yaml.load_all(text, Loader=C_LOADER))
+            return list(yaml.load_all(text, Loader=loader))
         except yaml.YAMLError:
             pass  # parse again below for the pure scanner's message
     return list(yaml.load_all(text, Loader=yaml.SafeLoader))

@@ -9,6 +9,7 @@ import argparse
 import datetime
 import gc
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +103,14 @@ EDGE_CASES = [
     "- \n  a: 1\n", "key: [unclosed\n", "a: 'unclosed\n", "\x00\n", "a: \x07\n", "k" * 1100 + ": v\n",
     "--- x\n", "---x: 1\n", "----\n", "a:\n  - b:\n    - c\n", "a:\n    - 1\n    - 2\n", "-1: x\n",
     ": b\n", "a: 1\n: b\n", "- : b\n",
+    # Plain scalars continued on more indented lines (yaml.safe_dump wraps long ones).
+    "a: b\n  c\n", "a: b\n c\n  d\ne: f\n", "a: b\n\n  c\n", "a: b\n\n\n  c\n", "a: b\n  # c\n",
+    "a: b\n  c # d\n", "a: b\n  c: d\n", "a: b\n  c:\n", "a: b\n  - c\n", "- b\n  c\n", "a:\n- b\n c\n",
+    "a:\n  - b\n   c\n", "a:\n  - b\n  c\n", "- a: b\n   c\n", "- a: b\n  c\n", "a: 'b'\n  c\n",
+    "a: b\n  'c'\n", "a: it's\n  \"q\"\n", "a: x\\y\n  z\n", "a: 1\n  2\n", "a: 2001-12-14\n  21:59:43.10\n",
+    "a: yes\n  no\n", "a: .5\n  e\n", "a: [b\n  c]\n", "a: b\n  ---\n", "a: b\n  ...\n", "'a': b\n  c\n",
+    "a b\n  c: d\n", "a: b\n  c\n  d\n    e\n f\n", "a:\n  b: c\n    d\n  e: f\n", "a: b\n  c\n\nd: e\n",
+    "a: -\n  b\n", "a: b\n  #c\n  d\n", "a: b\n  c  \n  d\n", "a: b\n  c\n---\nd: e\n    f\n",
 ]  # fmt: skip
 
 
@@ -189,7 +198,7 @@ def test_what_json_cannot_carry_goes_to_the_tree_builder() -> None:
 @pytest.mark.parametrize("loader", ["libyaml", "pure"])
 def test_every_yaml_file_of_the_repository(monkeypatch: pytest.MonkeyPatch, loader: str) -> None:
     if loader == "pure":
-        monkeypatch.setattr(yamlload, "C_LOADER", None)  # a PyYAML wheel without libyaml
+        monkeypatch.setattr(yamlload, "c_loader", lambda: None)  # a PyYAML wheel without libyaml
     listed = subprocess.run(
         ["git", "ls-files", "*.yaml", "*.yml"], cwd=REPO, capture_output=True, text=True, check=True
     ).stdout.split()
@@ -203,7 +212,66 @@ def test_every_yaml_file_of_the_repository(monkeypatch: pytest.MonkeyPatch, load
 
 def test_the_venv_pyyaml_has_libyaml() -> None:
     # Path 2 is only fast with libyaml: the wheels the project installs ship it.
-    assert yaml.__with_libyaml__ and yamlload.C_LOADER is yaml.CSafeLoader
+    assert yaml.__with_libyaml__ and yamlload.c_loader() is yaml.CSafeLoader
+
+
+def test_the_resolver_patterns_are_pyyamls() -> None:
+    # The copy in yamlload (so that it need not import PyYAML): each first character's
+    # (tag, pattern) list as PyYAML's Resolver keeps it, in the same order; none for any character.
+    theirs = {
+        first: [(tag, pattern.pattern, pattern.flags) for tag, pattern in entries]
+        for first, entries in yaml.resolver.Resolver.yaml_implicit_resolvers.items()
+        if first  # "" (the empty scalar, null): the subset refuses an empty plain scalar before
+    }
+    mine = {
+        first: [(tag, pattern.pattern, pattern.flags) for tag, pattern in entries]
+        for first, entries in yamlload._implicit().items()
+    }
+    assert mine == theirs
+    assert frozenset(theirs) == yamlload._IMPLICIT_FIRSTS
+
+
+PLAIN_SCALARS = st.one_of(
+    st.sampled_from(TRICKY),
+    st.text(alphabet="0123456789+-._:eExXbBoO", min_size=1, max_size=12),  # numbers, odd ones too
+    st.text(alphabet="yYnNtTfFoOeEsSuUlLrRaA~", min_size=1, max_size=6),  # booleans and nulls
+    st.text(alphabet="0123456789-:tT .Z+", min_size=1, max_size=30),  # timestamps
+    st.text(min_size=1, max_size=12),
+)
+
+
+@settings(max_examples=3000, deadline=None)
+@given(PLAIN_SCALARS)
+def test_plain_scalars_resolve_and_construct_as_pyyaml_does(text: str) -> None:
+    # yamlload's own resolution (strings, null, booleans and decimal ints made without PyYAML)
+    # beside PyYAML's resolver and SafeConstructor, on every plain scalar the subset takes.
+    try:
+        value = yamlload._plain(text)
+    except yamlload._NotSubset:
+        return
+    tag = yaml.resolver.Resolver().resolve(yaml.nodes.ScalarNode, text, (True, False))  # type: ignore[no-untyped-call]
+    expected = yaml.constructor.SafeConstructor().construct_object(yaml.nodes.ScalarNode(tag, text))
+    assert typed(value) == typed(expected)
+    assert yamlload._resolve(text) == tag
+
+
+def test_a_manifest_on_the_fast_path_imports_no_pyyaml(tmp_path: Path) -> None:
+    # PyYAML's import is a tenth of explain's start-up: the fleet's files (the DeviceClasses'
+    # wrapped selectors too) and the usual scalars load without it.
+    written = fleet.write_fleet(tmp_path, nodes=2, gpus_per_node=2, mig_fraction=0.5, fmt="yaml")
+    (tmp_path / "more.yaml").write_text("a: yes\nb: ~\nc: -12\nd: '0012'\ne: 1.5\n", encoding="utf-8")
+    code = (
+        "import sys\n"
+        "from controller.objects import load_manifests\n"
+        "objects = load_manifests(sys.argv[1:])\n"
+        "assert objects.device_classes and objects.slices, objects\n"
+        "print(sorted(m for m in sys.modules if m == 'yaml' or m.startswith('yaml.')))\n"
+    )
+    paths = [str(p) for p in written.paths if p.suffix == ".yaml"]
+    done = subprocess.run(
+        [sys.executable, "-c", code, *paths], cwd=REPO, capture_output=True, text=True, check=True
+    )
+    assert done.stdout.strip() == "[]", done.stdout
 
 
 def test_a_tab_never_depends_on_libyaml() -> None:
