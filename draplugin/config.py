@@ -21,9 +21,8 @@ from dracommon.drivername import DEFAULT_DRIVER_NAME, DriverNameError, check_dri
 from dracommon.duration import parse_duration
 from dracommon.kubeversion import KubernetesVersion, VersionError, parse_kubernetes_version
 from dracommon.logs import LOG_FORMATS, LOG_LEVELS
-from draplugin.cdi.driverlayout import CAPABILITIES, DEFAULT_CAPABILITIES
 from draplugin.devices.deviceplugin_guard import DEFAULT_DEVICE_PLUGIN_DIR, CoexistencePolicy
-from draplugin.devices.health import (
+from draplugin.devices.healthpolicy import (
     DEFAULT_APPLICATION_XIDS,
     DEFAULT_FATAL_XIDS,
     DEFAULT_TAINT_EFFECT,
@@ -40,6 +39,12 @@ DEFAULT_KUBELET_ROOT_DIR: Final = "/var/lib/kubelet"
 DEFAULT_STATE_DIR: Final = "/var/lib/draplugin"
 DEFAULT_CDI_ROOT: Final = "/var/run/cdi"
 DEFAULT_METRICS_PORT: Final = 8080
+# --driver-capabilities' default: draplugin.cdi.driverlayout.DEFAULT_CAPABILITIES, spelled here so
+# that the default and the names in it are checked without importing the layout module (and its
+# ELF reader) before the kubelet plugin's sockets open; tests/unit/test_plugin_start_imports.py
+# holds the two equal. Any other name is checked against driverlayout.CAPABILITIES.
+DEFAULT_DRIVER_CAPABILITIES: Final = "compute,utility,video"
+DEFAULT_CAPABILITY_NAMES: Final = frozenset(DEFAULT_DRIVER_CAPABILITIES.split(","))
 # Where the TCP listeners bind unless told (`--healthcheck-address`, `--metrics-address`).
 DEFAULT_LISTEN_ADDRESS: Final = "127.0.0.1"
 BACKENDS: Final = ("nvml", "fake")
@@ -193,7 +198,7 @@ RUN_OPTIONS: Final = (
     Option(
         "--driver-capabilities",
         "DRIVER_CAPABILITIES",
-        "compute,utility,video",
+        DEFAULT_DRIVER_CAPABILITIES,
         "which of the driver root's files CUDA containers get, as NVIDIA_DRIVER_CAPABILITIES names them: "
         "a comma-separated list of compute, utility, video, graphics (EGL, GLX, Vulkan), or all",
     ),
@@ -382,7 +387,7 @@ class Settings:
     driver_root: str | None = None
     driver_root_mount: Path | None = None
     # Which of the driver's files containers get (draplugin.cdi.driverlayout.CAPABILITIES).
-    driver_capabilities: frozenset[str] = DEFAULT_CAPABILITIES
+    driver_capabilities: frozenset[str] = DEFAULT_CAPABILITY_NAMES
     # 0: no periodic re-discovery (NVML events still trigger one).
     rediscover_interval_s: float = 60.0
     prepare_api_deadline_s: float = 40.0
@@ -611,8 +616,12 @@ def _backend_settings(values: Mapping[str, str | None], backend: str) -> _Backen
 def driver_capabilities_setting(raw: str | None) -> frozenset[str]:
     """`compute,utility,video` (the default), `all`, or a list of CAPABILITIES; never empty."""
     if raw is None or not raw.strip():
-        return DEFAULT_CAPABILITIES
+        return DEFAULT_CAPABILITY_NAMES
     names = [name.strip() for name in raw.split(",") if name.strip()]
+    if DEFAULT_CAPABILITY_NAMES.issuperset(names):
+        return frozenset(names)  # known names: the layout module is not needed to check them
+    from draplugin.cdi.driverlayout import CAPABILITIES
+
     if "all" in names:
         return frozenset(CAPABILITIES)
     unknown = [name for name in names if name not in CAPABILITIES]

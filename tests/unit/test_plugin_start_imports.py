@@ -1,8 +1,9 @@
 """What `draplugin run` imports before the kubelet's sockets open (`cli` parses and validates the
-flags, `nodestart` starts `kubelet.server`, `kubelet.metrics` counts its calls): the API client
-(urllib3 and its TLS set-up), the node daemon, the prepare path and the metrics exposition are
-needed only behind the sockets, so none of them may be imported before. This checks the imports,
-not the time (bench.prepare --part rss times it beside bench/plugin_floor.py)."""
+flags, logs its start line with the version, `nodestart` starts `kubelet.server`, `kubelet.metrics`
+counts its calls): the API client (urllib3 and its TLS set-up), the node daemon, the prepare path,
+the metrics exposition, the device health tracker, the CDI driver layout and importlib.metadata
+are needed only behind the sockets, so none of them may be imported before. This checks the
+imports, not the time (bench.prepare --part rss times it beside bench/plugin_floor.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 BEFORE_SOCKETS = (
-    "import draplugin.cli, draplugin.nodestart, draplugin.kubelet.server, draplugin.kubelet.metrics"
+    "import draplugin.cli, draplugin.nodestart, draplugin.kubelet.server, draplugin.kubelet.metrics\n"
+    "from dracommon.buildinfo import version\n"
+    "version()"  # the start log line's
 )
 
 ONLY_BEHIND_THE_SOCKETS = (
@@ -25,6 +28,15 @@ ONLY_BEHIND_THE_SOCKETS = (
     "prometheus_client",
     "draplugin.node",
     "draplugin.prepare",
+    # The settings check the health policy (devices.healthpolicy), not the tracker and its stream.
+    "draplugin.devices.health",
+    # The default driver capabilities are checked without the layout module (config).
+    "draplugin.cdi.driverlayout",
+    # The version is read from the dist-info's METADATA (dracommon.buildinfo); importlib.metadata
+    # pulls in email, zipfile and csv.
+    "importlib.metadata",
+    "email",
+    "zipfile",
 )
 
 
@@ -49,3 +61,35 @@ def test_the_api_package_still_gives_each_name_from_its_module() -> None:
         "assert watch_events.__module__ == 'dracommon.kubeapi.watch'"
     )
     assert _imported(code, ("dracommon.kubeapi.client",)) == ["dracommon.kubeapi.client"]
+
+
+def test_the_version_read_from_metadata_is_the_one_importlib_metadata_gives() -> None:
+    from importlib import metadata
+
+    from dracommon.buildinfo import DISTRIBUTION, version
+
+    assert version() == metadata.version(DISTRIBUTION)
+
+
+def test_an_egg_info_first_on_the_path_is_left_to_importlib_metadata(tmp_path: Path) -> None:
+    egg = tmp_path / "draplugin.egg-info"
+    egg.mkdir()
+    (egg / "PKG-INFO").write_text("Metadata-Version: 2.1\nName: draplugin\nVersion: 9.9.9\n")
+    code = (
+        f"import sys\nsys.path.insert(0, {str(tmp_path)!r})\n"
+        "from dracommon.buildinfo import _dist_info_version, version\n"
+        "assert _dist_info_version() is None, _dist_info_version()\n"
+        "print(version())"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "9.9.9"
+
+
+def test_the_capabilities_spelled_in_the_settings_are_the_layout_defaults() -> None:
+    from draplugin import config
+    from draplugin.cdi.driverlayout import CAPABILITIES, DEFAULT_CAPABILITIES
+
+    assert config.DEFAULT_CAPABILITY_NAMES == DEFAULT_CAPABILITIES
+    assert config.Settings.__dataclass_fields__["driver_capabilities"].default == DEFAULT_CAPABILITIES
