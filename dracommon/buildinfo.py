@@ -9,7 +9,6 @@ without installing (PYTHONPATH=.) has no metadata: it reports "unknown" rather t
 from __future__ import annotations
 
 import os
-import platform
 import sys
 from typing import Final
 
@@ -66,6 +65,8 @@ def _metadata_version(path: str) -> str | None:
 
 def version_line(prog: str) -> str:
     """`dra-controller 0.1.0 (Python 3.11.2)`: what `--version` prints."""
+    import platform  # here: a millisecond of the plugin's start before its sockets, unused there
+
     return f"{prog} {version()} (Python {platform.python_version()})"
 
 
@@ -73,4 +74,6 @@ def build_labels() -> dict[str, str]:
     """The labels of the `*_build_info` gauges (`draplugin_build_info`, `dra_controller_build_info`),
     each always 1: the Prometheus convention for build information (as Go programs export
     `go_build_info`), so a query can join on it to tell which release each scraped process runs."""
+    import platform
+
     return {"version": version(), "python_version": platform.python_version()}

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import base64
 import errno
-import hashlib
 import logging
 import os
 import stat
@@ -59,6 +58,10 @@ def fits(path: Path) -> bool:
 
 
 def _short_hash(data: str, size: int) -> str:
+    # Imported here: hashlib (with OpenSSL's bindings) is a millisecond of the plugin's start
+    # before its sockets, for the rare path too long to use as it is.
+    import hashlib
+
     digest = hashlib.sha256(data.encode()).digest()[:size]
     # URL-safe alphabet keeps '/' out of file names; padding adds nothing.
     return base64.urlsafe_b64encode(digest).decode().rstrip("=")
