@@ -183,6 +183,12 @@ class DriverFiles:
         """The current install, discovering it if needed; raises `DriverRootError` saying what is missing."""
         return self._current()[0]
 
+    @property
+    def discovered(self) -> bool:
+        """Whether an install was found and kept: `edits` then checks that its libraries are still
+        there (a stat each) instead of searching the driver root (a walk of its directories)."""
+        return self._cached is not None
+
     def edits(self) -> DriverEdits:
         """The container edits of the current install; raises `DriverRootError` like `install`."""
         return self._current()[1]

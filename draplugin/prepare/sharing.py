@@ -107,6 +107,17 @@ class SharingState:
                 self._undo_quietly(uid)
             raise
 
+    def is_plain(self, plan: ClaimPlan) -> bool:
+        """Whether `apply` of the plan only reads the ledger: no MIG device to create, no MIG mode to
+        switch, no MPS daemon, no time-slice. Everything else `apply` does runs NVML or the driver's
+        tools and takes seconds, so only a plain plan may be applied on the event loop."""
+        if plan.uses_mps or wanted_levels(plan):
+            return False
+        return not any(
+            mig.needs_instance(d.device) or (self.mig is not None and mig.needs_whole_gpu(d.device))
+            for d in plan.devices
+        )
+
     def _apply(self, plan: ClaimPlan) -> ClaimPlan:
         who = f"claim {plan.claim.namespace}/{plan.claim.name}"
         if any(mig.needs_instance(d.device) for d in plan.devices):
