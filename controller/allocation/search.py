@@ -12,7 +12,6 @@ and mirror one upstream file.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -77,6 +76,13 @@ class ClaimPlan:
     constraints: list[Constraint]
     chosen: list[ChosenDevice] = field(default_factory=list)
     selected: dict[int, int] = field(default_factory=dict)  # request index -> alternative index
+
+
+def random_share_id() -> str:
+    """A new share ID as kube-scheduler makes one: a random UUID."""
+    import uuid  # here: its import (with `platform`, ~2 ms) is for the few searches that share
+
+    return str(uuid.uuid4())
 
 
 def has_plain_capacity(device: JSON) -> bool:
@@ -166,7 +172,7 @@ class Search:
         state: AllocatedState,
         features: Features,
         selectors: SelectorCache,
-        new_share_id: Callable[[], str] = lambda: str(uuid.uuid4()),
+        new_share_id: Callable[[], str] | None = None,
         candidates: list[list[Candidate]] | None = None,
     ) -> None:
         """`candidates`: `pool_candidates` of each of `pools`, when the caller keeps them (the
@@ -178,7 +184,7 @@ class Search:
         self.state = state
         self.features = features
         self.selectors = selectors
-        self.new_share_id = new_share_id
+        self.new_share_id = new_share_id or random_share_id
         self.candidates = candidates if candidates is not None else [pool_candidates(p) for p in pools]
         self._matches: dict[tuple[DeviceID, int, int, int], bool] = {}
         # device -> indexes of claims of this search that hold it

@@ -18,11 +18,10 @@ Size: one engine; conversions, declarations and two-environment planning all mee
 
 from __future__ import annotations
 
-import logging
 import re
 from collections.abc import Callable, Mapping
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
@@ -39,8 +38,10 @@ from dracommon.quantity import Quantity
 from cel_expr_python import cel  # isort: skip  (optional dependency, imported last on purpose)
 from cel_expr_python.ext import ext_bindings, ext_math, ext_optional  # isort: skip
 
+if TYPE_CHECKING:
+    from logging import Logger
+
 NAME = "cel-expr-python"
-log = logging.getLogger(__name__)
 _QUANTITY_TYPE = "kubernetes.Quantity"
 # cel-cpp's own libraries, enabled through its environment config: ext.Lists at cel-cpp's
 # newest version 2 (slice, flatten, distinct, reverse, sort, sortBy, lists.range: the same
@@ -468,7 +469,7 @@ class CppEngine:
                 compiled = _environment().compile(rewritten)
             except RuntimeError as err:
                 # Never expected; the original program is still correct for known domains.
-                log.warning("CEL rewrite for unknown domains failed", extra={"error": str(err)[:200]})
+                _log().warning("CEL rewrite for unknown domains failed", extra={"error": str(err)[:200]})
         return CppProgram(_plan(compiled, info), _fallback(expression, info), info.reads)
 
 
@@ -515,3 +516,10 @@ def _celpy_program(expression: str, info: Analysis) -> Program | None:
         return CelpyEngine().compile(expression, info)
     except CompileError:
         return None
+
+
+def _log() -> Logger:
+    """This module's logger, imported where something is logged (controller.cel.selector._log)."""
+    import logging
+
+    return logging.getLogger(__name__)

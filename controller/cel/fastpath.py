@@ -12,11 +12,10 @@ $DRA_CEL_FASTPATH=off turns the compiled form off (the full engine alone runs se
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from controller.cel import fastgen, syntax
 from controller.cel.analysis import Analysis
@@ -24,7 +23,9 @@ from controller.cel.engine import Program
 from controller.cel.fastgen import Unsupported
 from controller.cel.fastruntime import CelFailure, Unhandled
 
-log = logging.getLogger(__name__)
+if TYPE_CHECKING:
+    from logging import Logger
+
 FASTPATH_ENV = "DRA_CEL_FASTPATH"
 _MAX_DRIVERS = 64  # drivers are few; never grow without bound
 
@@ -91,6 +92,13 @@ def accelerate(expression: str, info: Analysis, full: Program) -> Program:
     except (Unsupported, syntax.ParseFailure, RecursionError):
         return full
     except Exception as err:  # a fault of ours must never fail a compile the engine passed
-        log.warning("CEL fast path failed to compile a selector", extra={"error": repr(err)[:200]})
+        _log().warning("CEL fast path failed to compile a selector", extra={"error": repr(err)[:200]})
         return full
     return FastProgram(tree, info, full)
+
+
+def _log() -> Logger:
+    """This module's logger, imported where something is logged (controller.cel.selector._log)."""
+    import logging
+
+    return logging.getLogger(__name__)

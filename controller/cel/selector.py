@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import logging
 import os
+import sys
 import threading
 from collections.abc import Callable, Hashable, Mapping
 from functools import cache, lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from controller.cel import analysis, literaltypes, syntax, versions
 from controller.cel.device import device_name
@@ -18,7 +18,17 @@ from controller.cel.memo import KeyPlan
 from controller.cel.syntax import ParseFailure
 from dracommon.kubeversion import NEWEST_KNOWN, KubernetesVersion
 
-log = logging.getLogger(__name__)
+if TYPE_CHECKING:
+    from logging import Logger
+
+
+def _log() -> Logger:
+    """This module's logger. `logging` is imported where something is logged: its import (~3 ms)
+    was a tenth of explain's start-up beyond the interpreter, which logs nothing here."""
+    import logging
+
+    return logging.getLogger(__name__)
+
 
 # Upstream limits for a CEL device selector (resource.k8s.io/v1 validation).
 MAX_EXPRESSION_LENGTH = 10 * 1024
@@ -211,10 +221,11 @@ def _compile_cached(expression: str, engine_name: str, version: KubernetesVersio
     literaltypes.check_homogeneous_literals(expression)
     if info.cost > MAX_COST:
         raise CompileError(f"too complex, exceeds cost limit (estimated cost {info.cost} > {MAX_COST})")
-    log.debug(
-        "compiled CEL selector",
-        extra={"engine": engine_name, "cost": info.cost, "memoized": info.reads is not None},
-    )
+    if "logging" in sys.modules:  # never imported: nothing is configured to take a debug record
+        _log().debug(
+            "compiled CEL selector",
+            extra={"engine": engine_name, "cost": info.cost, "memoized": info.reads is not None},
+        )
     return Selector(
         expression, engine_name, program, info, fast=_fast_path(expression, engine_name, info, program)
     )
@@ -247,7 +258,7 @@ def _analyze(expression: str, engine: Engine) -> analysis.Analysis:
         if not isinstance(err, ParseFailure) or engine.name != CPP_ENGINE:
             raise
         # Our parser missed syntax the engine accepts: run without memoization or cost estimate.
-        log.warning(
+        _log().warning(
             "CEL selector not analyzable; no memoization or cost estimate", extra={"reason": str(err)}
         )
         return analysis.Analysis(analysis.literal_strings(expression), None, 0)

@@ -11,7 +11,6 @@ Semantics follow kube-scheduler's structured allocator (Kubernetes 1.37;
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,7 +21,7 @@ from controller.allocation.nodes import Node
 from controller.allocation.pools import Pool, gather_pools
 from controller.allocation.requests import EXACT_COUNT, Request, alternatives, claim_ref, claim_requests
 from controller.allocation.result import allocation_config, device_result
-from controller.allocation.search import Candidate, Search, pool_candidates
+from controller.allocation.search import Candidate, Search, pool_candidates, random_share_id
 from controller.allocation.selectors import (
     Compiler,
     SelectorCache,
@@ -129,7 +128,7 @@ class Allocator:
             nil_selector_matches_all=self.features.taint_rule_without_selector_matches_all,
         )
         self.state: AllocatedState = allocated_state(allocated_claims)
-        self.new_share_id = new_share_id or (lambda: str(uuid.uuid4()))
+        self.new_share_id = new_share_id or random_share_id
         self.commits = 0  # `commit` calls: a pending feasible node's allocation checks it (Prepared)
         self._slices_by_node: dict[str, list[JSON]] = {}
         self._shared_slices: list[JSON] = []
