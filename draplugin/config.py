@@ -21,7 +21,7 @@ from dracommon.drivername import DEFAULT_DRIVER_NAME, DriverNameError, check_dri
 from dracommon.duration import parse_duration
 from dracommon.kubeversion import KubernetesVersion, VersionError, parse_kubernetes_version
 from dracommon.logs import LOG_FORMATS, LOG_LEVELS
-from draplugin.devices.deviceplugin_guard import DEFAULT_DEVICE_PLUGIN_DIR, CoexistencePolicy
+from draplugin.devices.coexistence import DEFAULT_DEVICE_PLUGIN_DIR, CoexistencePolicy
 from draplugin.devices.healthpolicy import (
     DEFAULT_APPLICATION_XIDS,
     DEFAULT_FATAL_XIDS,

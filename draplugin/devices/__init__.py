@@ -3,20 +3,47 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from draplugin.devices.model import (
-    AttributeValue,
-    CounterConsumption,
-    CounterSet,
-    Device,
-    DeviceBackend,
-    DeviceTaint,
-    DeviceValidationError,
-    Version,
-)
 from draplugin.devices.naming import DeviceNaming
 from draplugin.devices.shared import SharedGpus, UnlimitedShares
+
+if TYPE_CHECKING:
+    from draplugin.devices.model import (
+        AttributeValue,
+        CounterConsumption,
+        CounterSet,
+        Device,
+        DeviceBackend,
+        DeviceTaint,
+        DeviceValidationError,
+        Version,
+    )
+
+# The device model's names, given from here on first use: the settings import submodules of this
+# package (naming, shared, the health and coexistence policies) before the kubelet plugin's
+# sockets open, and the model is not needed to check them (tests/unit/test_plugin_start_imports.py).
+_MODEL_NAMES = frozenset(
+    {
+        "AttributeValue",
+        "CounterConsumption",
+        "CounterSet",
+        "Device",
+        "DeviceBackend",
+        "DeviceTaint",
+        "DeviceValidationError",
+        "Version",
+    }
+)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _MODEL_NAMES:
+        from draplugin.devices import model
+
+        return getattr(model, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "AttributeValue",

@@ -40,20 +40,42 @@ import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final
 
 from dracommon.drivername import annotation_key
 from dracommon.kubeapi import ApiError
 from dracommon.quantity import Quantity, QuantityError
+
+# The setting's policy lives on its own so that the settings check it without this module (and
+# the device model) before the kubelet plugin's sockets; its names stay importable from here.
+from draplugin.devices.coexistence import DEFAULT_DEVICE_PLUGIN_DIR, MODES, CoexistencePolicy, Mode
 from draplugin.devices.model import CounterSet, Device, DeviceTaint
 
 if TYPE_CHECKING:  # the settings import this module; the API client stays out of their imports
     from draplugin.events import EventSink
 
+__all__ = [
+    "DEFAULT_DEVICE_PLUGIN_DIR",
+    "DETECTED_REASON",
+    "GONE_REASON",
+    "MODES",
+    "NVIDIA_RESOURCE",
+    "NVIDIA_SOCKET",
+    "SETTING_HINT",
+    "TAINT_NAME",
+    "TAINT_VALUE",
+    "CoexistencePolicy",
+    "DevicePluginGuard",
+    "DevicesSource",
+    "Mode",
+    "NodeReader",
+    "Sighting",
+    "advertised_gpu_resources",
+    "device_plugin_sockets",
+]
+
 log = logging.getLogger(__name__)
 
-# k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1.DevicePluginPath: fixed, not under the kubelet's --root-dir.
-DEFAULT_DEVICE_PLUGIN_DIR: Final = "/var/lib/kubelet/device-plugins"
 # The NVIDIA device plugin's socket: pluginapi.DevicePluginPath + "nvidia-" + <resource name> + ".sock".
 NVIDIA_SOCKET: Final = re.compile(r"^nvidia-.+\.sock$")
 # Resources it registers: whole GPUs, renamed shared GPUs (time-slicing, MPS) and MIG profiles.
@@ -68,42 +90,8 @@ SETTING_HINT: Final = (
 DETECTED_REASON: Final = "DevicePluginDetected"
 GONE_REASON: Final = "DevicePluginGone"
 
-Mode = Literal["refuse", "publish-tainted", "split"]
-MODES: Final[tuple[Mode, ...]] = ("refuse", "publish-tainted", "split")
 NodeReader = Callable[[], Mapping[str, Any]]
 DevicesSource = Callable[[], tuple[Sequence[Device], Sequence[CounterSet]]]
-
-
-@dataclass(frozen=True, slots=True)
-class CoexistencePolicy:
-    """What to publish while a device plugin serves the node."""
-
-    mode: Mode = "refuse"
-    indexes: frozenset[int] = frozenset()  # split: the GPU indexes left to DRA
-
-    @classmethod
-    def parse(cls, text: str) -> CoexistencePolicy:
-        """`refuse`, `publish-tainted` or `split:<index>[,<index>...]`; ValueError says what is wrong."""
-        raw = text.strip()
-        if raw in ("refuse", "publish-tainted"):
-            return cls(raw)  # type: ignore[arg-type]
-        mode, sep, rest = raw.partition(":")
-        if mode != "split":
-            raise ValueError(f"{text!r} is not one of refuse, publish-tainted, split:<GPU indexes>")
-        if not sep or not rest.strip():
-            raise ValueError(f"{text!r}: split needs the GPU indexes DRA gets, e.g. split:0,1")
-        indexes: set[int] = set()
-        for part in rest.split(","):
-            item = part.strip()
-            if not item.isdigit():
-                raise ValueError(f"{text!r}: {item!r} is not a GPU index (a whole number, 0 or more)")
-            indexes.add(int(item))
-        return cls("split", frozenset(indexes))
-
-    def __str__(self) -> str:
-        if self.mode == "split":
-            return "split:" + ",".join(map(str, sorted(self.indexes)))
-        return self.mode
 
 
 @dataclass(frozen=True, slots=True)

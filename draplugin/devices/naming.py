@@ -28,8 +28,6 @@ import re
 from enum import StrEnum
 from typing import Final
 
-from draplugin.devices.model import dns_label_from
-
 # NVIDIA's DRA driver name (k8s-dra-driver-gpu cmd/gpu-kubelet-plugin/main.go `DriverName`), the
 # only one DCGM exporter maps (internal/pkg/transformation/const.go `DRAGPUDriverName`).
 NVIDIA_DRIVER_NAME: Final = "gpu.nvidia.com"
@@ -71,6 +69,10 @@ def mig_name(
     if naming is DeviceNaming.NVIDIA:
         name = f"gpu-{gpu_minor}-mig-{nvidia_profile_label(profile)}"
     else:
+        # Imported here: the settings import this module before the kubelet plugin's sockets,
+        # and the device model is not needed to check them.
+        from draplugin.devices.model import dns_label_from
+
         name = f"gpu-{gpu_index}-mig-{dns_label_from(profile.replace('.', ''))}"
     if profile_id is not None:
         name += f"-{profile_id}"

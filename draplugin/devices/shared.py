@@ -38,9 +38,13 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import Final
+import functools
+from typing import TYPE_CHECKING, Final
 
-from draplugin.devices.model import CapacityPolicy, Device, format_bytes
+if TYPE_CHECKING:
+    # Imported where used at run time: the settings import this module (its two enums) before
+    # the kubelet plugin's sockets, and the device model is not needed to check them.
+    from draplugin.devices.model import CapacityPolicy, Device
 
 
 class SharedGpus(enum.StrEnum):
@@ -72,12 +76,18 @@ class UnlimitedShares(enum.StrEnum):
     PUBLISH = "publish"  # shares, with sharedMemoryLimit: none
 
 
-COMPUTE_POLICY: Final = CapacityPolicy(default=str(COMPUTE_WHOLE), min="1", max=str(COMPUTE_WHOLE), step="1")
+@functools.cache
+def compute_policy() -> CapacityPolicy:
+    from draplugin.devices.model import CapacityPolicy
+
+    return CapacityPolicy(default=str(COMPUTE_WHOLE), min="1", max=str(COMPUTE_WHOLE), step="1")
 
 
 def memory_policy(memory_bytes: int) -> CapacityPolicy | None:
     """The memory policy of a GPU with this much memory; None when it is too small to share
     (the API server wants room for at least one step above the minimum)."""
+    from draplugin.devices.model import CapacityPolicy, format_bytes
+
     whole_mib = memory_bytes // MEMORY_STEP_BYTES * MEMORY_STEP_BYTES
     if whole_mib < MEMORY_MIN_BYTES + MEMORY_STEP_BYTES:
         return None
@@ -99,7 +109,7 @@ def share(device: Device, memory_bytes: int, mode: SharedGpus) -> Device:
     policies = {MEMORY: memory}
     if mode is SharedGpus.MEMORY_AND_COMPUTE:
         capacity[COMPUTE] = str(COMPUTE_WHOLE)
-        policies[COMPUTE] = COMPUTE_POLICY
+        policies[COMPUTE] = compute_policy()
     return dataclasses.replace(
         device, capacity=capacity, allow_multiple_allocations=True, capacity_policies=policies
     )

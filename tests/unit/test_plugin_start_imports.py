@@ -30,6 +30,11 @@ ONLY_BEHIND_THE_SOCKETS = (
     "draplugin.prepare",
     # The settings check the health policy (devices.healthpolicy), not the tracker and its stream.
     "draplugin.devices.health",
+    # The device settings' enums and policies (devices.naming, devices.shared,
+    # devices.coexistence) need neither the device model (and its quantities) nor the guard.
+    "draplugin.devices.model",
+    "draplugin.devices.deviceplugin_guard",
+    "dracommon.quantity",
     # The default driver capabilities are checked without the layout module (config).
     "draplugin.cdi.driverlayout",
     # The version is read from the dist-info's METADATA (dracommon.buildinfo); importlib.metadata
@@ -97,3 +102,22 @@ def test_the_capabilities_spelled_in_the_settings_are_the_layout_defaults() -> N
 
     assert config.DEFAULT_CAPABILITY_NAMES == DEFAULT_CAPABILITIES
     assert config.Settings.__dataclass_fields__["driver_capabilities"].default == DEFAULT_CAPABILITIES
+
+
+def test_the_devices_package_still_gives_the_model_names() -> None:
+    code = (
+        "import draplugin.devices as devices\n"
+        "from draplugin.devices import Device, DeviceTaint, load_backend\n"
+        "from draplugin.devices.deviceplugin_guard import DEFAULT_DEVICE_PLUGIN_DIR, CoexistencePolicy\n"
+        "from draplugin.devices.health import HealthPolicy, parse_xids\n"
+        "assert Device.__module__ == DeviceTaint.__module__ == 'draplugin.devices.model'\n"
+        "assert CoexistencePolicy.__module__ == 'draplugin.devices.coexistence'\n"
+        "assert HealthPolicy.__module__ == 'draplugin.devices.healthpolicy'\n"
+        "try:\n"
+        "    devices.NoSuchName\n"
+        "except AttributeError:\n"
+        "    pass\n"
+        "else:\n"
+        "    raise AssertionError('no AttributeError')"
+    )
+    assert _imported(code, ("draplugin.devices.model",)) == ["draplugin.devices.model"]
