@@ -257,7 +257,23 @@ def _asked(allocator: Allocator, claim: JSON) -> list[_Asked | RequestReport]:
     return asked
 
 
-def _explain_request(allocator: Allocator, search: Search, asked: _Asked) -> RequestReport:
+class _NodeSearch:
+    """The allocator's search on one node, made when a device needs looking at (a search holds
+    the node's candidates, which a node whose devices the selectors all refuse never builds)."""
+
+    def __init__(self, allocator: Allocator, claim: JSON, node: Node | None) -> None:
+        self.allocator, self.claim, self.node = allocator, claim, node
+        self.pools = allocator.pools(node)
+        self._search: Search | None = None
+
+    @property
+    def search(self) -> Search:
+        if self._search is None:
+            self._search = self.allocator.search([self.claim], self.node)
+        return self._search
+
+
+def _explain_request(allocator: Allocator, on_node: _NodeSearch, asked: _Asked) -> RequestReport:
     plan, key, steps, class_steps = asked.plan, asked.key, asked.steps, asked.class_steps
     assert plan is not None
     request = plan.request
@@ -266,8 +282,8 @@ def _explain_request(allocator: Allocator, search: Search, asked: _Asked) -> Req
     )
     # Each device's first failing selector, kept by the allocator per node and selector
     # expressions: CEL runs once per device for every claim and node that asks.
-    failing = allocator.first_failing(search.node, request, asked.option)
-    for pool_index, pool in enumerate(search.pools):
+    failing = allocator.first_failing(on_node.node, request, asked.option)
+    for pool_index, pool in enumerate(on_node.pools):
         pool_report = PoolReport(pool=pool.id)
         report.pools.append(pool_report)
         if pool.incomplete or pool.invalid:
@@ -288,6 +304,7 @@ def _explain_request(allocator: Allocator, search: Search, asked: _Asked) -> Req
             pool_report.devices = len(pool_failing)
             removed["class-selector" if first < class_steps else "request-selector"] = len(pool_failing)
             continue
+        search = on_node.search
         for candidate, failed in zip(search.candidates[pool_index], pool_failing, strict=True):
             pool_report.devices += 1
             if failed is not None and failed != SELECTOR_ERRS:  # most devices: a selector said no
@@ -371,7 +388,7 @@ def explain_on_node(
         verdict = outcome.failure.message
     error = outcome.failure is not None and outcome.failure.error
     report = NodeReport(node=node_name, allocatable=outcome.ok, verdict=verdict, error=error)
-    search = allocator.search([claim], node)
+    on_node = _NodeSearch(allocator, claim, node)
     for item in _asked(allocator, claim) if asked is None else asked:
         if isinstance(item, RequestReport):  # a missing class: the same report on every node
             report.requests.append(
@@ -380,7 +397,7 @@ def explain_on_node(
                 )
             )
         else:
-            report.requests.append(_explain_request(allocator, search, item))
+            report.requests.append(_explain_request(allocator, on_node, item))
     if not outcome.ok and "cannot allocate" in verdict:
         short = [r for r in report.requests if r.needed != "all" and r.usable < int(r.needed)]
         if not short and report.requests:
