@@ -10,6 +10,7 @@ from typing import Any
 from controller import cel
 from controller.allocation.builders import claim, device, device_class, exactly, resource_slice
 from controller.allocation.capacity import request_fits
+from controller.allocation.requests import alternatives, claim_requests
 from controller.allocation.search import has_plain_capacity
 from controller.allocation.selectors import SelectorProgram
 from controller.scheduler.allocator import AllocationOutcome, Allocator, Node
@@ -177,3 +178,42 @@ def test_plain_capacity_excludes_request_policies_and_malformed_values() -> None
     assert not has_plain_capacity(with_policy) and not has_plain_capacity(malformed)
     for dev in (plain, no_capacity):
         assert request_fits(None, dev, {}, {}) and request_fits({}, dev, {}, {})
+
+
+def _memos(allocator: Allocator, node: Node) -> list[list[dict[tuple[str, ...], bool]]]:
+    return [[dict(c.selected) for c in pool] for pool in allocator._view(node).candidates]
+
+
+def test_candidates_built_late_hold_the_verdicts_found_before() -> None:
+    # A view screens from its devices until a search needs candidates; the verdicts found by
+    # then must be in the candidates' memos, as when the candidates existed from the start.
+    rng = random.Random(5)
+    slices = node_slices(3)
+    claims = [random_claim(rng, i) for i in range(12)]
+    nodes = [Node(f"node-{n}", labels={"rack": "r1"} if n == 1 else {}) for n in range(3)]
+    late = Allocator(device_classes=CLASSES, slices=slices)
+    early = Allocator(device_classes=CLASSES, slices=slices)
+    for node in nodes:
+        _memos(early, node)  # built before any verdict
+    for body in claims:
+        for request in claim_requests(body):
+            for allocator in (late, early):
+                for node in nodes:
+                    allocator.first_failing(node, alternatives(request)[0])
+    assert all(late._view(node).built is None for node in nodes)
+    for node in nodes:
+        assert _memos(late, node) == _memos(early, node)
+    for body in claims:
+        for node in nodes:
+            assert outcome_view(late.allocate([body], node)) == outcome_view(early.allocate([body], node))
+
+
+def test_a_claim_no_device_passes_builds_no_candidates() -> None:
+    # Most Filter calls at fleet size (explain of a claim that fits nowhere: 8,000 devices).
+    slices = node_slices(3)
+    allocator = Allocator(device_classes=CLASSES, slices=slices)
+    nowhere = claim("c", [exactly("gpu", selectors=[f'device.attributes["{D}"].model == "B200"'])])
+    for n in range(3):
+        outcome = allocator.allocate([nowhere], Node(f"node-{n}"))
+        assert not outcome.ok and outcome.failure is not None and not outcome.failure.error
+        assert allocator._view(Node(f"node-{n}")).built is None
