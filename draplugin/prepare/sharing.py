@@ -98,6 +98,10 @@ class SharingState:
         daemon, then time-slices. Idempotent: a re-prepare finds and reuses the same state. A
         failure (a `PlanError`) of a first prepare undoes everything it did.
         """
+        if self.is_plain(plan):
+            # Nothing to create and nothing that can fail: no read of the ledger (a file, and a
+            # lock that a thread writing an MPS or MIG entry holds through its fsyncs).
+            return plan
         uid = plan.claim.uid
         fresh = not self.ledger.entries(uid)
         try:
@@ -108,9 +112,9 @@ class SharingState:
             raise
 
     def is_plain(self, plan: ClaimPlan) -> bool:
-        """Whether `apply` of the plan only reads the ledger: no MIG device to create, no MIG mode to
-        switch, no MPS daemon, no time-slice. Everything else `apply` does runs NVML or the driver's
-        tools and takes seconds, so only a plain plan may be applied on the event loop."""
+        """Whether the plan needs nothing of `apply`: no MIG device to create, no MIG mode to switch,
+        no MPS daemon, no time-slice. Everything `apply` does runs NVML or the driver's tools and may
+        take seconds, so only a plain plan may be prepared on the event loop."""
         if plan.uses_mps or wanted_levels(plan):
             return False
         return not any(
