@@ -253,10 +253,61 @@ RUN_LINE.register(RUN)
 # --- entry point ------------------------------------------------------------------------------
 
 
+def run_flags(words: Sequence[str]) -> dict[str, str | None] | None:
+    """`run`'s flags as argparse gives them (each option's dest: its value, None when absent), for a
+    command line of only known long flags, each `--flag=value` or `--flag value` (a switch alone:
+    "true"); None for anything else, which argparse parses (help, usage errors, values that
+    start with a dash). Building argparse's parser for `run` (some 60 options, a help formatter for
+    each, shutil for the terminal's width) is a few milliseconds of the start before the sockets;
+    tests/unit/test_cli_run.py holds the two to the same answers."""
+    options = _RUN_OPTIONS_BY_FLAG
+    flags: dict[str, str | None] = dict.fromkeys(option.dest for option in config.RUN_OPTIONS)
+    at = 0
+    while at < len(words):
+        word = words[at]
+        flag, sep, value = word.partition("=")
+        option = options.get(flag)
+        if option is None:
+            return None
+        at += 1
+        if not sep:
+            following = words[at] if at < len(words) else None
+            if following is not None and not following.startswith("-"):
+                value = following  # argparse's nargs="?" takes a word that is not a flag, too
+                at += 1
+            elif option.boolean and (following is None or following.startswith("--")):
+                value = "true"
+            else:
+                return None  # no value, or one that starts with a dash: argparse decides
+        if value == "--":
+            return None  # argparse drops a "--" even as a flag's value
+        flags[option.dest] = value
+    return flags
+
+
+_RUN_OPTIONS_BY_FLAG: Final = {option.flag: option for option in config.RUN_OPTIONS}
+
+
+def _run_fast(flags: dict[str, str | None]) -> int:
+    """`_run` as `RUN_LINE.main` calls it (dracommon.subcommands): stdout flushed inside, a reader
+    gone away (`| head`) answered as there."""
+    try:
+        code = _run(argparse.Namespace(**flags))
+        sys.stdout.flush()
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_FAILURE
+    return code
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     words = sys.argv[1:] if argv is None else list(argv)
     # Shell completion lists every subcommand, so it gets the whole command line.
     if words[:1] == ["run"] and "_ARGCOMPLETE" not in os.environ:
+        flags = run_flags(words[1:])
+        if flags is not None:
+            return _run_fast(flags)
         return RUN_LINE.main(words)
     return COMMAND_LINE.main(argv)
 
