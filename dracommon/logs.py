@@ -10,7 +10,6 @@ its text would be no field in JSON (tests/unit/test_log_style.py refuses one).
 from __future__ import annotations
 
 import datetime
-import json
 import logging
 import sys
 from typing import Any, Final, TextIO
@@ -36,6 +35,10 @@ def _text_value(value: Any) -> str:
     text = str(value)
     # Quote only when needed so the common case stays readable and the line stays parseable.
     if text == "" or any(c.isspace() or c in '"=' for c in text):
+        # Imported on the first quoted value: json's import is a millisecond of the kubelet
+        # plugin's start before its sockets, whose first lines need no quotes.
+        import json
+
         return json.dumps(text, ensure_ascii=False)
     return text
 
@@ -53,6 +56,8 @@ class KeyValueFormatter(logging.Formatter):
         }
         line = " ".join(f"{key}={_text_value(value)}" for key, value in parts.items())
         if record.exc_info:
+            import json
+
             line += " exc=" + json.dumps(self.formatException(record.exc_info), ensure_ascii=False)
         return line
 
@@ -70,6 +75,8 @@ class JsonFormatter(logging.Formatter):
         }
         if record.exc_info:
             payload["exc"] = self.formatException(record.exc_info)
+        import json
+
         return json.dumps(payload, default=str, ensure_ascii=False)
 
 
