@@ -50,6 +50,8 @@ class _VersionAction(argparse._VersionAction):
 
 @dataclass(frozen=True, slots=True)
 class Subcommand:
+    """One subcommand: its name and help, its arguments and its handler."""
+
     name: str
     help: str
     add_arguments: Callable[[argparse.ArgumentParser], None]

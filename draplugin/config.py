@@ -347,6 +347,10 @@ _FALSE: Final = ("false", "0", "no", "off")
 
 @dataclass(frozen=True, slots=True)
 class Settings:
+    # A docstring of its own: without one, @dataclass builds one from the signature of its
+    # 47-field __init__ (inspect.signature), a millisecond of the start before the sockets.
+    """Every setting of `draplugin run`, checked (`validate`)."""
+
     driver_name: str
     node_name: str
     kubelet_root_dir: Path
@@ -561,6 +565,8 @@ def _count(dest: str, raw: str, maximum: int) -> int:
 
 @dataclass(frozen=True, slots=True)
 class _BackendSettings:
+    """The backend-specific settings, checked against the backend (`_backend_settings`)."""
+
     fake_gpus: int | None
     fake_model: str | None
     fake_config: Path | None

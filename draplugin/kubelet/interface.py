@@ -93,6 +93,8 @@ class HealthStatus(enum.IntEnum):
 
 @dataclass(frozen=True, slots=True)
 class DeviceHealth:
+    """One device's health as the kubelet's health stream carries it."""
+
     pool_name: str
     device_name: str
     health: HealthStatus

@@ -19,6 +19,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, slots=True)
 class KubeletMetrics:
+    """The protocol layer's series: claim answers, request times, registration, health streams."""
+
     # Per-claim answers as the kubelet sees them (including requests rejected before reaching
     # the driver); the driver's own operation metrics live in draplugin.metrics.
     claim_results: Counter

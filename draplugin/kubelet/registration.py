@@ -47,6 +47,8 @@ def supported_versions(*, serve_v1beta1: bool = True, serve_health: bool) -> lis
 
 @dataclass(frozen=True, slots=True)
 class RegistrationStatus:
+    """What the kubelet said of our registration (NotifyRegistrationStatus)."""
+
     registered: bool
     error: str
     at_monotonic: float

@@ -48,6 +48,8 @@ class PluginServerError(RuntimeError):
 
 @dataclass(frozen=True, slots=True)
 class PluginServerOptions:
+    """How `KubeletPluginServer` serves: the driver, its sockets, limits and the TCP health port."""
+
     driver_name: str
     kubelet_root_dir: Path
     pod_uid: str | None = None

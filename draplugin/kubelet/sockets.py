@@ -41,6 +41,8 @@ class SocketPathError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class SocketPaths:
+    """Where a driver's two sockets go: the registration socket and the DRA service's."""
+
     registration: Path
     dra: Path
 
