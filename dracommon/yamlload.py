@@ -660,17 +660,91 @@ def _learn_line(table: _Table, line: str, start: int) -> tuple[str, _Table]:
     return step
 
 
+# Runs: stretches of lines stepped one by one before (each line known in its state), kept by the
+# table they start from and their first line, with the JSON text they add and the table after
+# them. Files of one shape (1,000 nodes' slices) repeat every stretch between their lines seen
+# once (names, UUIDs): one list comparison in C then replays a stretch of dozens of lines, where
+# a lookup per line was most of reading them. The same lines from the same state always add the
+# same text and end in the same state, so a replay is exactly the steps it stands for.
+_Run = tuple[list[str], str, _Table]
+_runs: dict[tuple[int, str, str, str, str], list[_Run]] = {}
+_runs_kept = 0
+_RUN_MIN = 4  # shorter stretches cost less line by line than kept and compared
+# Runs hold their lines: bounded far below the line caches (1,000 nodes of 5 models keep 64).
+_RUNS_LIMIT = 20_000
+# Stretches that start alike and go on differently (GPU models of one memory size, say).
+_RUNS_PER_START = 8
+
+
+def _run_key(lines: list[str], at: int, table: _Table) -> tuple[int, str, str, str, str]:
+    """Runs are kept by their state and first _RUN_MIN lines (`at` + 3 < len(lines)): after a
+    GPU's UUID the stretches of a fleet go on alike for a line or two, then by its index and model."""
+    return (id(table), lines[at], lines[at + 1], lines[at + 2], lines[at + 3])
+
+
+def _replay(lines: list[str], at: int, table: _Table) -> _Run | None:
+    """The longest kept run that `lines` continue with from `at` in the table's state, if any."""
+    if at + _RUN_MIN > len(lines):
+        return None
+    found = _runs.get(_run_key(lines, at, table))
+    if found is not None:
+        for run in found:  # longest first
+            if lines[at : at + len(run[0])] == run[0]:
+                return run
+    return None
+
+
+def _keep_run(
+    lines: list[str], start: int, end: int, table: _Table, after: _Table, parts: list[str], first: int
+) -> None:
+    """Keep lines[start:end], stepped from the table's state to `after`'s (runs replayed inside
+    it too), whose text is parts[first:]."""
+    global _runs_kept
+    if end - start < _RUN_MIN or _runs_kept >= _RUNS_LIMIT:
+        return
+    kept = _runs.setdefault(_run_key(lines, start, table), [])
+    kept.append((lines[start:end], "".join(parts[first:]), after))
+    kept.sort(key=lambda run: -len(run[0]))
+    del kept[_RUNS_PER_START:]
+    _runs_kept += 1
+
+
 def _load_as_json(text: str) -> list[Any]:
     """Path 1 through JSON text: `_load_subset`'s documents (or its _NotSubset), or _NotJson."""
     parts: list[str] = []
     append = parts.append
     table = _tables[0]
-    for line in text.split("\n"):
-        try:
-            fragment, table = table[line]
-        except KeyError:
+    lines = text.split("\n")
+    count = len(lines)
+    # The stretch since the last learned line: from line `start`, in `start_table`'s state, its
+    # text from parts[`first_part`] on. A kept run is looked for where a stretch starts; a
+    # stretch that was not one kept run is kept, so the next file of its shape replays it.
+    start, start_table, first_part, replayed = 0, table, 0, False
+    at = 0
+    while at < count:
+        line = lines[at]
+        if at == start:
+            run = _replay(lines, at, table)
+            if run is not None:
+                append(run[1])
+                table = run[2]
+                at += len(run[0])
+                replayed = True
+                continue
+        step = table.get(line)
+        if step is None:
+            if not (replayed and len(parts) == first_part + 1):
+                _keep_run(lines, start, at, start_table, table, parts, first_part)
             fragment, table = _learn(table, line)
+            append(fragment)
+            at += 1
+            start, start_table, first_part, replayed = at, table, len(parts), False
+            continue
+        fragment, table = step
         append(fragment)
+        at += 1
+    if not (replayed and len(parts) == first_part + 1):
+        _keep_run(lines, start, at, start_table, table, parts, first_part)
     _, started, blocks, pending, _ = _states[table[None]]
     if blocks:
         append(_document_end(blocks, pending))

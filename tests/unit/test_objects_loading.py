@@ -188,6 +188,56 @@ def test_fleet_files_take_the_json_route(tmp_path: Path) -> None:
         assert yamlload._load_as_json(text.replace("\n", "  \n")) == expected  # trailing spaces
 
 
+def _replays(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The length of each run `_load_as_json` replays from here on."""
+    replayed: list[int] = []
+    replay = yamlload._replay
+
+    def counted(lines: list[str], at: int, table: Any) -> Any:
+        run = replay(lines, at, table)
+        if run is not None:
+            replayed.append(len(run[0]))
+        return run
+
+    monkeypatch.setattr(yamlload, "_replay", counted)
+    return replayed
+
+
+def test_files_of_one_shape_replay_runs_of_lines(monkeypatch: pytest.MonkeyPatch) -> None:
+    # After a few nodes' files, a node's file is mostly replayed: a stretch of lines between
+    # two lines seen once (its GPUs' UUIDs) is one list comparison.
+    alike = [n for n in range(100) if fleet.node_model(n) == fleet.node_model(0)][:6]
+    texts = [yaml.safe_dump_all(fleet.node_slices(n, 8), sort_keys=False) for n in alike]
+    for text in texts[:4]:  # the first learns its lines, the next keep the stretches as runs
+        yamlload._load_as_json(text)
+    replayed = _replays(monkeypatch)
+    for text in texts[4:]:
+        assert yamlload._load_as_json(text) == list(yaml.load_all(text, Loader=yaml.SafeLoader))
+    assert len(texts) == 6
+    assert sum(replayed) > 0.8 * sum(text.count("\n") for text in texts[4:])
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 40), st.integers(1, 4), st.booleans(), st.integers(0, 7), st.sampled_from(TRICKY)
+        ),
+        min_size=2,
+        max_size=8,
+    )
+)
+def test_runs_replay_only_the_same_lines(shapes: list[tuple[int, int, bool, int, str]]) -> None:
+    # Files that start alike and go on differently (another model, GPU count, MIG layout, one
+    # value changed somewhere): each reads as PyYAML reads it, whatever runs earlier ones left.
+    for index, gpus, mig, changed, value in shapes:
+        slices = fleet.node_slices(index, gpus, mig=mig)
+        devices = slices[0]["spec"]["devices"]
+        devices[changed % len(devices)]["attributes"]["index"] = {"string": value}
+        text = yaml.safe_dump_all(slices, sort_keys=False)
+        assert ours(text) == reference(text)
+
+
 def test_what_json_cannot_carry_goes_to_the_tree_builder() -> None:
     for text in ("when: 2001-12-14\n", "1: one\n", "a:\n  true: x\n"):
         with pytest.raises(yamlload._NotJson):
