@@ -16,36 +16,47 @@ which answers when the shell's completion script sets `_ARGCOMPLETE`.
 
 from __future__ import annotations
 
-import argparse
+import functools
 import importlib
 import io
 import os
-import shlex
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, TextIO
+from typing import TYPE_CHECKING, Any, Final, TextIO
+
+if TYPE_CHECKING:
+    # Imported where a parser is built: argparse (with gettext) is a millisecond or two of every
+    # command's start, and the kubelet plugin's `run` reads a plain command line without it
+    # (draplugin.cli.run_flags).
+    import argparse
 
 EXIT_OK: Final = 0
 EXIT_FAILURE: Final = 1
 EXIT_USAGE: Final = 2
 
 
-class _VersionAction(argparse._VersionAction):
-    """argparse's `version` action (same help and output), with the version line made when
-    `--version` is given rather than when the parser is built: the lookup costs start-up."""
+@functools.cache
+def _version_action() -> type[argparse.Action]:
+    import argparse
 
-    def __call__(
-        self,
-        parser: argparse.ArgumentParser,
-        namespace: argparse.Namespace,
-        values: str | Sequence[Any] | None,
-        option_string: str | None = None,
-    ) -> None:
-        from dracommon.buildinfo import version_line  # platform and the version lookup: --version only
+    class _VersionAction(argparse._VersionAction):
+        """argparse's `version` action (same help and output), with the version line made when
+        `--version` is given rather than when the parser is built: the lookup costs start-up."""
 
-        self.version = version_line(parser.prog)
-        super().__call__(parser, namespace, values, option_string)
+        def __call__(
+            self,
+            parser: argparse.ArgumentParser,
+            namespace: argparse.Namespace,
+            values: str | Sequence[Any] | None,
+            option_string: str | None = None,
+        ) -> None:
+            from dracommon.buildinfo import version_line  # platform and the version lookup: --version only
+
+            self.version = version_line(parser.prog)
+            super().__call__(parser, namespace, values, option_string)
+
+    return _VersionAction
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,11 +106,13 @@ class CommandLine:
     ) -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
         """The parser (named `prog`, default this program's name) and each subcommand's parser,
         with the subcommands of `modules` (default: all)."""
+        import argparse
+
         for module in self.modules if modules is None else modules:
             importlib.import_module(module)
         name = prog or self.prog
         parser = argparse.ArgumentParser(prog=name, description=self.description, allow_abbrev=False)
-        parser.add_argument("--version", action=_VersionAction)
+        parser.add_argument("--version", action=_version_action())
         subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
         parsers: dict[str, argparse.ArgumentParser] = {}
         for command in self._commands.values():
@@ -112,6 +125,8 @@ class CommandLine:
         return parser, parsers
 
     def main(self, argv: Sequence[str] | None = None, prog: str | None = None) -> int:
+        import argparse
+
         words = sys.argv[1:] if argv is None else list(argv)
         parser, parsers = self._build(prog, self.modules_for(words))
         if "_ARGCOMPLETE" in os.environ:  # the shell asks for completions: answer and exit
@@ -142,6 +157,8 @@ class CommandLine:
         PARTIAL` for `kubectl <plugin> WORD... PARTIAL<TAB>`): one candidate a line, then `:4`,
         cobra's ShellCompDirectiveNoFileComp (argcomplete lists the files itself where a flag
         takes one). The candidates are argcomplete's, for the same command line."""
+        import shlex
+
         typed = list(words) or [""]
         # The first word stands for the program and is skipped (`_ARGCOMPLETE=1`); one word.
         line = " ".join([shlex.quote(self.prog), *(shlex.quote(w) for w in typed[:-1]), typed[-1]])

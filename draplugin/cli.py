@@ -9,7 +9,6 @@ Exit codes: 0 clean shutdown, 1 runtime failure, 2 bad command line or settings.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import importlib
 import logging
@@ -25,6 +24,10 @@ from draplugin import config
 from draplugin.config import ConfigError, Settings
 
 if TYPE_CHECKING:
+    # argparse: imported where a parser is built (dracommon.subcommands); `run` reads a plain
+    # command line without it (run_flags).
+    import argparse
+
     # Imported where `run` serves: gRPC, asyncio and prometheus_client are most of a
     # second command's start-up (`devices`, `cdi-spec`) that never serves.
     import asyncio
@@ -202,8 +205,12 @@ async def serve_service(settings: Settings, service: Service, stop: asyncio.Even
 
 
 def _run(args: argparse.Namespace) -> int:
+    return _run_with(vars(args))
+
+
+def _run_with(flags: dict[str, str | None]) -> int:
     try:
-        settings = config.load(vars(args))
+        settings = config.load(flags)
     except ConfigError as exc:
         print(f"draplugin run: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -292,7 +299,7 @@ def _run_fast(flags: dict[str, str | None]) -> int:
     """`_run` as `RUN_LINE.main` calls it (dracommon.subcommands): stdout flushed inside, a reader
     gone away (`| head`) answered as there."""
     try:
-        code = _run(argparse.Namespace(**flags))
+        code = _run_with(flags)
         sys.stdout.flush()
     except BrokenPipeError:
         devnull = os.open(os.devnull, os.O_WRONLY)

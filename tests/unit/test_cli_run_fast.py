@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import argparse
 import random
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from draplugin import cli, config
 
+REPO_ROOT = Path(__file__).resolve().parents[2]
 BOOLEANS = [option.flag for option in config.RUN_OPTIONS if option.boolean]
 VALUED = [option.flag for option in config.RUN_OPTIONS if not option.boolean]
 VALUES = ["x", "", "a b", "a=b", "1", "/tmp/k", "true", "false", "--"]
@@ -93,17 +97,30 @@ def test_anything_else_is_left_to_argparse(words: list[str]) -> None:
 
 
 def test_main_serves_a_line_it_takes_through_run(monkeypatch: pytest.MonkeyPatch) -> None:
-    seen: list[argparse.Namespace] = []
+    seen: list[dict[str, str | None]] = []
 
-    def fake_run(args: argparse.Namespace) -> int:
-        seen.append(args)
+    def fake_run(flags: dict[str, str | None]) -> int:
+        seen.append(flags)
         return 7
 
     def no_argparse(words: list[str]) -> int:
         raise AssertionError(f"argparse's parser was built for {words}")
 
-    monkeypatch.setattr(cli, "_run", fake_run)
+    monkeypatch.setattr(cli, "_run_with", fake_run)
     monkeypatch.setattr(cli.RUN_LINE, "main", no_argparse)
     assert cli.main(["run", "--node-name=n", "--delete-slices-on-shutdown"]) == 7
-    (args,) = seen
-    assert vars(args) == _argparse(["--node-name=n", "--delete-slices-on-shutdown"])
+    (flags,) = seen
+    assert flags == _argparse(["--node-name=n", "--delete-slices-on-shutdown"])
+
+
+def test_run_and_the_parsers_leave_argparse_unimported_until_needed() -> None:
+    code = (
+        "import sys\n"
+        "import draplugin.cli\n"
+        "assert 'argparse' not in sys.modules\n"
+        "draplugin.cli.run_flags(['--node-name=n'])\n"
+        "assert 'argparse' not in sys.modules\n"
+        "draplugin.cli.RUN_LINE.build_parser()\n"
+        "assert 'argparse' in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, check=True)

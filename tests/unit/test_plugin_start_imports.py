@@ -46,6 +46,8 @@ ONLY_BEHIND_THE_SOCKETS = (
     # hash), the Python version of --version and the build_info metric (dracommon.buildinfo).
     "hashlib",
     "platform",
+    # `run` reads a plain command line without argparse's parser (draplugin.cli.run_flags).
+    "argparse",
     # The log lines before the sockets need no quoting (dracommon.logs imports json for it).
     "json",
 )
