@@ -373,18 +373,34 @@ class Allocator:
             if verdicts is None:
                 verdicts = pools[pool_index] = [None] * len(devices)
             checks.append((verdicts, function))
-        found: list[int | None] = []
+        # Step by step over the devices that passed the steps before (a device's later steps run
+        # only where its earlier ones matched, as device by device): a step not yet evaluated on
+        # any of them runs over all of them in one `map`, and a step that all pass or all fail
+        # is told by two scans in C. Pure functions: the order of the calls changes nothing.
+        count = len(devices)
+        found: list[int | None] = [None] * count
+        passing: list[int] | range = range(count)
         try:
-            for offset, device in enumerate(devices):
-                failed: int | None = None
-                for index, (verdicts, function) in enumerate(checks):
-                    matched = verdicts[offset]
-                    if matched is None:
-                        matched = verdicts[offset] = bool(function(device))
-                    if not matched:
-                        failed = index
-                        break
-                found.append(failed)
+            for index, (verdicts, function) in enumerate(checks):
+                if len(passing) == count and verdicts.count(None) == count:
+                    verdicts[:] = map(bool, map(function, devices))
+                else:
+                    for offset in passing:
+                        if verdicts[offset] is None:
+                            verdicts[offset] = bool(function(devices[offset]))
+                if len(passing) == count and False not in verdicts:
+                    continue  # every device passes this step
+                if len(passing) == count and True not in verdicts:
+                    return [index] * count  # every device fails here
+                still: list[int] = []
+                for offset in passing:
+                    if verdicts[offset]:
+                        still.append(offset)
+                    else:
+                        found[offset] = index
+                passing = still
+                if not passing:
+                    break
         except Exception:  # undecided here: the general path gives the verdict or the error
             return None
         return found
