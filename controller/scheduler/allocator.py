@@ -37,7 +37,13 @@ from controller.allocation.selectors import (
     step_expressions,
 )
 from controller.allocation.state import AllocatedState, allocated_state, apply_taint_rules
-from controller.allocation.unsupported import Unsupported, claim_problems, slice_problems
+from controller.allocation.unsupported import (
+    Unsupported,
+    claim_problems,
+    common_device,
+    common_slice,
+    slice_problems,
+)
 from controller.scheduler.outcome import (
     CANNOT_ALLOCATE,
     CANNOT_FIT,
@@ -471,6 +477,16 @@ class Allocator:
         """Complete, valid pools of node-local slices, no unsupported field, and devices with no
         per-device node selection, shared counters, sharing, or unparsed capacity: then a search
         there fails only for want of devices and cannot err (see `cannot_fit`, `cannot_err`)."""
+        unknown = view.plain is None and not view.problem_known and view.built is None
+        if unknown and all(_common_plain_pool(pool) for pool in view.pools):
+            # One pass over the devices told both: no unmodelled field, plain devices.
+            view.problem_known = True  # and view.problem stays None
+            view.plain = all(
+                not pool.incomplete
+                and not pool.invalid
+                and all((s.get("spec") or {}).get("nodeName") for s in pool.slices_on_node)
+                for pool in view.pools
+            )
         if view.plain is None:
             view.plain = self._unsupported([], view) is None and all(
                 not pool.incomplete
@@ -699,6 +715,31 @@ class Screen:
             cache.clear()  # callers with a fresh list each time (the reconciler) gain nothing here
         cache[(self.key, id(nodes))] = (nodes, positions)
         return positions
+
+
+def _common_plain_pool(pool: Pool) -> bool:
+    """True when no slice of the pool (on the node or elsewhere) holds a field we do not model,
+    told the cheap way (`common_slice`, `common_device`), and the devices on the node are plain
+    (`_plain_devices`); False: the exact checks decide, one by one."""
+    for slice_obj in pool.slices_on_node:
+        spec = slice_obj.get("spec") or {}
+        if not common_slice(spec):
+            return False
+        devices = spec.get("devices") or []
+        if devices and spec.get("perDeviceNodeSelection"):
+            return False
+        for device in devices:
+            if (
+                not common_device(device)
+                or device.get("allowMultipleAllocations")
+                or not has_plain_capacity(device)
+            ):
+                return False
+    for slice_obj in pool.slices_elsewhere:
+        spec = slice_obj.get("spec") or {}
+        if not common_slice(spec) or not all(common_device(d) for d in spec.get("devices") or []):
+            return False
+    return True
 
 
 def _plain_devices(pool: Pool, candidates: Sequence[Candidate] | None) -> bool:
