@@ -705,8 +705,8 @@ def _keep_run(
     kept = _runs.setdefault(_run_key(lines, start, table), [])
     kept.append((lines[start:end], "".join(parts[first:]), after))
     kept.sort(key=lambda run: -len(run[0]))
+    _runs_kept += 1 - len(kept[_RUNS_PER_START:])  # the shortest beyond the limit go
     del kept[_RUNS_PER_START:]
-    _runs_kept += 1
 
 
 def _load_as_json(text: str) -> list[Any]:
