@@ -206,8 +206,11 @@ def _replays(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 def test_files_of_one_shape_replay_runs_of_lines(monkeypatch: pytest.MonkeyPatch) -> None:
     # After a few nodes' files, a node's file is mostly replayed: a stretch of lines between
     # two lines seen once (its GPUs' UUIDs) is one list comparison.
-    monkeypatch.setattr(yamlload, "_runs", {})  # what earlier tests kept does not count
+    # What earlier tests kept does not count: their runs, and their steps against the limit
+    # past which lines are no longer kept (then every line seen twice is learned again).
+    monkeypatch.setattr(yamlload, "_runs", {})
     monkeypatch.setattr(yamlload, "_runs_kept", 0)
+    monkeypatch.setattr(yamlload, "_steps_kept", 0)
     alike = [n for n in range(100) if fleet.node_model(n) == fleet.node_model(0)][:6]
     texts = [yaml.safe_dump_all(fleet.node_slices(n, 8), sort_keys=False) for n in alike]
     for text in texts[:4]:  # the first learns its lines, the next keep the stretches as runs
