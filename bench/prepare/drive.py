@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import grpc
@@ -66,21 +66,28 @@ def _claim(claim: ClaimRef) -> v1.Claim:
 
 
 async def run_batch(
-    client: DraClient, claims: Sequence[ClaimRef], concurrency: int
-) -> tuple[list[float], float]:
-    """Prepare every claim, at most `concurrency` in flight; the latencies and the wall time.
-    Then unprepare them all (not timed), so the devices are free for the next batch."""
+    client: DraClient,
+    claims: Sequence[ClaimRef],
+    concurrency: int,
+    *,
+    cpu_s: Callable[[], float] | None = None,
+) -> tuple[list[float], float, float]:
+    """Prepare every claim, at most `concurrency` in flight; the latencies, the wall time, and the
+    plugin's CPU seconds over the prepares (by `cpu_s`, its CPU so far; 0.0 without it). Then
+    unprepare them all (neither timed nor counted), so the devices are free for the next batch."""
     gate = asyncio.Semaphore(concurrency)
 
     async def one(claim: ClaimRef) -> float:
         async with gate:
             return await client.timed_prepare(claim)
 
+    cpu_before = cpu_s() if cpu_s is not None else 0.0
     start = time.perf_counter()
     latencies = list(await asyncio.gather(*(one(c) for c in claims)))
     wall = time.perf_counter() - start
+    cpu = cpu_s() - cpu_before if cpu_s is not None else 0.0
     await asyncio.gather(*(client.unprepare(c) for c in claims))
-    return latencies, wall
+    return latencies, wall, cpu
 
 
 def percentile(samples: Sequence[float], q: float) -> float:

@@ -131,6 +131,12 @@ class Plugin:
                 return int(line.split()[1]) / 1024
         raise RuntimeError(f"{self.label}: no VmRSS")
 
+    def cpu_s(self) -> float:
+        """CPU seconds (user + system, every thread) the process has used so far, from /proc."""
+        assert self.process is not None
+        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def stop(self) -> None:
         if self.process is None or self.process.poll() is not None:
             return
