@@ -167,17 +167,18 @@ def _build_pool(
                 counter_slices.append(other)
             if _spec(other).get("devices") or not _spec(other).get("sharedCounters"):
                 pool.slices_elsewhere.append(other)
-    pool.has_binding_conditions = any(
-        d.get("bindingConditions") for s in pool.slices_on_node for d in _spec(s).get("devices") or []
-    )
-
+    # One pass over the node's devices: binding conditions, repeated names, counter consumers.
     seen: set[str] = set()
+    binding = consumers = False
     for slice_obj in pool.slices_on_node:
         for device in _spec(slice_obj).get("devices") or []:
+            binding = binding or bool(device.get("bindingConditions"))
+            consumers = consumers or bool(device.get("consumesCounters"))
             device_name = str(device.get("name", ""))
             if device_name in seen:
                 return _invalid(pool, f"duplicate device name {device_name}")
             seen.add(device_name)
+    pool.has_binding_conditions = binding
     if not features.partitionable_devices:
         return pool
 
@@ -193,7 +194,9 @@ def _build_pool(
                 }
             except QuantityError as err:
                 return _invalid(pool, f"counter set {set_name}: {err}")
-    for slice_obj in [*pool.slices_on_node, *pool.slices_elsewhere]:
+    for slice_obj in (
+        [*pool.slices_on_node, *pool.slices_elsewhere] if consumers or pool.slices_elsewhere else []
+    ):
         for device in _spec(slice_obj).get("devices") or []:
             for consumption in device.get("consumesCounters") or []:
                 set_name = str(consumption.get("counterSet", ""))
