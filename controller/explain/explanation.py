@@ -141,9 +141,13 @@ class Explanation:
             return f"claim {self.claim}: no node offers devices"
         parts: list[str] = []
         totals: dict[str, Counter[str]] = {}
-        for node in self.nodes:
+        for (
+            node
+        ) in self.nodes:  # pool by pool, as `RequestReport.removed` adds them (one Counter less a node)
             for request in node.requests:
-                totals.setdefault(request.request, Counter()).update(request.removed)
+                total = totals.setdefault(request.request, Counter())
+                for pool in request.pools:
+                    total.update(pool.removed)
         for request_name, removed in totals.items():
             filters = ", ".join(f"{FILTERS[k]} removed {v}" for k, v in removed.most_common() if v)
             parts.append(f"request {request_name}: {filters or 'no devices published'}")
