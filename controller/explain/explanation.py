@@ -141,9 +141,8 @@ class Explanation:
             return f"claim {self.claim}: no node offers devices"
         parts: list[str] = []
         totals: dict[str, Counter[str]] = {}
-        for (
-            node
-        ) in self.nodes:  # pool by pool, as `RequestReport.removed` adds them (one Counter less a node)
+        # Pool by pool, as `RequestReport.removed` adds them, without a Counter per node.
+        for node in self.nodes:
             for request in node.requests:
                 total = totals.setdefault(request.request, Counter())
                 for pool in request.pools:
