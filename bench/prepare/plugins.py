@@ -16,6 +16,7 @@ from __future__ import annotations
 import compileall
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -114,6 +115,26 @@ class Plugin:
                 return Started(sockets_s, None, failed or f"timed out: {self._publish_error()}")
             time.sleep(0.02)
         return Started(sockets_s, time.perf_counter() - started)
+
+    def sockets_only(self) -> float:
+        """One more start, timed as `start` times it, to both sockets; then stopped (SIGTERM)."""
+        for sock in (self.dra_socket, self.registration_socket):
+            sock.unlink(missing_ok=True)
+        command, env = self.command()
+        log = self.log_path.open("ab")
+        started = time.perf_counter()
+        self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT)
+        log.close()
+        self.starts += 1
+        try:
+            while not (self.dra_socket.exists() and self.registration_socket.exists()):
+                self._check_running()
+                if time.perf_counter() - started > 60.0:
+                    raise RuntimeError(f"{self.label}: sockets did not appear:\n{self.log_tail()}")
+                time.sleep(POLL_S)
+            return time.perf_counter() - started
+        finally:
+            self.stop()
 
     def published(self, rest: KubeApi) -> int:
         query = {"fieldSelector": f"spec.nodeName={self.node},spec.driver={self.driver}"}
@@ -243,7 +264,7 @@ FLOOR_NAME = "bare grpc.aio floor (bench/plugin_floor.py)"
 
 def floor_run(root: Path, *, timeout_s: float = 60.0) -> tuple[float, float]:
     """Start bench/plugin_floor.py, timed as the plugins are (spawn to both sockets), and return
-    (seconds to sockets ready, RSS in MiB once they are)."""
+    (seconds to sockets ready, RSS in MiB once they are); `floor_runs` for several starts."""
     root.mkdir(parents=True, exist_ok=True)
     registration, dra = root / "reg.sock", root / "dra.sock"
     for sock in (registration, dra):
@@ -268,3 +289,10 @@ def floor_run(root: Path, *, timeout_s: float = 60.0) -> tuple[float, float]:
     finally:
         process.terminate()
         process.wait(timeout=15)
+
+
+def floor_runs(root: Path, starts: int) -> tuple[float, float]:
+    """The median start to both sockets of `starts` floor starts, and the RSS of the first."""
+    runs = [floor_run(root) for _ in range(max(1, starts))]
+    print(f"  floor, starts to sockets (s): {' '.join(f'{start:.3f}' for start, _ in runs)}")
+    return statistics.median(start for start, _ in runs), runs[0][1]
