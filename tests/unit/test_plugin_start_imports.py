@@ -145,3 +145,27 @@ def test_the_dataclasses_before_the_sockets_have_docstrings_of_their_own() -> No
         [sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, check=True
     )
     assert out.stdout.split() == []
+
+
+def test_the_serving_imports_run_without_the_collector_and_leave_it_as_it_was() -> None:
+    code = (
+        "import gc, sys\n"
+        "from draplugin import cli\n"
+        "passes = []\n"
+        "def seen(phase, info):\n"
+        "    if phase == 'start':\n"
+        "        passes.append(info)\n"
+        "with cli.collector_paused():\n"
+        "    gc.callbacks.append(seen)\n"
+        "    import asyncio\n"
+        "    import draplugin.nodestart\n"
+        "    gc.callbacks.remove(seen)  # a pass may come at once when the collector is back\n"
+        "assert 'grpc' in sys.modules, 'the serving imports ran before'\n"
+        "assert passes == [], passes\n"
+        "assert gc.isenabled()\n"
+        "gc.disable()\n"
+        "with cli.collector_paused():\n"
+        "    pass\n"
+        "assert not gc.isenabled()\n"
+    )
+    subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, check=True)
