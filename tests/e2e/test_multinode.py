@@ -312,8 +312,6 @@ def test_a_noschedule_device_taint_keeps_new_claims_off_the_node_unless_they_tol
     (model, *_) = sorted(product_names(slices_of(api, node.name)))
     only_a = f'device.attributes["{DRIVER}"].productName == "{model}"'
     version = "v1" if minor(kube_cluster) >= 37 else "v1alpha3"
-    if version != "v1":
-        pytest.skip("on 1.34 the v1alpha3 rule's run past the pending step timed out; not yet shown")
     rule_name = f"test-taint-{namespace}"
     rules = f"/apis/resource.k8s.io/{version}/devicetaintrules"
     key = "draplugin.dev/test-maintenance"
@@ -331,13 +329,14 @@ def test_a_noschedule_device_taint_keeps_new_claims_off_the_node_unless_they_tol
         gpu_template(api, namespace, "tolerating", only_a, tolerate=key)
         set_pod(node_set, namespace, "blocked", {"resourceClaimTemplateName": "untolerating"}, api)
         scheduling.wait_unschedulable(api, namespace, "blocked", POD_TIMEOUT)
-        if version == "v1":  # explain reads resource.k8s.io/v1 rules only, not 1.34's v1alpha3
-            explained = scheduling.explain(kube_cluster, namespace, "pod/blocked")
-            (claim,) = explained["claims"]
-            report = {n["node"]: n for n in claim["nodes"]}[node.name]
-            assert report["allocatable"] is False, report
-            # The one device the selector picks on node A is set aside for its taint.
-            assert removed_for(report, "taint") == 1, report
+        # explain reads the rules of the version served (1.34: v1alpha3) and applies them as
+        # kube-scheduler does.
+        explained = scheduling.explain(kube_cluster, namespace, "pod/blocked")
+        (claim,) = explained["claims"]
+        report = {n["node"]: n for n in claim["nodes"]}[node.name]
+        assert report["allocatable"] is False, report
+        # The one device the selector picks on node A is set aside for its taint.
+        assert removed_for(report, "taint") == 1, report
 
         set_pod(node_set, namespace, "tolerant", {"resourceClaimTemplateName": "tolerating"}, api)
         assert running_on(api, namespace, "tolerant") == node.name
