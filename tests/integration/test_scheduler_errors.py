@@ -88,10 +88,13 @@ def test_scheduler_and_simulate_agree_an_incomplete_pool_on_another_node_fails_a
             "metadata": {"name": class_name},
             "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{driver}"'}}]},
         })  # fmt: skip
+        # Node B's slice first: kube-scheduler's slice informer delivers them in this order, so
+        # any attempt that sees node A's devices sees node B's incomplete pool too (the other way
+        # round, a loaded scheduler could place the pod on node A before it heard of node B's).
         slices = [
-            resource_slice(f"{node_a}-0", [device("gpu-0"), device("gpu-1")], node=node_a, driver=driver),
             # One of two slices: the pool is incomplete.
             resource_slice(f"{node_b}-0", [device("gpu-0")], node=node_b, driver=driver, slice_count=2),
+            resource_slice(f"{node_a}-0", [device("gpu-0"), device("gpu-1")], node=node_a, driver=driver),
         ]
         try:
             for slice_obj in slices:
@@ -110,22 +113,34 @@ def test_scheduler_and_simulate_agree_an_incomplete_pool_on_another_node_fails_a
             assert condition["status"] == "False"
             assert FILTER_ERROR_PREFIX in condition["message"]
             assert INCOMPLETE in condition["message"] and f"{driver}/{node_b}" in condition["message"]
-            events = rest.get(f"{ns}/events")["items"]
-            failed = [
-                e["message"]
-                for e in events
-                if e.get("reason") == "FailedScheduling" and e["involvedObject"]["name"] == "all-gpus-user"
-            ]
-            assert any(INCOMPLETE in message for message in failed), failed
+
+            def failed_scheduling() -> list[str]:
+                return [
+                    e["message"]
+                    for e in rest.get(f"{ns}/events")["items"]
+                    if e.get("reason") == "FailedScheduling"
+                    and e["involvedObject"]["name"] == "all-gpus-user"
+                ]
+
+            # The scheduler's event broadcaster writes Events after the status patch, on its own.
+            try:
+                wait_for(
+                    "a FailedScheduling event naming the incomplete pool",
+                    lambda: any(INCOMPLETE in message for message in failed_scheduling()),
+                    30,
+                )
+            except AssertionError as err:
+                raise AssertionError(f"{err}; FailedScheduling events: {failed_scheduling()}") from None
             assert not (rest.get(f"{resource_ns}/resourceclaims/{claim_name}").get("status") or {}).get(
                 "allocation"
             )
 
-            # simulate on the same objects (read from the cluster, with this cluster's rules).
+            # simulate on the same objects (read from the cluster, with this cluster's rules; this
+            # namespace only, so claims of other tests still being deleted stay out of its answer).
             major, minor = cluster_version(kube_cluster)
             rc = main([
                 "simulate", "--kubeconfig", str(kube_cluster.kubeconfig),
-                "--kubernetes-version", f"{major}.{minor}", "-o", "json",
+                "--kubernetes-version", f"{major}.{minor}", "-n", test_namespace, "-o", "json",
             ])  # fmt: skip
             results = json.loads(capsys.readouterr().out)["claims"]
             [ours] = [r for r in results if (r["namespace"], r["name"]) == (test_namespace, claim_name)]
