@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import shutil
 import tempfile
 import threading
@@ -29,6 +30,13 @@ def root() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="ns-", dir="/tmp"))  # short: socket paths have a 107-byte limit
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def unfrozen() -> Iterator[None]:
+    """A start freezes the heap (`freeze_start_up_heap`); this test process's is given back after."""
+    yield
+    gc.unfreeze()
 
 
 @pytest.fixture
@@ -129,6 +137,29 @@ async def test_a_failed_start_refuses_the_waiting_claim_and_removes_the_sockets(
         if not isinstance(result, BaseException):
             assert "could not start" in result["uid-1"].error and "no GPUs here" in result["uid-1"].error
         assert not paths.registration.exists() and not paths.dra.exists()
+    finally:
+        build.release.set()
+        await asyncio.gather(starting, return_exceptions=True)
+        await node.stop()
+
+
+async def test_the_start_up_heap_goes_to_the_permanent_generation_once_recovery_is_done(
+    root: Path, api: FakeSliceApi
+) -> None:
+    gc.unfreeze()
+    build = SlowBuild(api)
+    node = staged(root, build)
+    starting = asyncio.ensure_future(node.start())
+    try:
+        await wait_until(build.recovering.is_set, "the driver's recovery to begin")
+        assert gc.get_freeze_count() == 0, "frozen before recovery was done"
+        build.release.set()
+        async with asyncio.timeout(WAIT):
+            await starting
+        assert gc.get_freeze_count() > 0
+        # A full collection no longer traverses what the start built: the driver is in none of
+        # the three generations the collector walks.
+        assert not any(obj is build.driver for obj in gc.get_objects())
     finally:
         build.release.set()
         await asyncio.gather(starting, return_exceptions=True)
