@@ -317,6 +317,10 @@ class ClaimRunner:
             )
 
         async def all_answered() -> list[tuple[str, ClaimOutcome]]:
+            if len(runnable) == 1:
+                # The kubelet's usual call (one pod's claim): gather would wrap it in a task of
+                # its own, one more to create and schedule on the loop for nothing.
+                return [await answered(runnable[0])]
             return await asyncio.gather(*(answered(c) for c in runnable))
 
         # The driver bounds its own API work by this deadline too (tasks copy the context).

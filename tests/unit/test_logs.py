@@ -5,10 +5,11 @@ from __future__ import annotations
 import io
 import json
 import logging
+import sys
 
 import pytest
 
-from dracommon.logs import setup_logging
+from dracommon.logs import _text_value, setup_logging
 
 
 def emit(log_format: str) -> str:
@@ -59,3 +60,14 @@ def test_unknown_format_or_level_is_rejected() -> None:
         setup_logging("xml")
     with pytest.raises(ValueError, match="unknown log level"):
         setup_logging("text", "loud")
+
+
+def test_a_value_is_quoted_exactly_when_it_holds_whitespace_a_quote_or_an_equals_sign() -> None:
+    # Every code point, against the rule as the docstring states it (str.isspace, '"', '=').
+    wrong = [
+        hex(code)
+        for code in range(sys.maxunicode + 1)
+        if (_text_value(f"a{chr(code)}b") != f"a{chr(code)}b") != (chr(code).isspace() or chr(code) in '"=')
+    ]
+    assert not wrong, wrong[:10]
+    assert _text_value("") == '""'
