@@ -155,8 +155,8 @@ def render_specs(
     devices: Sequence[Device], files: driverfiles.DriverFiles | None
 ) -> tuple[list[Row], dict[str, Spec]]:
     try:
-        # Imported here, not at the top: prepare's planning brings the opaque-config model
-        # (pydantic), and the discovery check must run on a machine that has only nvidia-ml-py.
+        # Imported here, not at the top: the discovery check needs none of prepare's planning, and a
+        # module missing on a bare GPU machine (which has nvidia-ml-py only) becomes this row.
         from draplugin.cdi.preview import preview_spec
     except ImportError as err:
         return [Row("CDI spec", "all devices", f"cannot render: {err}", "a rendered spec", MISMATCH)], {}

@@ -198,7 +198,7 @@ class MigInspector:
                 Row("MIG UUID", made.device.name, made.device.uuid, f"no nvidia-smi -L: {err}", MISMATCH)
             )
         try:
-            # Imported here: prepare's planning brings pydantic (see `render_specs`).
+            # Imported here, as in `render_specs`: only the spec rows need prepare's planning.
             from draplugin.cdi.preview import PREVIEW_CLAIM, preview_spec
 
             spec = preview_spec(

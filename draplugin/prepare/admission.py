@@ -32,7 +32,8 @@ import yaml
 from pydantic import WithJsonSchema
 
 from dracommon.drivername import config_api_version
-from draplugin.prepare.claimconfig import GpuConfig, MemoryBytes, SharingStrategy, gpu_config_json_schema
+from draplugin.prepare.claimconfig import GpuConfig, MemoryBytes, gpu_config_json_schema
+from draplugin.prepare.gpuconfig import SharingStrategy
 
 # The driver name in the generated template: Helm fills in .Values.driverName.
 _DRIVER_PLACEHOLDER = "driver.placeholder.invalid"

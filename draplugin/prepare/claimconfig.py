@@ -15,6 +15,10 @@ and admins in a DeviceClass. Example (driver `gpu.draplugin.dev`):
 The API is one pydantic model: `validate_opaque_config` checks documents with it
 (prepare and any admission webhook call it, so both accept and reject exactly the
 same documents) and `gpu_config_json_schema` publishes it for admission policies.
+A document it accepts becomes the frozen stdlib values prepare plans with
+(`draplugin.prepare.gpuconfig`, which also holds the enums, `ConfigError` and
+`default_config`): a plugin that never reads an opaque config never imports this
+module, nor pydantic. Prepare imports it only where it validates.
 It is strict (unknown fields, wrong types and impossible values are errors) and
 every message starts with the full field path so the user can find the mistake.
 The `apiVersion` follows the driver name (`dracommon.drivername`), so callers
@@ -23,9 +27,9 @@ pass the one their driver serves.
 
 from __future__ import annotations
 
-import enum
+import dataclasses
 from collections.abc import Mapping
-from typing import Annotated, Any, Final, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -43,34 +47,13 @@ from pydantic_core import ErrorDetails, PydanticCustomError
 
 from dracommon.drivername import config_api_version
 from dracommon.quantity import Quantity, QuantityError
+from draplugin.prepare import gpuconfig
+from draplugin.prepare.gpuconfig import KIND, ConfigError, SharingStrategy, TimeSliceInterval
 
-KIND: Final = "GpuConfig"
 # No GPU has 1 EiB of memory; anything above is a typo, not a limit.
 _MAX_MEMORY_BYTES = 1 << 60
 _DEVICE_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 _API_VERSION_CONTEXT = "api_version"
-
-
-class ConfigError(ValueError):
-    """An opaque config is invalid. `path` is the field that is wrong, `problem` what is wrong with it."""
-
-    def __init__(self, path: str, problem: str) -> None:
-        super().__init__(f"{path}: {problem}")
-        self.path = path
-        self.problem = problem
-
-
-class SharingStrategy(enum.StrEnum):
-    EXCLUSIVE = "Exclusive"
-    TIME_SLICING = "TimeSlicing"
-    MPS = "MPS"
-
-
-class TimeSliceInterval(enum.StrEnum):
-    DEFAULT = "Default"
-    SHORT = "Short"
-    MEDIUM = "Medium"
-    LONG = "Long"
 
 
 def _memory_bytes(value: Any) -> int:
@@ -137,11 +120,6 @@ class MpsConfig(_Strict):
         json_schema_extra={"additionalProperties": False},
     )
 
-    def __hash__(self) -> int:
-        # Plans are hashable values; the per-device map is hashed by its items.
-        limits = tuple(sorted(self.per_device_pinned_memory_limit.items()))
-        return hash((self.default_active_thread_percentage, self.default_pinned_device_memory_limit, limits))
-
 
 class Sharing(_Strict):
     strategy: StrategyField = SharingStrategy.EXCLUSIVE
@@ -173,7 +151,7 @@ class Sharing(_Strict):
 
 
 class GpuConfig(_Strict):
-    """A validated config. `default_config(api_version)` is exclusive use of each device."""
+    """The document's model; `validate_opaque_config` gives its `gpuconfig.GpuConfig` value."""
 
     api_version: str = Field(alias="apiVersion")
     kind: Literal["GpuConfig"]
@@ -191,32 +169,8 @@ class GpuConfig(_Strict):
             )
         return value
 
-    def to_json(self) -> dict[str, Any]:
-        """The canonical document for this config; `validate_opaque_config` reads it back unchanged."""
-        sharing: dict[str, Any] = {"strategy": self.sharing.strategy.value}
-        if self.sharing.time_slicing is not None:
-            sharing["timeSlicingConfig"] = {"interval": self.sharing.time_slicing.interval.value}
-        mps = self.sharing.mps
-        if mps is not None:
-            doc: dict[str, Any] = {}
-            if mps.default_active_thread_percentage is not None:
-                doc["defaultActiveThreadPercentage"] = mps.default_active_thread_percentage
-            if mps.default_pinned_device_memory_limit is not None:
-                doc["defaultPinnedDeviceMemoryLimit"] = str(mps.default_pinned_device_memory_limit)
-            if mps.per_device_pinned_memory_limit:
-                doc["perDevicePinnedMemoryLimit"] = {
-                    name: str(limit) for name, limit in sorted(mps.per_device_pinned_memory_limit.items())
-                }
-            sharing["mpsConfig"] = doc
-        return {"apiVersion": self.api_version, "kind": KIND, "sharing": sharing}
 
-
-def default_config(api_version: str) -> GpuConfig:
-    """The config of a device no opaque config applies to: exclusive use."""
-    return GpuConfig(apiVersion=api_version, kind=KIND)
-
-
-def validate_opaque_config(parameters: Any, path: str, *, api_version: str) -> GpuConfig:
+def validate_opaque_config(parameters: Any, path: str, *, api_version: str) -> gpuconfig.GpuConfig:
     """Parse and check `opaque.parameters`; raise `ConfigError` naming the field under `path`.
 
     `path` is where the parameters live in the user's object, for example
@@ -226,10 +180,28 @@ def validate_opaque_config(parameters: Any, path: str, *, api_version: str) -> G
     if not isinstance(parameters, Mapping):
         raise ConfigError(path, f"must be an object, got {_type_name(parameters)}")
     try:
-        return GpuConfig.model_validate(dict(parameters), context={_API_VERSION_CONTEXT: api_version})
+        model = GpuConfig.model_validate(dict(parameters), context={_API_VERSION_CONTEXT: api_version})
     except ValidationError as err:
         first = err.errors(include_url=False)[0]
         raise ConfigError(_error_path(path, first["loc"]), _problem(first)) from None
+    config = _value(model)
+    assert isinstance(config, gpuconfig.GpuConfig)
+    return config
+
+
+def _value(model: BaseModel) -> object:
+    """The validated model as prepare's values: each model becomes the `gpuconfig` dataclass of its
+    name, field by field (tests/unit/test_gpuconfig.py keeps the two layouts the same)."""
+    cls = getattr(gpuconfig, type(model).__name__)
+    values: dict[str, object] = {}
+    for field in dataclasses.fields(cls):
+        value = getattr(model, field.name)
+        if isinstance(value, BaseModel):
+            value = _value(value)
+        elif isinstance(value, dict):
+            value = dict(value)  # the frozen value owns its map
+        values[field.name] = value
+    return cls(**values)
 
 
 def gpu_config_json_schema(driver_name: str) -> dict[str, Any]:

@@ -1,9 +1,10 @@
 """`PlanError`, the one error type of prepare, in a module of its own.
 
-Apart from planning (`draplugin.prepare.plan`, which brings the pydantic config
-model) so that the sharing mechanisms (MPS, time-slice, MIG) import without
-pydantic: `make gpu-check` runs them on a GPU machine with only the system
-python3 and nvidia-ml-py.
+Apart from planning (`draplugin.prepare.plan`) so that the sharing mechanisms
+(MPS, time-slice, MIG) import without it; none of them imports pydantic (only
+validating an opaque config does, `draplugin.prepare.claimconfig`): `make
+gpu-check` runs them on a GPU machine with only the system python3 and
+nvidia-ml-py.
 """
 
 from __future__ import annotations

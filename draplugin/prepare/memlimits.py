@@ -32,9 +32,10 @@ from typing import TYPE_CHECKING, Final, Protocol
 from draplugin.cdi import spec as cdi
 from draplugin.devices.model import Device
 from draplugin.devices.shared import MEMORY_LIMIT_ATTRIBUTE, MEMORY_LIMIT_NVML, MEMORY_STEP_BYTES
-from draplugin.prepare.claimconfig import ConfigError, GpuConfig, SharingStrategy, validate_opaque_config
 from draplugin.prepare.errors import PlanError
+from draplugin.prepare.gpuconfig import ConfigError, GpuConfig, SharingStrategy
 from draplugin.prepare.shares import whole_memory
+from draplugin.prepare.storedconfig import read_stored_config
 
 if TYPE_CHECKING:
     from draplugin.checkpoint import ClaimRecord
@@ -173,7 +174,5 @@ def _held_amount(config: Mapping[str, object] | None, device_name: str, plan: Pl
         return None
     api_version = plan.devices[0].config.api_version
     with contextlib.suppress(ConfigError):
-        return _limit_of(
-            validate_opaque_config(dict(config), "checkpoint", api_version=api_version), device_name
-        )
+        return _limit_of(read_stored_config(config, "checkpoint", api_version=api_version), device_name)
     return None

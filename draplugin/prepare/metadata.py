@@ -39,8 +39,8 @@ from typing import Any, Final
 from dracommon.kubenames import dns_label_problem, dns_subdomain_problem, uid_problem
 from draplugin.cdi import spec as cdi
 from draplugin.kubelet.interface import PreparedDevice
-from draplugin.prepare.claimconfig import SharingStrategy
 from draplugin.prepare.errors import PlanError
+from draplugin.prepare.gpuconfig import SharingStrategy
 from draplugin.prepare.plan import ClaimPlan, PlannedDevice, base_request_name
 
 # Host side, below the plugin's data directory (upstream's metadataSubDir).

@@ -50,7 +50,7 @@ from draplugin.devices.schema import KIND_GPU, KIND_MIG
 from draplugin.prepare.errors import PlanError
 from draplugin.prepare.ledger import LedgerEntry, SharingLedger
 
-if TYPE_CHECKING:  # planning brings pydantic; `make gpu-check` runs this module without it
+if TYPE_CHECKING:  # for the annotations only: the sharing mechanisms load without planning
     from draplugin.prepare.plan import ClaimPlan
 
 log = logging.getLogger(__name__)

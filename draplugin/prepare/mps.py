@@ -88,10 +88,11 @@ from draplugin.prepare import computemode
 from draplugin.prepare.computemode import ComputeModes
 from draplugin.prepare.drivertools import DriverTools, run_tool
 from draplugin.prepare.errors import PlanError
+from draplugin.prepare.gpuconfig import MpsConfig, SharingStrategy
 from draplugin.prepare.ledger import LedgerEntry, SharingLedger
 from draplugin.prepare.mpspaths import SHM_DIR
 
-if TYPE_CHECKING:  # planning brings pydantic; `make gpu-check` runs this module without it
+if TYPE_CHECKING:  # for the annotations only: the sharing mechanisms load without planning
     from draplugin.prepare.plan import ClaimPlan
 
 log = logging.getLogger(__name__)
@@ -137,8 +138,6 @@ class MpsSettings:
 
 def settings_for(plan: ClaimPlan) -> MpsSettings | None:
     """The daemon settings of a plan, or None when no device uses MPS."""
-    from draplugin.prepare.claimconfig import MpsConfig, SharingStrategy
-
     devices = sorted(
         {d.device.name: d for d in plan.devices if d.config.sharing.strategy is SharingStrategy.MPS}.values(),
         key=lambda d: d.device.name,

@@ -28,17 +28,17 @@ from draplugin.checkpoint import ClaimRecord, DeviceRecord
 from draplugin.devices.model import Device
 from draplugin.devices.schema import NVIDIA_CONTROL_NODES, DeviceNodeSpec
 from draplugin.kubelet.interface import ClaimRef, PreparedDevice
-from draplugin.prepare.claimconfig import (
+from draplugin.prepare.errors import PlanError as PlanError  # re-exported: its home before errors.py
+from draplugin.prepare.gpuconfig import (
     ConfigError,
     GpuConfig,
     SharingStrategy,
     default_config,
-    validate_opaque_config,
 )
-from draplugin.prepare.errors import PlanError as PlanError  # re-exported: its home before errors.py
 from draplugin.prepare.memlimits import MemoryLimitHook, device_edits
 from draplugin.prepare.mpspaths import MPS_CONTAINER_DIR, SHM_CONTAINER_PATH, SHM_DIR
 from draplugin.prepare.shares import Share, enforced_configs, parse_consumed
+from draplugin.prepare.storedconfig import read_stored_config
 
 
 def base_request_name(request: str) -> str:
@@ -210,8 +210,8 @@ def plan_from_record(
         if entry.config is None:
             raise PlanError("CheckpointIncomplete", f"claim {who}: the checkpoint does not hold its config")
         try:
-            config = validate_opaque_config(
-                dict(entry.config), "checkpoint config", api_version=config_api_version(driver)
+            config = read_stored_config(
+                entry.config, "checkpoint config", api_version=config_api_version(driver)
             )
         except ConfigError as err:
             raise PlanError("CheckpointIncomplete", f"claim {who}: {err}") from None
@@ -251,6 +251,10 @@ def _our_configs(entries: Any, driver: str, who: str) -> list[_Config]:
         if not isinstance(opaque, Mapping) or opaque.get("driver") != driver:
             continue
         requests = tuple(_sequence(entry.get("requests") or [], f"{where}.requests", who))
+        # Imported here, not at the top: only a claim with an opaque config of ours needs the
+        # validator, and it brings pydantic, which a plugin whose claims carry none never loads.
+        from draplugin.prepare.claimconfig import validate_opaque_config
+
         try:
             config = validate_opaque_config(
                 opaque.get("parameters"),
@@ -362,7 +366,7 @@ def _sharing_conflict(planned: PlannedDevice, held: DeviceRecord) -> str:
     if held.config is not None:
         # An unreadable record counts as exclusive use.
         with contextlib.suppress(ConfigError):
-            held_config = validate_opaque_config(dict(held.config), "checkpoint", api_version=api_version)
+            held_config = read_stored_config(held.config, "checkpoint", api_version=api_version)
     mine, theirs = planned.config.sharing, held_config.sharing
     if mine.strategy is SharingStrategy.EXCLUSIVE or theirs.strategy is SharingStrategy.EXCLUSIVE:
         return "one of the claims uses it exclusively"

@@ -34,14 +34,8 @@ from typing import Any
 from dracommon.quantity import Quantity, QuantityError
 from draplugin.devices.model import Device
 from draplugin.devices.shared import COMPUTE, COMPUTE_WHOLE, MEMORY, MEMORY_STEP_BYTES
-from draplugin.prepare.claimconfig import (
-    KIND,
-    ConfigError,
-    GpuConfig,
-    SharingStrategy,
-    validate_opaque_config,
-)
 from draplugin.prepare.errors import PlanError
+from draplugin.prepare.gpuconfig import KIND, ConfigError, GpuConfig, SharingStrategy
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +123,10 @@ def enforced_configs(shares: Sequence[Share], *, api_version: str, who: str) -> 
     if percentages:
         mps["defaultActiveThreadPercentage"] = percentages.pop()
     doc = {"apiVersion": api_version, "kind": KIND, "sharing": {"strategy": "MPS", "mpsConfig": mps}}
+    # Imported here, not at the top: only partial shares derive a config to validate, and the
+    # validator brings pydantic, which a plugin without them (nor opaque configs) never loads.
+    from draplugin.prepare.claimconfig import validate_opaque_config
+
     try:
         derived = validate_opaque_config(doc, "consumedCapacity", api_version=api_version)
     except ConfigError as err:  # an amount outside what MPS takes (e.g. above 1 EiB)

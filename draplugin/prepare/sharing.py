@@ -47,7 +47,7 @@ from typing import TypeVar
 from dracommon.kubenames import is_safe_uid
 from draplugin.devices.mig import MigPartitioner
 from draplugin.prepare import mig, mps, mpsgpu, timeslice
-from draplugin.prepare.claimconfig import SharingStrategy
+from draplugin.prepare.gpuconfig import SharingStrategy
 from draplugin.prepare.ledger import FILE_NAME as LEDGER_FILE
 from draplugin.prepare.ledger import SharingLedger
 from draplugin.prepare.mps import MpsDaemons

@@ -31,12 +31,13 @@ from typing import TYPE_CHECKING
 from draplugin import crashpoints
 from draplugin.prepare.drivertools import DriverTools
 from draplugin.prepare.errors import PlanError
+from draplugin.prepare.gpuconfig import SharingStrategy
 from draplugin.prepare.ledger import LedgerEntry, SharingLedger
 
 # draplugin.prepare.mpsgpu's kind, named here: that module imports the MPS machinery, this one need not.
 MPS_SHARE_KIND = "mpsshare"
 
-if TYPE_CHECKING:  # planning brings pydantic; `make gpu-check` runs this module without it
+if TYPE_CHECKING:  # for the annotations only: the sharing mechanisms load without planning
     from draplugin.prepare.plan import ClaimPlan
 
 log = logging.getLogger(__name__)
@@ -45,7 +46,7 @@ KIND = "timeslice"
 TOOL = "nvidia-smi"
 DEFAULT_LEVEL = 0
 SETTING, SET, RESETTING = "setting", "set", "resetting"
-# By the config's interval names (claimconfig.TimeSliceInterval, a StrEnum: its members look these up).
+# By the config's interval names (gpuconfig.TimeSliceInterval, a StrEnum: its members look these up).
 LEVELS = {"Default": 0, "Short": 1, "Medium": 2, "Long": 3}
 COMMAND_TIMEOUT_S = 30.0
 
@@ -56,8 +57,6 @@ class TimeSliceError(PlanError):
 
 def wanted_levels(plan: ClaimPlan) -> dict[str, tuple[str, int]]:
     """GPU UUID → (device name, level) for every time-sliced device of the plan."""
-    from draplugin.prepare.claimconfig import SharingStrategy
-
     wanted = {}
     for planned in plan.devices:
         sharing = planned.config.sharing

@@ -31,7 +31,7 @@ from draplugin.devices.model import Device
 from draplugin.devices.nvml import find_library
 from draplugin.devices.schema import NVIDIA_CONTROL_NODES, DeviceNodeSpec, GpuInfo, SystemInfo, build_devices
 from draplugin.kubelet.interface import ClaimRef
-from draplugin.prepare.claimconfig import default_config
+from draplugin.prepare.gpuconfig import default_config
 from draplugin.prepare.plan import ClaimPlan, PlannedDevice, render_spec
 from tests import nvidia_roots as nr
 from tests import nvmldouble

@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from dracommon.drivername import config_api_version
-from draplugin.prepare.claimconfig import (
+from draplugin.prepare.claimconfig import gpu_config_json_schema, validate_opaque_config
+from draplugin.prepare.gpuconfig import (
     ConfigError,
     GpuConfig,
     MpsConfig,
@@ -16,8 +17,6 @@ from draplugin.prepare.claimconfig import (
     TimeSliceInterval,
     TimeSlicingConfig,
     default_config,
-    gpu_config_json_schema,
-    validate_opaque_config,
 )
 
 PATH = "spec.devices.config[1].opaque.parameters"
@@ -61,9 +60,9 @@ def test_mps_quantities_are_bytes_rounded_up() -> None:
         )
     )
     assert config.sharing.mps == MpsConfig(
-        defaultActiveThreadPercentage=50,
-        defaultPinnedDeviceMemoryLimit=10 * 2**30,
-        perDevicePinnedMemoryLimit={"gpu-0": 1500, "gpu-1": 2048},
+        default_active_thread_percentage=50,
+        default_pinned_device_memory_limit=10 * 2**30,
+        per_device_pinned_memory_limit={"gpu-0": 1500, "gpu-1": 2048},
     )
 
 

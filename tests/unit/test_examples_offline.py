@@ -24,7 +24,8 @@ from controller.simulate.command import ClaimResult, simulate
 from dracommon.drivername import DEFAULT_DRIVER_NAME, config_api_version
 from draplugin.devices import load_backend
 from draplugin.devices.shared import SharedGpus
-from draplugin.prepare.claimconfig import ConfigError, validate_opaque_config
+from draplugin.prepare.claimconfig import validate_opaque_config
+from draplugin.prepare.gpuconfig import ConfigError
 from draplugin.slices.render import NodeRef, render_pool
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

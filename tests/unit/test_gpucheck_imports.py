@@ -16,7 +16,6 @@ import sys
 from pathlib import Path
 
 import pynvml
-import pytest
 
 from draplugin.gpucheck.table import OK, SKIPPED
 from tests.unit.test_gpucheck import SMI_XML
@@ -93,11 +92,6 @@ print(json.dumps({"rows": [[r.check, r.status] for r in rows], "refused": refuse
     assert len(result["rows"]) > 5 and {status for _, status in result["rows"]} == {OK}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="prepare's planning (draplugin/prepare/plan.py) holds a pydantic GpuConfig even for the "
-    "default config, so rendering the spec still needs pydantic: open item of issue 13",
-)
 def test_the_spec_rendering_runs_with_nothing_but_nvidia_ml_py(tmp_path: Path) -> None:
     (tmp_path / "smi.xml").write_text(SMI_XML)
     done = run_bare(
@@ -158,8 +152,8 @@ print(json.dumps({"sharing": sharing, "refused": sorted(set(refused))}))
     )
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout.splitlines()[-1])
-    # Only the CDI spec rendering (planning) asked for pydantic; the sharing rows did not.
-    assert set(result["refused"]) <= {"pydantic"}, result
+    # Not even the CDI spec rendering (planning with default configs) asks for pydantic.
+    assert result["refused"] == [], result
     checks = {check for check, _ in result["sharing"]}
     assert {"MPS start", "MPS thread %", "MPS pinned memory", "MPS stop", "time-slice set",
             "time-slice reset", "MIG create", "MIG destroy"} <= checks, result  # fmt: skip

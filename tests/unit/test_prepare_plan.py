@@ -17,7 +17,7 @@ from dracommon.drivername import config_api_version
 from draplugin.checkpoint import ClaimRecord, ClaimState
 from draplugin.devices.model import Device
 from draplugin.kubelet.interface import ClaimRef, PreparedDevice
-from draplugin.prepare.claimconfig import SharingStrategy, TimeSliceInterval
+from draplugin.prepare.gpuconfig import SharingStrategy, TimeSliceInterval
 from draplugin.prepare.plan import (
     PlanError,
     base_request_name,

@@ -27,8 +27,8 @@ from draplugin.devices.shared import SharedGpus, UnlimitedShares, memory_policy,
 from draplugin.kubelet.interface import ClaimRef
 from draplugin.metrics import ClaimMetrics
 from draplugin.prepare import mps
-from draplugin.prepare.claimconfig import SharingStrategy
 from draplugin.prepare.driver import GpuDriver
+from draplugin.prepare.gpuconfig import SharingStrategy
 from draplugin.prepare.plan import PlanError, check_sharing, plan_claim, plan_from_record, render_spec
 from draplugin.slices.plan import plan_slices
 from tests import nvmldouble

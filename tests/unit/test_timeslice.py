@@ -12,7 +12,7 @@ import pytest
 
 from draplugin import crashpoints
 from draplugin.kubelet.interface import ClaimRef
-from draplugin.prepare.claimconfig import TimeSliceInterval
+from draplugin.prepare.gpuconfig import TimeSliceInterval
 from draplugin.prepare.plan import ClaimPlan, PlanError, plan_claim
 from draplugin.prepare.sharing import SharingState
 from draplugin.prepare.timeslice import LEVELS
