@@ -17,8 +17,9 @@ The API is one pydantic model: `validate_opaque_config` checks documents with it
 same documents) and `gpu_config_json_schema` publishes it for admission policies.
 A document it accepts becomes the frozen stdlib values prepare plans with
 (`draplugin.prepare.gpuconfig`, which also holds the enums, `ConfigError` and
-`default_config`): a plugin that never reads an opaque config never imports this
-module, nor pydantic. Prepare imports it only where it validates.
+`default_config`): a plugin that never validates a config (no opaque config, no
+partial share of a shared GPU) never imports this module, nor pydantic. Prepare
+imports it only where it validates.
 It is strict (unknown fields, wrong types and impossible values are errors) and
 every message starts with the full field path so the user can find the mistake.
 The `apiVersion` follows the driver name (`dracommon.drivername`), so callers

@@ -4,7 +4,8 @@ The config API itself (what a document may say, its error messages, its JSON
 Schema) is the pydantic model in `draplugin.prepare.claimconfig`, the one
 validator: it turns every accepted document into these frozen values. They are
 apart from it so that a plugin whose claims carry no opaque config (most: they
-get `default_config`) never imports pydantic, some 8 MiB of its resident memory,
+get `default_config`) and take no partial share of a shared GPU (whose MPS
+limits are a config validated like one) never imports pydantic, some 8 MiB of its resident memory,
 and so that `make gpu-check` renders specs with nvidia-ml-py alone. The field
 layout mirrors the model's (a unit test keeps the two the same). A config
 read back from the checkpoint is `draplugin.prepare.storedconfig`'s.
