@@ -6,14 +6,21 @@ uses, and nothing else (no config models, no API client, no metrics, no devices)
 both sockets existing, so ours/floor shows how much of our start and RSS is the plugin's own work and
 how much is Python + asyncio + grpc.
 
-    python -m bench.plugin_floor REGISTRATION_SOCKET DRA_SOCKET
+With `--imports FILE` it first imports every module FILE names, one per line: `bench.prepare`
+writes there each module outside the project that our plugin had imported once it had published
+(the libraries and the standard library it uses), so that this floor's RSS is ours less only our
+own modules and what the running plugin builds.
+
+    python -m bench.plugin_floor [--imports FILE] REGISTRATION_SOCKET DRA_SOCKET
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib
 import signal
 import sys
+from pathlib import Path
 
 import grpc
 
@@ -42,7 +49,22 @@ async def serve(registration_path: str, dra_path: str) -> None:
         await server.stop(None)
 
 
+def import_listed(path: Path) -> None:
+    """Import each module `path` names (blank lines skipped). The list comes from `-X importtime`,
+    which names failed attempts too (an optional dependency looked for and absent): such a module
+    fails here as it did in the plugin, same interpreter, same packages, and is passed over."""
+    for line in path.read_text().splitlines():
+        if name := line.strip():
+            try:
+                importlib.import_module(name)
+            except ImportError:
+                continue
+
+
 def main(argv: list[str]) -> int:
+    if len(argv) == 4 and argv[0] == "--imports":
+        import_listed(Path(argv[1]))
+        argv = argv[2:]
     if len(argv) != 2:
         print(__doc__, file=sys.stderr)
         return 2

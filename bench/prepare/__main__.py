@@ -29,12 +29,14 @@ from bench.prepare.claims import allocated_claim, claim_batches, create_node
 from bench.prepare.drive import DraClient, PrepareFailed, percentile, run_batch
 from bench.prepare.plugins import (
     FLOOR_NAME,
+    IMPORTS_FLOOR_NAME,
     PEER_BINARY,
     PEER_NAME,
     OurPlugin,
     PeerPlugin,
     Plugin,
     floor_runs,
+    modules_imported,
 )
 from bench.summary import Row, record, record_failure
 from devcluster.binaries import REPO_ROOT
@@ -72,11 +74,36 @@ def row(figure: str, unit: str, ours: float, peer: float, *, higher_is_better: b
     record(Row("prepare", figure, unit, ours, peer, PEER_NAME, higher_is_better))
 
 
-def floor_row(figure: str, unit: str, ours: float, floor: float) -> None:
+def floor_row(figure: str, unit: str, ours: float, floor: float, name: str = FLOOR_NAME) -> None:
     """Ours beside the bare grpc.aio script (bench/plugin_floor.py): what Python + asyncio + grpc
-    cost on their own, so ours/floor is the part of the figure that is the plugin's own."""
+    cost on their own, so ours/floor is the part of the figure that is the plugin's own; or beside
+    that script importing everything ours imports but its own modules (`name` says which)."""
     print(f"  {figure}: ours {ours:.4g} {unit}, floor {floor:.4g} {unit}, ours/floor {ours / floor:.2f}x")
-    record(Row("prepare", figure, unit, ours, floor, FLOOR_NAME))
+    record(Row("prepare", figure, unit, ours, floor, name))
+
+
+def plugin_imports(rest: KubeApi, root: Path, kubeconfig: Path) -> Path:
+    """One more start of ours, untimed, under `-X importtime` until it has published its smallest
+    inventory: the modules outside the project it imported by then, written one per line to a file
+    for the floor's `--imports` (the floor of the rows `... vs the floor importing what ours imports`)."""
+    size = min(RSS_SIZES)
+    plugin = OurPlugin(
+        "ours", OURS_DRIVER, OURS_NODE, root / "imports", size, kubeconfig, profile_imports=True
+    )
+    try:
+        started = plugin.start(rest, publish_timeout_s=120.0)
+        if started.published_s is None:
+            raise RuntimeError(f"ours under -X importtime did not publish: {started.publish_error}")
+    finally:
+        plugin.stop()
+        plugin.delete_slices(rest)
+    modules = modules_imported(plugin.log_path.read_text(errors="replace"))
+    if not modules:
+        raise RuntimeError(f"no -X importtime lines in {plugin.log_path}")
+    listed = root / "imports" / "modules.txt"
+    listed.write_text("".join(f"{name}\n" for name in modules))
+    print(f"  ours, once published, had imported {len(modules)} modules outside the project ({listed})")
+    return listed
 
 
 def ms(seconds: float) -> float:
@@ -94,6 +121,7 @@ async def latency_runs(rest: KubeApi, namespace: str, ours: Plugin, peer: Plugin
             # after them): on two cores that the API server and the client share, a figure that
             # the other processes' bursts move less than the times.
             cpu: dict[str, float] = {"ours": 0.0, "peer": 0.0}
+            loop_cpu = 0.0  # ours' main thread alone: its event loop
             batches = {
                 p.label: claim_batches(
                     rest,
@@ -108,14 +136,16 @@ async def latency_runs(rest: KubeApi, namespace: str, ours: Plugin, peer: Plugin
             }
             for b in range(BATCHES + 1):
                 for p in (ours, peer) if b % 2 == 0 else (peer, ours):
-                    samples, wall, used = await run_batch(
-                        clients[p.label], batches[p.label][b], concurrency, cpu_s=p.cpu_s
+                    loop = p.main_thread_cpu_s if p is ours else None
+                    batch = await run_batch(
+                        clients[p.label], batches[p.label][b], concurrency, cpu_s=p.cpu_s, loop_cpu_s=loop
                     )
                     if b == 0:
                         continue  # warm-up: connections, first files, caches
-                    latencies[p.label].extend(samples)
-                    walls[p.label] += wall
-                    cpu[p.label] += used
+                    latencies[p.label].extend(batch.latencies)
+                    walls[p.label] += batch.wall_s
+                    cpu[p.label] += batch.cpu_s
+                    loop_cpu += batch.loop_cpu_s
             label = "1 at a time" if concurrency == 1 else f"{concurrency} concurrent"
             print(f"prepare, {label}, {BATCHES} batches of {DEVICES} fresh claims each:")
             for q, name in ((0.5, "p50"), (0.99, "p99")):
@@ -137,6 +167,14 @@ async def latency_runs(rest: KubeApi, namespace: str, ours: Plugin, peer: Plugin
                 "ms",
                 ms(cpu["ours"] / len(latencies["ours"])),
                 ms(cpu["peer"] / len(latencies["peer"])),
+            )
+            # Where the time goes, not a comparison: all of ours' Python runs on its one event
+            # loop thread (the GIL), while the peer's goroutines run on every core.
+            claims = len(latencies["ours"])
+            print(
+                f"  ours' event loop thread on a CPU: {ms(loop_cpu / claims):.3g} ms per claim, "
+                f"{loop_cpu / walls['ours']:.0%} of the batches' wall time; cores used (CPU / wall): "
+                f"ours {cpu['ours'] / walls['ours']:.2f}, peer {cpu['peer'] / walls['peer']:.2f}"
             )
     finally:
         for client in clients.values():
@@ -177,13 +215,13 @@ async def blocked_runs(
     try:
         await run_batch(client, batches[0], CONCURRENT)  # warm-up through the proxy
         for r in range(BLOCK_ROUNDS):
-            free.extend((await run_batch(client, batches[1 + 2 * r], CONCURRENT))[0])
+            free.extend((await run_batch(client, batches[1 + 2 * r], CONCURRENT)).latencies)
             victim = batches[2 + 2 * r][0]
             proxy.block(victim.namespace, victim.name)
             delayed_before = proxy.delayed
             try:
                 # The blocked claim goes first, so every other call arrives while it is held.
-                latencies, _, _ = await run_batch(client, batches[2 + 2 * r], CONCURRENT)
+                latencies = (await run_batch(client, batches[2 + 2 * r], CONCURRENT)).latencies
             finally:
                 proxy.block(None)
             if proxy.delayed == delayed_before:
@@ -196,6 +234,7 @@ async def blocked_runs(
 
 
 def rss_by_size(rest: KubeApi, root: Path, kubeconfig: Path, binary: Path) -> None:
+    imports = plugin_imports(rest, root, kubeconfig)
     for size in RSS_SIZES:
         sides = (
             OurPlugin("ours", OURS_DRIVER, OURS_NODE, root / f"ours-{size}", size, kubeconfig),
@@ -244,6 +283,17 @@ def rss_by_size(rest: KubeApi, root: Path, kubeconfig: Path, binary: Path) -> No
         floor_s, floor_rss = floor_runs(root / f"floor-{size}", START_REPEATS)
         floor_row(f"start to sockets ready, {size} devices, vs the floor", "s", sockets_s["ours"], floor_s)
         floor_row(f"RSS at {size} devices, published, vs the floor", "MiB", rss["ours"], floor_rss)
+        # RSS only: that floor imports before its sockets what ours imports behind them.
+        _, imports_rss = floor_runs(
+            root / f"floor-imports-{size}", 1, imports=imports, label="floor importing what ours imports"
+        )
+        floor_row(
+            f"RSS at {size} devices, published, vs the floor importing what ours imports",
+            "MiB",
+            rss["ours"],
+            imports_rss,
+            IMPORTS_FLOOR_NAME,
+        )
 
 
 PARTS = ("latency", "exclusive", "blocked", "rss")

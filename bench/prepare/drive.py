@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -65,29 +66,42 @@ def _claim(claim: ClaimRef) -> v1.Claim:
     return v1.Claim(namespace=claim.namespace, uid=claim.uid, name=claim.name)
 
 
+@dataclass(frozen=True)
+class Batch:
+    latencies: list[float]
+    wall_s: float
+    cpu_s: float  # the plugin's CPU over the prepares, every thread (0.0 without `cpu_s`)
+    loop_cpu_s: float  # the same for its main thread alone (0.0 without `loop_cpu_s`)
+
+
 async def run_batch(
     client: DraClient,
     claims: Sequence[ClaimRef],
     concurrency: int,
     *,
     cpu_s: Callable[[], float] | None = None,
-) -> tuple[list[float], float, float]:
-    """Prepare every claim, at most `concurrency` in flight; the latencies, the wall time, and the
-    plugin's CPU seconds over the prepares (by `cpu_s`, its CPU so far; 0.0 without it). Then
-    unprepare them all (neither timed nor counted), so the devices are free for the next batch."""
+    loop_cpu_s: Callable[[], float] | None = None,
+) -> Batch:
+    """Prepare every claim, at most `concurrency` in flight: the latencies, the wall time, and the
+    plugin's CPU seconds over the prepares (by `cpu_s`, its CPU so far, and `loop_cpu_s`, its main
+    thread's). Then unprepare them all (neither timed nor counted), so the devices are free for the
+    next batch."""
     gate = asyncio.Semaphore(concurrency)
 
     async def one(claim: ClaimRef) -> float:
         async with gate:
             return await client.timed_prepare(claim)
 
-    cpu_before = cpu_s() if cpu_s is not None else 0.0
+    def now(read: Callable[[], float] | None) -> float:
+        return read() if read is not None else 0.0
+
+    cpu_before, loop_before = now(cpu_s), now(loop_cpu_s)
     start = time.perf_counter()
     latencies = list(await asyncio.gather(*(one(c) for c in claims)))
     wall = time.perf_counter() - start
-    cpu = cpu_s() - cpu_before if cpu_s is not None else 0.0
+    batch = Batch(latencies, wall, now(cpu_s) - cpu_before, now(loop_cpu_s) - loop_before)
     await asyncio.gather(*(client.unprepare(c) for c in claims))
-    return latencies, wall, cpu
+    return batch
 
 
 def percentile(samples: Sequence[float], q: float) -> float:

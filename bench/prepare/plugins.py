@@ -158,6 +158,13 @@ class Plugin:
         fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
+    def main_thread_cpu_s(self) -> float:
+        """CPU seconds the process's main thread has been on a CPU so far (schedstat, in ns): for
+        ours, the event loop that runs every claim's Python code."""
+        assert self.process is not None
+        pid = self.process.pid
+        return int(Path(f"/proc/{pid}/task/{pid}/schedstat").read_text().split()[0]) / 1e9
+
     def stop(self) -> None:
         if self.process is None or self.process.poll() is not None:
             return
@@ -192,6 +199,9 @@ class Plugin:
 
 @dataclass
 class OurPlugin(Plugin):
+    # Set for the one start whose log lists the modules it imports (`-X importtime`), untimed.
+    profile_imports: bool = False
+
     def command(self) -> tuple[list[str], dict[str, str]]:
         compile_bytecode()  # before the clock starts (Plugin.start times from the spawn)
         command = [
@@ -218,6 +228,8 @@ class OurPlugin(Plugin):
         ]  # fmt: skip
         env = {k: v for k, v in os.environ.items() if not k.startswith("DRAPLUGIN_")}
         env[BOOT_ID_FILE_ENV] = str(self._boot_id())
+        if self.profile_imports:
+            env["PYTHONPROFILEIMPORTTIME"] = "1"
         return command, env
 
     def _fake_config(self) -> Path:
@@ -260,16 +272,33 @@ class PeerPlugin(Plugin):
 
 
 FLOOR_NAME = "bare grpc.aio floor (bench/plugin_floor.py)"
+IMPORTS_FLOOR_NAME = "the floor importing what ours imports, less its own (bench/plugin_floor.py --imports)"
+IMPORT_TIME_PREFIX = "import time:"
 
 
-def floor_run(root: Path, *, timeout_s: float = 60.0) -> tuple[float, float]:
-    """Start bench/plugin_floor.py, timed as the plugins are (spawn to both sockets), and return
-    (seconds to sockets ready, RSS in MiB once they are); `floor_runs` for several starts."""
+def modules_imported(log: str) -> list[str]:
+    """The modules outside the project that `-X importtime` lines in `log` name, in their order,
+    once each (it prints one line per import attempt: `import time: self | cumulative | name`)."""
+    seen: dict[str, None] = {}
+    for line in log.splitlines():
+        if not line.startswith(IMPORT_TIME_PREFIX):
+            continue
+        name = line.rsplit("|", 1)[-1].strip()
+        if name and name != "imported package" and name.split(".", 1)[0] not in PROJECT_PACKAGES:
+            seen[name] = None
+    return list(seen)
+
+
+def floor_run(root: Path, *, imports: Path | None = None, timeout_s: float = 60.0) -> tuple[float, float]:
+    """Start bench/plugin_floor.py (with `imports`: importing the modules that file lists first),
+    timed as the plugins are (spawn to both sockets), and return (seconds to sockets ready, RSS in
+    MiB once they are); `floor_runs` for several starts."""
     root.mkdir(parents=True, exist_ok=True)
     registration, dra = root / "reg.sock", root / "dra.sock"
     for sock in (registration, dra):
         sock.unlink(missing_ok=True)
-    command = [sys.executable, "-m", "bench.plugin_floor", str(registration), str(dra)]
+    listed = ["--imports", str(imports)] if imports is not None else []
+    command = [sys.executable, "-m", "bench.plugin_floor", *listed, str(registration), str(dra)]
     compile_bytecode()
     started = time.perf_counter()
     process = subprocess.Popen(command, cwd=REPO_ROOT)
@@ -291,8 +320,10 @@ def floor_run(root: Path, *, timeout_s: float = 60.0) -> tuple[float, float]:
         process.wait(timeout=15)
 
 
-def floor_runs(root: Path, starts: int) -> tuple[float, float]:
+def floor_runs(
+    root: Path, starts: int, *, imports: Path | None = None, label: str = "floor"
+) -> tuple[float, float]:
     """The median start to both sockets of `starts` floor starts, and the RSS of the first."""
-    runs = [floor_run(root) for _ in range(max(1, starts))]
-    print(f"  floor, starts to sockets (s): {' '.join(f'{start:.3f}' for start, _ in runs)}")
+    runs = [floor_run(root, imports=imports) for _ in range(max(1, starts))]
+    print(f"  {label}, starts to sockets (s): {' '.join(f'{start:.3f}' for start, _ in runs)}")
     return statistics.median(start for start, _ in runs), runs[0][1]
