@@ -8,6 +8,12 @@ that whatever else the machine does falls on both alike. Then: RSS after the run
 exclusive-device check (ours refuses a second claim on an exclusive device; the peer prepares
 it), the "one blocked claim" case through bench/prepare/claimdelay.py, start-up, and RSS at
 8, 64 and 8,000 devices. Sizes: BENCH_PREPARE_DEVICES (64), BENCH_PREPARE_BATCHES (4).
+
+Beside the peer, two floors (bench/plugin_floor.py) show what is Python's: the bare script serving
+the two sockets (start-up and RSS), and the same script first importing every module outside the
+project that ours had imported once published (RSS: ours less its own modules and their state).
+At 64 concurrent, ours' event loop thread's CPU per claim and its share of the wall are printed
+too: all of ours' Python runs on that one thread, the peer's goroutines on every core.
 """
 
 from __future__ import annotations
