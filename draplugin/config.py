@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import ipaddress
 import os
-import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
 from dracommon.drivername import DEFAULT_DRIVER_NAME, DriverNameError, check_driver_name
 from dracommon.duration import parse_duration
+from dracommon.kubenames import dns_label_problem, dns_subdomain_problem, uid_problem
 from dracommon.kubeversion import KubernetesVersion, VersionError, parse_kubernetes_version
 from dracommon.logs import LOG_FORMATS, LOG_LEVELS
 from draplugin.devices.coexistence import DEFAULT_DEVICE_PLUGIN_DIR, CoexistencePolicy
@@ -67,10 +67,8 @@ DEVICE_STATUS_MODES: Final = (DEVICE_STATUS_AUTO, "on", "off")
 DEVICE_METADATA_MODES: Final = ("auto", "on", "off")
 
 # Kubernetes limits: the node name's rule is draplugin.nodeidentity's, the driver
-# name's (a subdomain of at most 63) dracommon.drivername's.
-_DNS1123_SUBDOMAIN: Final = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-# Pod UIDs are UUIDs in practice; accept anything that is a safe file-name part.
-_POD_UID: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+# name's (a subdomain of at most 63) dracommon.drivername's, the namespace's, Secret names'
+# and the pod UID's (a safe file-name part) dracommon.kubenames'.
 
 
 class ConfigError(ValueError):
@@ -502,14 +500,11 @@ def _choice(dest: str, raw: str, choices: tuple[str, ...]) -> str:
     return raw
 
 
-def _dns_subdomain(dest: str, raw: str, max_len: int) -> str:
-    if len(raw) > max_len:
-        raise ConfigError(f"{_name_of(dest)}: {raw!r} is longer than {max_len} characters")
-    if not _DNS1123_SUBDOMAIN.match(raw):
-        raise ConfigError(
-            f"{_name_of(dest)}: {raw!r} is not a DNS subdomain "
-            "(lower-case letters, digits, '-' and '.', starting and ending alphanumeric)"
-        )
+def _object_name(dest: str, raw: str, problem: Callable[[str], str | None]) -> str:
+    """`raw` if it is a valid name by `problem` (a `dracommon.kubenames` rule), else why not."""
+    why = problem(raw)
+    if why is not None:
+        raise ConfigError(f"{_name_of(dest)}: {raw!r} {why}")
     return raw
 
 
@@ -701,7 +696,8 @@ def mps_daemon_setting(values: Mapping[str, str | None]) -> tuple[str, str | Non
     )
     namespace = values.get("pod_namespace") or None
     if namespace is not None:
-        namespace = _dns_subdomain("pod_namespace", namespace, 63)
+        # A namespace is a DNS label: no dots, which a subdomain would let through.
+        namespace = _object_name("pod_namespace", namespace, dns_label_problem)
     if mode == "pod":
         for dest, value in (("mps_daemon_image", image), ("pod_namespace", namespace)):
             if value is None:
@@ -762,8 +758,8 @@ def validate(values: Mapping[str, str | None]) -> Settings:
         raise ConfigError(f"{_name_of('kubeconfig')}: {kubeconfig} is not a readable file")
 
     pod_uid = values.get("pod_uid") or None
-    if pod_uid is not None and not _POD_UID.match(pod_uid):
-        raise ConfigError(f"{_name_of('pod_uid')}: {pod_uid!r} is not a valid pod UID")
+    if pod_uid is not None and (why := uid_problem(pod_uid)) is not None:
+        raise ConfigError(f"{_name_of('pod_uid')}: {pod_uid!r} is not a valid pod UID: it {why}")
 
     health_raw = values.get("healthcheck_port")
     healthcheck_port = _port("healthcheck_port", health_raw) if health_raw else 0
@@ -843,7 +839,7 @@ def validate(values: Mapping[str, str | None]) -> Settings:
         mps_daemon_image=mps_image,
         mps_daemon_image_pull_policy=mps_pull_policy,
         mps_daemon_image_pull_secrets=tuple(
-            _dns_subdomain("mps_daemon_image_pull_secrets", name.strip(), 253)
+            _object_name("mps_daemon_image_pull_secrets", name.strip(), dns_subdomain_problem)
             for name in (values.get("mps_daemon_image_pull_secrets") or "").split(",")
             if name.strip()
         ),
