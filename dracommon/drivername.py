@@ -17,7 +17,7 @@ CONFIG_API_VERSION_SUFFIX: Final = "v1alpha1"
 CDI_CLASS: Final = "gpu"
 
 # A DNS subdomain, as the API server requires of a driver name (at most 63 characters in resource.k8s.io).
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z")
 MAX_DRIVER_NAME_LENGTH: Final = 63
 
 

@@ -12,8 +12,10 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 
-_IDENT = re.compile(r"^[0-9A-Za-z-]+$", re.ASCII)
-_DIGITS = re.compile(r"^[0-9]+$", re.ASCII)
+# \Z, not $: `$` also matches before a final newline, where the Go library's check (and so cel-go's
+# `isSemver("1.2.3\n")`) refuses it.
+_IDENT = re.compile(r"^[0-9A-Za-z-]+\Z", re.ASCII)
+_DIGITS = re.compile(r"^[0-9]+\Z", re.ASCII)
 
 
 class SemverError(ValueError):

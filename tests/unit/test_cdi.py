@@ -76,6 +76,13 @@ def test_render_is_compact_json() -> None:
         ),
         (Spec(kind=cdi.KIND, devices=()), "a spec needs at least one device"),
         (spec(name="-bad"), "device name '-bad' is not a valid CDI device name"),
+        # A final newline, which `$` would let through and the CDI library refuses.
+        (spec(name="gpu-0\n"), "device name 'gpu-0\\\\n' is not a valid CDI device name"),
+        (spec(edits=ContainerEdits(env=("BAD\n=1",))), "env entry"),
+        (
+            Spec(kind="nvidia.com/gpu\n", devices=(CdiDevice("a", ContainerEdits()),)),
+            "is not <vendor>/<class>",
+        ),
         (spec(edits=ContainerEdits(env=("NOEQUALS",))), "env entry 'NOEQUALS' is not NAME=value"),
         (spec(edits=ContainerEdits(device_nodes=(DeviceNode("dev/x"),))), "must be absolute"),
         (

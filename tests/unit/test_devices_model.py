@@ -55,6 +55,11 @@ def test_to_api_renders_typed_attributes_capacity_taints_and_counters() -> None:
     [
         ({"name": "GPU_0"}, "name"),
         ({"name": "g" * 64}, "name"),
+        # A final newline: `$` lets it through where the API server's patterns do not.
+        ({"name": "gpu-0\n"}, "name"),
+        ({"attributes": {"model\n": 1}}, "attributes[model\n]"),
+        ({"attributes": {"v": Version("1.0.0\n")}}, "attributes[v]"),
+        ({"capacity": {"memory": "40Gi\n"}}, "capacity[memory]"),
         (
             {"attributes": {f"a{i}": i for i in range(30)}, "capacity": {f"c{i}": "1" for i in range(3)}},
             "attributes+capacity",

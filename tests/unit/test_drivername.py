@@ -44,7 +44,9 @@ def test_valid_driver_names_pass_unchanged(good: str) -> None:
     assert check_driver_name(good) == good
 
 
-@pytest.mark.parametrize("bad", ["", "GPU.example.com", "gpu_x", "-gpu", "gpu.", "a" * 64, "gpu/x"])
+@pytest.mark.parametrize(
+    "bad", ["", "GPU.example.com", "gpu_x", "-gpu", "gpu.", "a" * 64, "gpu/x", "gpu.example.com\n"]
+)
 def test_invalid_driver_names_are_refused_with_the_rule(bad: str) -> None:
     with pytest.raises(DriverNameError, match="must be a lowercase DNS subdomain of at most 63 characters"):
         check_driver_name(bad)

@@ -321,6 +321,12 @@ CASES: tuple[Case, ...] = (
     Case('semver("v3", true).major() == 3', True),
     Case('semver("1.2") == semver("1.2.0")', RUNTIME, message="No Major.Minor.Patch elements found"),
     Case('semver("x.y.z").major() == 0', RUNTIME),
+    # A final newline is no part of a version (cel-go, asked through tests/cluster/peers' celpeer:
+    # no match, and 'Invalid character(s) found in patch number "3\n"').
+    Case('isSemver("1.2.3\\n")', False),
+    Case('isSemver("1.2.3-rc.1\\n")', False),
+    Case('isSemver("v1.2.3\\n", true)', False),
+    Case('semver("1.2.3\\n").major() == 1', RUNTIME, message="Invalid character(s) found in patch number"),
     # --- lists library ---------------------------------------------------------------------
     Case("[1, 2, 3].isSorted()", True),
     Case("[3, 1].isSorted()", False),
