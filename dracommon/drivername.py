@@ -9,15 +9,16 @@ renders itself. The plugin, the controller and the chart all apply this rule.
 
 from __future__ import annotations
 
-import re
 from typing import Final
+
+from dracommon.kubenames import dns_subdomain_problem
 
 DEFAULT_DRIVER_NAME: Final = "gpu.draplugin.dev"
 CONFIG_API_VERSION_SUFFIX: Final = "v1alpha1"
 CDI_CLASS: Final = "gpu"
 
-# A DNS subdomain, as the API server requires of a driver name (at most 63 characters in resource.k8s.io).
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z")
+# A DNS subdomain (dracommon.kubenames), as the API server requires of a driver name, of at most
+# 63 characters in resource.k8s.io.
 MAX_DRIVER_NAME_LENGTH: Final = 63
 
 
@@ -26,7 +27,7 @@ class DriverNameError(ValueError):
 
 
 def check_driver_name(name: str) -> str:
-    if not name or len(name) > MAX_DRIVER_NAME_LENGTH or not _DNS_SUBDOMAIN.match(name):
+    if len(name) > MAX_DRIVER_NAME_LENGTH or dns_subdomain_problem(name) is not None:
         raise DriverNameError(
             f"driver name {name!r} must be a lowercase DNS subdomain of at most "
             f"{MAX_DRIVER_NAME_LENGTH} characters (for example {DEFAULT_DRIVER_NAME})"

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
+from dracommon.kubenames import dns_label_problem, dns_subdomain_problem
 from dracommon.quantity import Quantity
 
 # --- Limits from resource.k8s.io/v1 validation (Kubernetes 1.34 floor) -------------------------------
@@ -24,8 +25,6 @@ MAX_ATTRIBUTE_STRING_LENGTH = 64
 MAX_VERSION_LENGTH = 64
 MAX_ID_LENGTH = 32
 MAX_DOMAIN_LENGTH = 63
-MAX_DNS_LABEL = 63
-MAX_DNS_SUBDOMAIN = 253
 # 1.34 allows 4 taints per device (16 from 1.35); keep to the floor so every server accepts us.
 MAX_TAINTS_PER_DEVICE = 4
 # 1.35+: at most 2 consumesCounters entries per device, 32 counters each.
@@ -39,8 +38,8 @@ INT64_MAX = 2**63 - 1
 STANDARD_DOMAIN = "resource.kubernetes.io"
 
 # Each ends in \Z, not $: `$` also matches before a final newline, which the API server's (Go)
-# patterns refuse, so "gpu-0\n" would pass here and fail the slice's write.
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?\Z")
+# patterns refuse, so "gpu-0\n" would pass here and fail the slice's write. DNS names are
+# dracommon.kubenames' rules.
 _C_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 _LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]\Z")
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?\Z")
@@ -420,11 +419,11 @@ def dns_label_from(text: str) -> str:
 
 
 def _is_dns_label(text: str) -> bool:
-    return len(text) <= MAX_DNS_LABEL and bool(_DNS_LABEL.match(text))
+    return dns_label_problem(text) is None
 
 
 def _is_dns_subdomain(text: str) -> bool:
-    return len(text) <= MAX_DNS_SUBDOMAIN and all(_DNS_LABEL.match(p) for p in text.split("."))
+    return dns_subdomain_problem(text) is None
 
 
 def _render_attribute(value: AttributeValue) -> dict[str, Any]:
