@@ -5,13 +5,24 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 KUBE_BUILD := tests/cluster/build.sh
 
-.PHONY: venv kube kube-tools nvidia-tools lint unit test test-compat differential demo cluster clean-clusters bench bench-compare scale proto clean-venv gpu-check release
+.PHONY: venv lock kube kube-tools nvidia-tools lint unit test test-compat compat-version differential demo cluster clean-clusters bench bench-compare scale proto clean-venv gpu-check release
 
-$(VENV)/.installed: pyproject.toml
+# The venv is exactly uv.lock (tools/lock.py says why uv): pip installs the locked uv from
+# its hash-pinned export, then uv installs every locked package, the dev extra and the lock
+# group, and this package editable. --locked refuses a lock that pyproject.toml has moved
+# away from (run `make lock`); a sync leaves nothing in the venv that the lock lacks.
+$(VENV)/.installed: pyproject.toml uv.lock tools/uv-requirements.txt
 	python3 -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q --require-hashes --no-deps -r tools/uv-requirements.txt
+	UV_PROJECT_ENVIRONMENT=$(VENV) UV_PYTHON_DOWNLOADS=never \
+	  $(VENV)/bin/uv sync --locked --python $(PY) --extra dev --group lock
 	touch $@
+
+# Refresh uv.lock on purpose (every package to the newest version pyproject.toml allows;
+# LOCK_ARGS=--upgrade-package NAME moves one) and rewrite its exports (tools/lock.py).
+LOCK_ARGS ?=
+lock: venv
+	$(PY) -m tools.lock $(LOCK_ARGS)
 
 venv: $(VENV)/.installed
 
@@ -69,6 +80,8 @@ test: venv kube nvidia-tools
 # shared tools; .ci/run runs it after `make test`. COMPAT_MARKERS narrows it.
 COMPAT_K8S_VERSION ?= v1.34.4
 COMPAT_MARKERS ?= cluster or kubelet
+compat-version:
+	@echo $(COMPAT_K8S_VERSION)
 test-compat: venv kube-tools nvidia-tools
 	$(NVIDIA_ENV) DRA_KUBE_BIN_DIR="$$(K8S_VERSION=$(COMPAT_K8S_VERSION) tests/cluster/build_compat.sh)" \
 	  $(PY) -m pytest tests/integration tests/e2e -m "$(COMPAT_MARKERS)"

@@ -71,6 +71,11 @@ def list_pods(kubelet_root_dir: Path) -> list[dict[str, Any]]:
 def get_pod(kubelet_root_dir: Path, namespace: str, name: str) -> dict[str, Any]:
     """`Get`: one pod's resources."""
     messages = _messages()
-    request = messages["GetPodResourcesRequest"](pod_name=name, pod_namespace=namespace)
+    # Filled from the proto's JSON names rather than keyword arguments: the class is made at run
+    # time from a descriptor, so no stub knows its fields, and ParseDict refuses a name the
+    # kubelet's proto lacks as the keywords would.
+    request = json_format.ParseDict(
+        {"pod_name": name, "pod_namespace": namespace}, messages["GetPodResourcesRequest"]()
+    )
     answer = _call(kubelet_root_dir, "Get", request, messages["GetPodResourcesResponse"])
     return dict(answer.get("pod_resources", {}))

@@ -9,7 +9,7 @@
 #
 # Idempotent: the base image is cached under ~/.cache/draplugin-images with a
 # stamp of its inputs (suite, mirrors, packages); our image is rebuilt only when
-# one of its inputs changes (the Dockerfile and its ignore file, requirements,
+# one of its inputs changes (the Dockerfile and its ignore file, both requirements exports,
 # pyproject.toml, README.md and every file of the packages the wheel ships).
 # Progress goes to stderr; the last line printed is the archive's path.
 #
@@ -83,15 +83,20 @@ else
     --label "org.opencontainers.image.description=Debian $suite python3 made by mmdebstrap" "$container"
   "${buildah[@]}" commit --rm "$container" "$base_image" >/dev/null
   rm -f "$rootfs_tar"
-  step "base image $base_image: $("${buildah[@]}" run --isolation chroot \
-    "$("${buildah[@]}" from --pull-never "$base_image")" -- python3 --version 2>&1)"
+  # Debian's packages are not pinned (the mirror's current ones when the base was made): the list
+  # is kept beside the cache and printed by every run, so a log says what the image was built on.
+  "${buildah[@]}" run --isolation chroot "$("${buildah[@]}" from --pull-never "$base_image")" -- \
+    dpkg-query -W -f '${Package}=${Version}\n' > "$cache/base-$base_stamp.packages"
   "${buildah[@]}" rm --all >/dev/null
+fi
+if [ -s "$cache/base-$base_stamp.packages" ]; then
+  step "base image's Debian packages ($(wc -l < "$cache/base-$base_stamp.packages"), not pinned): $(tr '\n' ' ' < "$cache/base-$base_stamp.packages")"
 fi
 
 # --- our image, from deploy/Dockerfile ---------------------------------------------------------------
 wheel_packages=$(python3 -c 'import tomllib; print(" ".join(tomllib.load(open("pyproject.toml", "rb"))["tool"]["hatch"]["build"]["targets"]["wheel"]["packages"]))')
 # shellcheck disable=SC2086 # the package list is space-separated on purpose
-image_stamp=$( (echo "$base_image"; cat deploy/Dockerfile deploy/Dockerfile.dockerignore deploy/requirements.txt \
+image_stamp=$( (echo "$base_image"; cat deploy/Dockerfile deploy/Dockerfile.dockerignore deploy/requirements.txt deploy/build-requirements.txt \
   pyproject.toml README.md; find $wheel_packages -type f -not -path '*/__pycache__/*' -not -name '*.pyc' \
   | LC_ALL=C sort | xargs sha256sum; sed -n '/^# --- our image/,$p' "$0") | sha256sum | cut -c1-12)
 version=$(python3 -c 'import tomllib; print(tomllib.load(open("pyproject.toml", "rb"))["project"]["version"])')

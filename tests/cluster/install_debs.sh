@@ -16,8 +16,13 @@ for package in "${packages[@]}"; do
     missing+=("$package")
   fi
 done
+# Not pinned: Debian's stable suite gets security and point-release updates, and an old version
+# leaves its mirror. Every run prints the versions it used instead (README, "What is pinned").
+installed_versions() {
+  echo "install_debs: using $(dpkg-query -W -f='${Package}=${Version} ' "${packages[@]}")" >&2
+}
 if [ ${#missing[@]} -eq 0 ]; then
-  echo "install_debs: ${packages[*]} already installed" >&2
+  installed_versions
   exit 0
 fi
 echo "install_debs: installing ${missing[*]}" >&2
@@ -25,3 +30,4 @@ sudo=()
 [ "$(id -u)" -eq 0 ] || sudo=(sudo)
 "${sudo[@]}" apt-get update -qq
 DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+installed_versions
