@@ -59,10 +59,10 @@ for part in "${parts[@]}"; do
       made+=("draplugin-image-$version.oci.tar")
       ;;
     wheel)
-      python=$repo/.venv/bin/python
-      [ -x "$python" ] || python=python3
+      # Built by the locked uv with the locked hatchling, hash-checked (the build group's export).
       rm -f "$dist/draplugin-$version-"*.whl
-      "$python" -m pip wheel --quiet --no-deps --wheel-dir "$dist" . >&2
+      "$repo/.venv/bin/uv" build --quiet --wheel --out-dir "$dist" \
+        --build-constraints deploy/build-requirements.txt --require-hashes . >&2
       made+=("draplugin-$version-py3-none-any.whl")
       ;;
     *)

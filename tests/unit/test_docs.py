@@ -144,6 +144,8 @@ NOT_RUN: dict[str, str] = {
     "make clean-clusters": "removes every stopped local cluster run of this machine, logs included; "
     "tests/integration/test_faults_cleanup.py runs the same prune on a directory of its own",
     "make bench": "benchmarks are kept out of the test suite by design",
+    "make lock": "re-resolves every package against PyPI on purpose; test_dependency_lock.py checks the lock "
+    "it writes (against pyproject.toml, its exports and the venv) and that a stale one is refused",
     # docs/scale.md
     "make scale": "a 25-minute measurement (two control planes, 5,000-node fixtures); kept out of the test "
     "suite by design like make bench; tests/unit/test_bench_scale_*.py test its pure parts",
