@@ -176,16 +176,24 @@ class SharingState:
         }
         atomic_write(directory / "mps.json", (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode())
 
-    def release(self, claim_uid: str) -> None:
-        """Undo everything `apply` did for the claim, in reverse order. Safe to repeat."""
+    def release(self, claim_uid: str, *, daemon_listed: bool = False) -> None:
+        """Undo everything `apply` did for the claim, in reverse order. Safe to repeat.
+
+        `daemon_listed`: start-up found the claim among the runner's daemons (a Pod on this node),
+        so its daemon is looked for even with nothing of it left in the ledger or on disk."""
         if self.ledger.entries(claim_uid, mpsgpu.KIND):
             self._require(self.shared, "a share of a GPU's MPS daemon", claim_uid).leave(
                 claim_uid, self.ledger
             )
         if self.ledger.entries(claim_uid, mps.KIND):
             self._require(self.mps, "an MPS daemon", claim_uid).stop(claim_uid, self.ledger)
-        elif self.mps is not None:
-            self.mps.stop(claim_uid, self.ledger)  # a daemon Pod the ledger lost: the runner finds it
+        elif self.mps is not None and (daemon_listed or self.mps_dir(claim_uid).exists()):
+            # A daemon the ledger lost: the runner finds it by the claim's name. Only where the claim's
+            # MPS directory says one was started (apply writes it before the ledger entry and the
+            # daemon): a claim without one never had a daemon, and its unprepare must not wait on
+            # the API server (`--mps-daemon=pod`). A Pod whose directory is gone too is start-up's:
+            # it lists every daemon Pod of this node and releases those no prepared claim explains.
+            self.mps.stop(claim_uid, self.ledger)
         if self.ledger.entries(claim_uid, timeslice.KIND):
             self._require(self.timeslice, "a time-slice", claim_uid).release(claim_uid, self.ledger)
         if self.ledger.entries(claim_uid, mig.KIND):
@@ -214,7 +222,7 @@ class SharingState:
             if uid in prepared:
                 continue
             try:
-                self.release(uid)
+                self.release(uid, daemon_listed=True)
                 released.append(uid)
             except (PlanError, OSError, ValueError) as err:
                 log.error(

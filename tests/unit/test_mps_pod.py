@@ -25,17 +25,19 @@ import pytest
 
 from dracommon.kubeapi import ApiError
 from draplugin import config, crashpoints
+from draplugin.kubelet.interface import ClaimRef
 from draplugin.cdi.driverfiles import DriverFiles
 from draplugin.cdi.driverlayout import DriverRoot
 from draplugin.prepare import mps, mpspod
 from draplugin.prepare.drivertools import DriverTools
 from draplugin.prepare.mps import MpsDaemons
 from draplugin.prepare.mpspod import PodRunner, PodSettings
-from draplugin.prepare.plan import PlanError
+from draplugin.prepare.plan import ClaimPlan, PlanError, plan_claim
 from draplugin.prepare.sharing import SharingState
 from tests.driverroot_layout import debian_layout
 from tests.unit.sharing_fixtures import shm_bytes
 from tests.unit.test_mps import Killed, mps_plan
+from tests.unit.test_prepare_plan import DEVICES, claim_doc, result
 
 # Module-level: inside PodApi, `list` is its method.
 JsonList = list[dict[str, Any]]
@@ -399,3 +401,55 @@ def test_pod_name_and_mode_settings() -> None:
         config.load({**base, "mps_daemon": "deployment"}, {})
     with pytest.raises(config.ConfigError, match="is not one of Always, IfNotPresent, Never"):
         config.load({**base, "mps_daemon_image_pull_policy": "Sometimes"}, {})
+
+
+class UnreachableApi:
+    """An API server that is down: each call fails as KubeApi does once its retries are spent, and is
+    counted (the real client spends about 20 s retrying before it fails so)."""
+
+    def __init__(self) -> None:
+        self.calls: Names = []
+
+    def _down(self, verb: str, path: str) -> ApiError:
+        self.calls.append(f"{verb} {path}")
+        return ApiError(0, "connection refused", reason="Unreachable")
+
+    def get(self, path: str, query: Mapping[str, str] | None = None) -> dict[str, Any]:
+        raise self._down("get", path)
+
+    def create(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        raise self._down("create", path)
+
+    def delete(self, path: str, options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        raise self._down("delete", path)
+
+    def list(self, path: str, *, query: Mapping[str, str]) -> tuple[JsonList, str]:
+        raise self._down("list", path)
+
+
+def exclusive_plan(uid: str) -> ClaimPlan:
+    doc = claim_doc(uid, [result("r0", "gpu-0")], [])
+    return plan_claim(ClaimRef("ns", uid, "claim"), doc, driver=DRIVER, pool=NODE, devices=DEVICES)
+
+
+def test_unprepare_of_a_claim_that_never_had_a_daemon_asks_no_api(tmp_path: Path) -> None:
+    """A plain exclusive claim, or one this node never prepared: nothing of MPS on disk or in the
+    ledger, so no daemon Pod of it can exist (prepare records the claim before it creates one) and
+    unprepare must not wait on a stopped API server for it."""
+    down = UnreachableApi()
+    node = PodNode(tmp_path, down)  # type: ignore[arg-type]
+    sharing = node.sharing()
+    sharing.apply(exclusive_plan("uid-x"))
+    sharing.release("uid-x")
+    sharing.release("uid-never-seen")
+    assert down.calls == []
+
+
+def test_unprepare_still_finds_a_daemon_pod_whose_ledger_entry_was_lost(node: PodNode) -> None:
+    """The claim's MPS directory says a daemon was started for it: the Pod is looked up by name."""
+    sharing = node.sharing()
+    sharing.apply(mps_plan())
+    sharing.ledger.drop("uid-a", mps.KIND, mps.KEY)
+    assert sharing.ledger.entries("uid-a", mps.KIND) == []
+    sharing.release("uid-a")
+    assert node.api.pods == {} and node.api.running() == []
