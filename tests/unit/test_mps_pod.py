@@ -25,9 +25,9 @@ import pytest
 
 from dracommon.kubeapi import ApiError
 from draplugin import config, crashpoints
-from draplugin.kubelet.interface import ClaimRef
 from draplugin.cdi.driverfiles import DriverFiles
 from draplugin.cdi.driverlayout import DriverRoot
+from draplugin.kubelet.interface import ClaimRef
 from draplugin.prepare import mps, mpspod
 from draplugin.prepare.drivertools import DriverTools
 from draplugin.prepare.mps import MpsDaemons
