@@ -7,7 +7,9 @@ Claims of one batch run concurrently, bounded so thousands of claims do not
 flood the driver; prepares and unprepares have separate bounds, so an
 unprepare (which needs no API server) never waits behind prepares stuck on
 one. A call runs at most `MAX_CLAIMS_PER_CALL` claims (one pod's); each claim
-past them is answered with a short error at once. Claim references are checked
+past them is answered with a short error at once, and so is each claim past
+`MAX_CLAIMS_IN_FLIGHT` admitted across calls (BUSY, for the kubelet to retry), so
+a flood of calls never queues work in front of a pod's. Claim references are checked
 against Kubernetes' name rules before any use. With a gRPC deadline, every
 claim is answered before it: one still running then gets an error saying so
 and finishes in the background.
@@ -54,6 +56,14 @@ MAX_CLAIMS_PER_CALL: Final = 128
 # Short on purpose: it is repeated for every claim past the bound and the answer must still fit the
 # kubelet's 4 MiB message cap (40,000 of them are about 3 MiB with their UIDs).
 TOO_MANY_CLAIMS: Final = f"not run: over {MAX_CLAIMS_PER_CALL} claims in one call"
+
+# Claims admitted at once across calls, per operation (running or waiting for one of the
+# `max_concurrent_claims` slots): a node's burst of pods starting together fits (four full calls),
+# a flood does not queue. Past it each claim is answered at once with BUSY, and the kubelet retries
+# the call. Without it, 60 concurrent calls of 128 claims queued 7,680: one pod's single claim
+# waited p50 28.5 s (at most 44.5 s, the kubelet's deadline is 45 s) and RSS grew by 74 MiB.
+MAX_CLAIMS_IN_FLIGHT: Final = 4 * MAX_CLAIMS_PER_CALL
+BUSY: Final = f"not run: {MAX_CLAIMS_IN_FLIGHT} claims of this operation are in flight on the node; retry"
 
 log = logging.getLogger(__name__)
 
@@ -218,13 +228,20 @@ class ClaimRunner:
         max_concurrent_claims: int = DEFAULT_MAX_CONCURRENT_CLAIMS,
         serializer: CallSerializer | None = None,
         max_claims_per_call: int = MAX_CLAIMS_PER_CALL,
+        max_claims_in_flight: int = MAX_CLAIMS_IN_FLIGHT,
     ) -> None:
         if max_concurrent_claims < 1:
             raise ValueError("max_concurrent_claims must be at least 1")
         if max_claims_per_call < 1:
             raise ValueError("max_claims_per_call must be at least 1")
+        if max_claims_in_flight < 1:
+            raise ValueError("max_claims_in_flight must be at least 1")
         self._driver = driver
         self._max_claims = max_claims_per_call
+        self._max_in_flight = max_claims_in_flight
+        # Admitted claims not yet done, per operation; counted before the first await of a call so
+        # that concurrent calls see each other's claims.
+        self._in_flight = {"prepare": 0, "unprepare": 0}
         self._serializer = serializer
         # Separate bounds: prepares wait on the API server, unprepares never do.
         self._limits = {
@@ -271,6 +288,16 @@ class ClaimRunner:
         runnable, invalid = _validate_batch(admitted, check_names=operation == "prepare")
         limit = self._limits[operation]
         outcomes = {uid: ClaimOutcome(error=msg) for uid, msg in invalid.items()}
+        room = max(0, self._max_in_flight - self._in_flight[operation])
+        if len(runnable) > room:
+            busy = runnable[room:]
+            runnable = runnable[:room]
+            outcomes.update((claim.uid, ClaimOutcome(error=BUSY)) for claim in busy)
+            log.warning(
+                "claims in flight at the bound: answered busy, for the kubelet to retry",
+                extra={"operation": operation, "claims": len(busy), "bound": self._max_in_flight},
+            )
+        self._in_flight[operation] += len(runnable)
         for uid, msg in invalid.items():
             log.warning("rejected claim in request", extra={"operation": operation, "uid": uid, "error": msg})
         if excess:
@@ -281,6 +308,12 @@ class ClaimRunner:
             )
 
         async def guarded(claim: ClaimRef) -> tuple[str, ClaimOutcome]:
+            try:
+                return await limited(claim)
+            finally:  # also when it finishes in the background, after its call was answered
+                self._in_flight[operation] -= 1
+
+        async def limited(claim: ClaimRef) -> tuple[str, ClaimOutcome]:
             # Claim lock first: waiting for the same claim must not occupy a concurrency slot.
             async with self._per_claim.hold(claim.uid), limit:
                 try:
