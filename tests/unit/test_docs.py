@@ -185,11 +185,11 @@ NOT_RUN: dict[str, str] = {
         )
     },
     # docs/operations.md, docs/troubleshooting.md
-    "helm upgrade draplugin deploy/helm/draplugin --namespace draplugin-system --reuse-values": (
+    "helm upgrade draplugin deploy/helm/draplugin --namespace draplugin-system --reset-then-reuse-values": (
         "upgrades a release in a real cluster; tests/integration/test_chart.py renders the same chart with "
         "each value and has the real API server admit every object"
     ),
-    "helm upgrade draplugin deploy/helm/draplugin --namespace draplugin-system --reuse-values"
+    "helm upgrade draplugin deploy/helm/draplugin --namespace draplugin-system --reset-then-reuse-values"
     " --set logLevel=debug": (
         "upgrades a release in a real cluster; the chart passes logLevel to both daemons as --log-level "
         "(tests/integration/test_chart.py), tests/unit/test_log_style.py checks what the logs then hold"
