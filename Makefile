@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 KUBE_BUILD := tests/cluster/build.sh
 
-.PHONY: venv lock kube kube-tools nvidia-tools lint unit test test-compat compat-version differential demo cluster clean-clusters bench bench-compare scale proto clean-venv gpu-check release
+.PHONY: venv lock kube kube-tools nvidia-tools lint unit test test-compat kube-compat differential demo cluster clean-clusters bench bench-compare scale proto clean-venv gpu-check release
 
 # The venv is exactly uv.lock (tools/lock.py says why uv): pip installs the locked uv from
 # its hash-pinned export, then uv installs every locked package, the dev extra and the lock
@@ -80,8 +80,9 @@ test: venv kube nvidia-tools
 # shared tools; .ci/run runs it after `make test`. COMPAT_MARKERS narrows it.
 COMPAT_K8S_VERSION ?= v1.34.4
 COMPAT_MARKERS ?= cluster or kubelet
-compat-version:
-	@echo $(COMPAT_K8S_VERSION)
+# The floor's build alone (.ci/run makes it beside `make test`; test-compat makes it when missing).
+kube-compat:
+	K8S_VERSION=$(COMPAT_K8S_VERSION) tests/cluster/build_compat.sh >/dev/null
 test-compat: venv kube-tools nvidia-tools
 	$(NVIDIA_ENV) DRA_KUBE_BIN_DIR="$$(K8S_VERSION=$(COMPAT_K8S_VERSION) tests/cluster/build_compat.sh)" \
 	  $(PY) -m pytest tests/integration tests/e2e -m "$(COMPAT_MARKERS)"

@@ -23,9 +23,12 @@ the newest version `pyproject.toml` allows; arguments go to `uv lock` instead, f
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
+from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 LOCK_FILE = REPO_ROOT / "uv.lock"
@@ -35,6 +38,27 @@ EXPORTS: dict[str, tuple[str, ...]] = {
     "deploy/build-requirements.txt": ("--only-group", "build"),
     "tools/uv-requirements.txt": ("--only-group", "lock"),
 }
+
+
+# One requirement of an export: `name==version ; marker \` (the marker optional; hashes follow).
+EXPORTED_PIN = re.compile(r"^([\w.-]+)==([^\s;]+)(?: ; (.+?))? \\$", re.M)
+
+
+def pyproject() -> dict[str, Any]:
+    """The manifest the lock is of."""
+    with (REPO_ROOT / "pyproject.toml").open("rb") as file:
+        return tomllib.load(file)
+
+
+def locked_versions() -> dict[str, str]:
+    """Each locked package's version, by the normalized name uv writes."""
+    with LOCK_FILE.open("rb") as file:
+        return {package["name"]: package["version"] for package in tomllib.load(file)["package"]}
+
+
+def exported_pins(target: str) -> list[tuple[str, str, str]]:
+    """(name, version, marker or "") of each requirement in one of `EXPORTS`' files."""
+    return EXPORTED_PIN.findall((REPO_ROOT / target).read_text())
 
 
 def uv_binary() -> Path:

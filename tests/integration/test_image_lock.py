@@ -15,7 +15,6 @@ import json
 import platform
 import re
 import tarfile
-import tomllib
 from email.parser import HeaderParser
 from functools import cache
 
@@ -26,8 +25,6 @@ from devcluster import images
 from tools import lock
 
 SITE_PACKAGES = re.compile(r"^opt/draplugin/lib/python(3\.\d+)/site-packages/[^/]+\.dist-info/METADATA$")
-# `name==version ; marker \`: one requirement of uv export's output (its hashes follow).
-EXPORTED = re.compile(r"^([\w.-]+)==([^\s;]+)(?: ; (.+?))? \\$", re.M)
 
 
 def _read(tar: tarfile.TarFile, member: str | tarfile.TarInfo) -> bytes:
@@ -65,7 +62,6 @@ def image_distributions() -> tuple[str, dict[str, str]]:
 
 
 def expected_distributions(python: str) -> dict[str, str]:
-    text = (lock.REPO_ROOT / "deploy" / "requirements.txt").read_text()
     environment = {
         "python_version": python,
         "python_full_version": f"{python}.0",
@@ -76,17 +72,11 @@ def expected_distributions(python: str) -> dict[str, str]:
         "implementation_name": "cpython",
         "platform_python_implementation": "CPython",
     }
-    expected = {"draplugin": lock_version_of_project()}
-    for name, version, marker in EXPORTED.findall(text):
+    expected = {"draplugin": str(lock.pyproject()["project"]["version"])}
+    for name, version, marker in lock.exported_pins("deploy/requirements.txt"):
         if not marker or Marker(marker).evaluate(environment):
             expected[canonicalize_name(name)] = version
     return expected
-
-
-def lock_version_of_project() -> str:
-    with (lock.REPO_ROOT / "pyproject.toml").open("rb") as file:
-        version: str = tomllib.load(file)["project"]["version"]
-    return version
 
 
 def test_the_image_venv_is_the_locked_runtime_set() -> None:
@@ -107,10 +97,7 @@ def test_the_image_venv_is_the_locked_runtime_set() -> None:
 
 def test_the_image_export_reaches_back_to_the_lock() -> None:
     """Every pin the image took is uv.lock's, so the image's set and the tests' set are one."""
-    with lock.LOCK_FILE.open("rb") as file:
-        locked: dict[str, str] = {
-            canonicalize_name(p["name"]): p["version"] for p in tomllib.load(file)["package"]
-        }
+    locked = lock.locked_versions()
     _, installed = image_distributions()
     for name, version in installed.items():
         assert locked.get(name) == version, f"{name} {version} in the image, {locked.get(name)} in uv.lock"

@@ -12,11 +12,11 @@ import os
 import re
 import shutil
 import subprocess
-import tomllib
 from pathlib import Path
-from typing import Any
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from tools import lock
 
@@ -28,16 +28,6 @@ def run_uv(*args: str, cwd: Path, cache: Path) -> subprocess.CompletedProcess[st
     return subprocess.run(
         [str(lock.uv_binary()), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120
     )
-
-
-def locked_packages() -> dict[str, dict[str, Any]]:
-    with lock.LOCK_FILE.open("rb") as file:
-        return {package["name"]: package for package in tomllib.load(file)["package"]}
-
-
-def pyproject() -> dict[str, Any]:
-    with (lock.REPO_ROOT / "pyproject.toml").open("rb") as file:
-        return tomllib.load(file)
 
 
 def project_copy(tmp_path: Path) -> Path:
@@ -99,12 +89,11 @@ def test_every_export_pins_each_package_by_hash() -> None:
 
 def test_the_runtime_export_is_the_package_dependencies_and_nothing_of_dev() -> None:
     """The image gets every runtime dependency (and theirs) at the locked version, no test tool."""
-    packages = locked_packages()
-    text = (lock.REPO_ROOT / "deploy/requirements.txt").read_text()
-    exported = dict(re.findall(r"^([A-Za-z0-9_.-]+)==(\S+)", text, re.M))
-    for requirement in pyproject()["project"]["dependencies"]:
-        name = re.split(r"[<>=!~ \[;]", requirement, maxsplit=1)[0].lower().replace("_", "-")
-        assert exported.get(name) == packages[name]["version"], f"{name} missing from the image's set"
+    locked = lock.locked_versions()
+    exported = {name: version for name, version, _ in lock.exported_pins("deploy/requirements.txt")}
+    for requirement in lock.pyproject()["project"]["dependencies"]:
+        name = canonicalize_name(Requirement(requirement).name)
+        assert exported.get(name) == locked[name], f"{name} missing from the image's set"
     for dev_only in ("pytest", "mypy", "ruff", "types-protobuf", "uv", "hatchling"):
         assert dev_only not in exported
 
@@ -118,13 +107,13 @@ def test_the_venv_the_tests_run_in_is_the_lock(tmp_path: Path) -> None:
 
 def test_the_bootstrapped_uv_is_the_locked_uv() -> None:
     version = subprocess.run([str(lock.uv_binary()), "--version"], capture_output=True, text=True, check=True)
-    assert version.stdout.split()[1] == locked_packages()["uv"]["version"]
+    assert version.stdout.split()[1] == lock.locked_versions()["uv"]
 
 
 def test_every_wheel_of_ours_is_built_by_the_locked_hatchling() -> None:
     """The editable install and `uv build` take tool.uv's constraint; the image takes the build group."""
-    constraint = pyproject()["tool"]["uv"]["build-constraint-dependencies"]
-    assert constraint == [f"hatchling=={locked_packages()['hatchling']['version']}"]
+    constraint = lock.pyproject()["tool"]["uv"]["build-constraint-dependencies"]
+    assert constraint == [f"hatchling=={lock.locked_versions()['hatchling']}"]
     dockerfile = (lock.REPO_ROOT / "deploy/Dockerfile").read_text()
     assert "--require-hashes -r deploy/build-requirements.txt" in dockerfile
     assert "--require-hashes --no-deps -r deploy/requirements.txt" in dockerfile
